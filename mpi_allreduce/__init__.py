@@ -1,0 +1,11 @@
+"""All-reduce algorithms written by hand on MPI point-to-point messages.
+
+>>> import mpi_allreduce as mar
+>>> y = mar.allreduce(x, op=MPI.SUM, algorithm="ring")
+"""
+
+from .api import ArgumentMismatch, allreduce
+from .registry import ALGORITHMS
+
+__all__ = ["allreduce", "ALGORITHMS", "ArgumentMismatch"]
+__version__ = "0.1.0"

@@ -1,0 +1,72 @@
+"""Recursive doubling: lg p exchanges of the whole vector.
+
+For p a power of two, in step k rank r swaps its vector with ``r ^ 2^k``
+and both combine the two (lower rank's operand first, so both compute the
+same bits).  For other p the extra ranks fold in first and out last
+(MPICH and Open MPI do the same)::
+
+    p = 6, pof2 = 4, rem = 2      ranks 0..3 fold in pairs; 4, 5 go straight on
+
+    fold in     0 -> 1      2 -> 3                      (1, 3, 4, 5 -> new 0..3)
+    mask 1      1 <-> 3     4 <-> 5                     (new 0<->1, 2<->3)
+    mask 2      1 <-> 4     3 <-> 5                     (new 0<->2, 1<->3)
+    fold out    1 -> 0      3 -> 2
+
+Cost: lg p (alpha + n beta + n gamma), plus 2 (alpha + n beta) + n gamma
+when p is not a power of two.  Latency-optimal for short vectors, moves the
+whole vector every step.  The operand order is fixed by rank, so it needs
+an associative op but not a commutative one.
+"""
+
+from __future__ import annotations
+
+from ..partition import doubling_peers, fold, real_rank
+
+
+class RecursiveDoubling:
+    name = "recursive_doubling"
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.fold = fold(plan.rank, plan.size)
+        if self.fold.newrank is None:
+            self.peers = []
+        else:
+            self.peers = [real_rank(p, self.fold.rem)
+                          for p in doubling_peers(self.fold.newrank, self.fold.pof2)]
+        self.incoming = plan.scratch("incoming", plan.count)
+
+    def __call__(self, buf) -> None:
+        fold_in(self.plan, self.fold, buf, self.incoming)
+        self._exchange(buf)
+        fold_out(self.plan, self.fold, buf)
+
+    def _exchange(self, buf) -> None:
+        plan, incoming = self.plan, self.incoming
+        for peer in self.peers:
+            plan.sendrecv(buf, peer, incoming, peer)
+            if peer < plan.rank:
+                plan.combine(incoming, buf, out=buf)
+            else:
+                plan.combine(buf, incoming, out=buf)
+
+
+def fold_in(plan, role, buf, incoming) -> None:
+    """Even ranks below 2*rem hand their vector to the odd rank above them."""
+    if role.partner is None:
+        return
+    if role.newrank is None:
+        plan.sendrecv(buf, role.partner, None, role.partner)
+    else:
+        plan.sendrecv(None, role.partner, incoming, role.partner)
+        plan.combine(incoming, buf, out=buf)
+
+
+def fold_out(plan, role, buf) -> None:
+    """The odd ranks hand the result back to the even rank below them."""
+    if role.partner is None:
+        return
+    if role.newrank is None:
+        plan.sendrecv(None, role.partner, buf, role.partner)
+    else:
+        plan.sendrecv(buf, role.partner, None, role.partner)

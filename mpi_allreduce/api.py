@@ -1,0 +1,219 @@
+"""``allreduce()``: validate, take the short cuts, plan, dispatch."""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from . import registry
+from .algorithms.hierarchical import inner_setting, ranks_per_node_setting
+from .backend import as_array, backend_for
+from .ops import Op, check_dtype, resolve_op
+from .plan import Plan, context_for
+
+__all__ = ["allreduce", "CHECK_ENV", "SEGMENT_ENV", "DEFAULT_SEGMENT_BYTES"]
+
+CHECK_ENV = "MPI_ALLREDUCE_CHECK"
+SEGMENT_ENV = "MPI_ALLREDUCE_SEGMENT_BYTES"
+#: default segment: the unit of one ring message and of the ring's scratch
+DEFAULT_SEGMENT_BYTES = 1 << 20
+
+
+class ArgumentMismatch(ValueError):
+    """Raised on every rank when ``check=True`` finds ranks that disagree."""
+
+
+class _Call(NamedTuple):
+    send: object  # array, or None for MPI.IN_PLACE
+    recv: object
+    op: Op
+    algorithm: str
+    backend: object
+    segment_size: int
+    ranks_per_node: Optional[int]
+    inner: str
+
+
+def allreduce(
+    sendbuf,
+    recvbuf=None,
+    op=MPI.SUM,
+    *,
+    comm: MPI.Intracomm = MPI.COMM_WORLD,
+    algorithm: str = "auto",
+    check: Optional[bool] = None,
+    segment_size: Optional[int] = None,
+    ranks_per_node: Optional[int] = None,
+    inner: Optional[str] = None,
+):
+    """All-reduce ``sendbuf`` over ``comm`` into ``recvbuf`` and return ``recvbuf``.
+
+    Parameters
+    ----------
+    sendbuf : numpy or cupy array, or ``MPI.IN_PLACE``
+        This rank's contribution.  With ``MPI.IN_PLACE`` the input is read
+        from ``recvbuf`` and overwritten with the result.
+    recvbuf : array, optional
+        C-contiguous, writeable, same dtype and size as ``sendbuf`` (its
+        shape may differ).  Allocated like ``sendbuf`` when omitted.
+    op : MPI.Op or str
+        SUM, PROD, MIN, MAX, LAND, LOR, LXOR, BAND, BOR, BXOR, their
+        lower-case names, or ``"avg"`` (sum / comm size; floats only).
+    comm : MPI.Intracomm
+        Any intra-communicator.  The library talks on its own cached
+        duplicate of it.
+    algorithm : str
+        ``"auto"`` or one of :data:`ALGORITHMS`.
+    check : bool, optional
+        Exchange a fingerprint of the arguments first and raise
+        :class:`ArgumentMismatch` on every rank if the ranks disagree
+        (count, dtype, op, algorithm) or any rank rejected its input.
+        Default: the ``MPI_ALLREDUCE_CHECK`` environment variable.
+    segment_size : int, optional
+        Elements per message in the ring phases (default: 1 MiB worth, or
+        ``MPI_ALLREDUCE_SEGMENT_BYTES``).
+    ranks_per_node, inner : optional
+        ``hierarchical`` only: group consecutive ranks into emulated nodes
+        of this size instead of the shared-memory nodes
+        (``MPI_ALLREDUCE_RANKS_PER_NODE``), and the algorithm the node
+        leaders run (``MPI_ALLREDUCE_INNER``, default ``auto``).
+    """
+    checking = _check_enabled(check)
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"comm must be an MPI intra-communicator, got {comm!r}")
+    try:
+        call = _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inner)
+        error = None
+    except (TypeError, ValueError) as exc:
+        if not checking or comm.Get_size() == 1:
+            raise
+        call, error = None, exc
+    if checking and comm.Get_size() > 1:
+        _agree(comm, call, error)
+
+    recv = call.recv
+    if call.send is not None:
+        call.backend.copy(recv, call.send)
+    buf = call.backend.flat(recv)
+    size = comm.Get_size()
+    count = buf.shape[0]
+    if count and size > 1:
+        _run(comm, call, buf)
+    if call.op.finalize is not None and count:
+        call.backend.ufunc(call.op.finalize)(buf, size, out=buf)
+    return recv
+
+
+def _run(comm, call: _Call, buf) -> None:
+    count, dtype = buf.shape[0], buf.dtype
+    context = context_for(comm)
+    size = comm.Get_size()
+    name = registry.resolve(call.algorithm, count * dtype.itemsize, size)
+    options = {}
+    if name == "hierarchical":
+        options = {"ranks_per_node": call.ranks_per_node, "inner": call.inner}
+    key = (count, dtype.str, call.op.name, name, call.backend.name, call.segment_size,
+           tuple(sorted(options.items())))
+
+    def build():
+        plan = Plan(context, context.comm, count, dtype, call.op, call.backend,
+                    call.segment_size, options)
+        return registry.get(name)(plan)
+
+    context.get_plan(key, build)(buf)
+
+
+def _check_enabled(check: Optional[bool]) -> bool:
+    if check is not None:
+        return bool(check)
+    return os.environ.get(CHECK_ENV, "").strip().lower() in ("1", "yes", "true", "on")
+
+
+def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inner) -> _Call:
+    op = resolve_op(op)
+    algorithm = registry.check_name(algorithm)
+    inner = inner_setting(inner)
+    registry.check_name(inner)
+    if inner == "hierarchical":
+        raise ValueError("inner algorithm of 'hierarchical' cannot be 'hierarchical'")
+    ranks_per_node = ranks_per_node_setting(ranks_per_node)
+
+    in_place = sendbuf is MPI.IN_PLACE or (
+        isinstance(sendbuf, MPI.BottomType) and sendbuf == MPI.IN_PLACE
+    )
+    if in_place:
+        if recvbuf is None:
+            raise ValueError("sendbuf is MPI.IN_PLACE but no recvbuf was given")
+        send = None
+        recv = as_array(recvbuf)
+    else:
+        if sendbuf is None:
+            raise TypeError("sendbuf is None; pass an array or MPI.IN_PLACE")
+        send = as_array(sendbuf)
+        recv = None if recvbuf is None else as_array(recvbuf)
+
+    backend = backend_for(send if send is not None else recv)
+    if recv is None:
+        recv = backend.xp.empty(send.shape, dtype=send.dtype)
+    elif backend_for(recv) is not backend:
+        raise TypeError(
+            f"sendbuf and recvbuf live in different places "
+            f"({backend.name} vs {backend_for(recv).name})"
+        )
+
+    dtype = recv.dtype
+    if not dtype.isnative:
+        raise TypeError(f"dtype {dtype.str} is not in native byte order")
+    check_dtype(dtype, op)
+    if send is not None:
+        if send.dtype != dtype:
+            raise TypeError(f"sendbuf dtype {send.dtype} != recvbuf dtype {dtype}")
+        if send.size != recv.size:
+            raise ValueError(f"sendbuf has {send.size} elements, recvbuf has {recv.size}")
+        if backend.shares_memory(send, recv):
+            raise ValueError("sendbuf and recvbuf overlap; use MPI.IN_PLACE for in-place")
+    if not backend.is_contiguous(recv):
+        raise ValueError("recvbuf must be C-contiguous")
+    if not backend.is_writeable(recv):
+        raise ValueError("recvbuf is read-only")
+
+    if segment_size is None:
+        env = os.environ.get(SEGMENT_ENV, "").strip()
+        segment_bytes = int(env) if env else DEFAULT_SEGMENT_BYTES
+        segment_size = max(1, segment_bytes // dtype.itemsize)
+    if not isinstance(segment_size, (int, np.integer)) or segment_size < 1:
+        raise ValueError(f"segment_size must be a positive integer, got {segment_size!r}")
+    return _Call(send, recv, op, algorithm, backend, int(segment_size), ranks_per_node, inner)
+
+
+def _fingerprint(call: Optional[_Call]):
+    if call is None:
+        return None
+    return {
+        "count": int(call.recv.size),
+        "dtype": call.recv.dtype.str,
+        "op": call.op.name,
+        "algorithm": call.algorithm,
+        "segment_size": call.segment_size,
+        "ranks_per_node": call.ranks_per_node,
+        "inner": call.inner,
+    }
+
+
+def _agree(comm: MPI.Intracomm, call: Optional[_Call], error: Optional[Exception]) -> None:
+    """Exchange argument fingerprints; raise the same error on every rank if they differ."""
+    mine = (_fingerprint(call), None if error is None else f"{type(error).__name__}: {error}")
+    everyone = context_for(comm).comm.allgather(mine)
+    failed = [(rank, err) for rank, (_, err) in enumerate(everyone) if err is not None]
+    if failed:
+        detail = "; ".join(f"rank {rank}: {err}" for rank, err in failed)
+        raise ArgumentMismatch(f"allreduce rejected on {len(failed)} rank(s): {detail}")
+    reference = everyone[0][0]
+    for key in reference:
+        values = [fp[key] for fp, _ in everyone]
+        if any(v != values[0] for v in values):
+            by_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+            raise ArgumentMismatch(f"allreduce arguments differ across ranks in {key} ({by_rank})")

@@ -1,0 +1,282 @@
+"""Array backends: the only module that knows numpy from cupy.
+
+A :class:`Backend` allocates, copies and reduces arrays where they live and
+hands buffers to MPI.  Host (numpy) buffers go to MPI as they are.  Device
+(cupy) buffers go to MPI directly when the MPI library is CUDA-aware;
+otherwise every message is staged through pinned host buffers that are
+allocated once and reused.  The stream is synchronized before any buffer
+reaches MPI.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Optional
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["Backend", "HostBackend", "backend_for", "cuda_aware_support", "as_array"]
+
+CUDA_AWARE_ENV = "MPI_ALLREDUCE_CUDA_AWARE"
+
+
+class Backend:
+    """Interface every backend implements (numpy semantics)."""
+
+    name = "abstract"
+    #: True when arrays live on a device (not host memory)
+    device = False
+    #: True when device buffers may be handed to MPI directly
+    direct = True
+
+    def __init__(self, xp):
+        self.xp = xp
+
+    # --- arrays -----------------------------------------------------------
+    def owns(self, array) -> bool:
+        return isinstance(array, self.xp.ndarray)
+
+    def empty(self, count: int, dtype) -> "np.ndarray":
+        return self.xp.empty(count, dtype=dtype)
+
+    def empty_like(self, array):
+        return self.xp.empty_like(array)
+
+    def copy(self, dst, src) -> None:
+        """dst[...] = src (same backend, same size)."""
+        self.xp.copyto(dst, src.reshape(dst.shape))
+
+    def flat(self, array):
+        """A 1-D view of a C-contiguous array."""
+        return array.reshape(-1)
+
+    def ufunc(self, ufunc):
+        return getattr(self.xp, ufunc.__name__)
+
+    def synchronize(self) -> None:
+        """Wait until queued work on the array's stream is done."""
+
+    def is_contiguous(self, array) -> bool:
+        return bool(array.flags.c_contiguous)
+
+    def is_writeable(self, array) -> bool:
+        return bool(array.flags.writeable)
+
+    def shares_memory(self, a, b) -> bool:
+        return bool(np.shares_memory(a, b))
+
+    def to_host(self, array) -> np.ndarray:
+        return np.asarray(array)
+
+    # --- messaging --------------------------------------------------------
+    def sendrecv(self, comm, send, dest, recv, source, mpitype, tag) -> None:
+        """One point-to-point exchange; ``send``/``recv`` are 1-D views or None."""
+        self.synchronize()
+        comm.Sendrecv(
+            [send, mpitype] if send is not None else None, dest, tag,
+            [recv, mpitype] if recv is not None else None, source, tag,
+        )
+
+
+class HostBackend(Backend):
+    name = "numpy"
+
+    def __init__(self):
+        super().__init__(np)
+
+
+class StagedBackend(Backend):
+    """Device arrays with an MPI that cannot read device memory.
+
+    Messages are copied into pinned host buffers (kept and grown, never
+    reallocated per message), sent from there, and copied back.  Subclasses
+    supply :meth:`_host_buffer`, :meth:`_to_host` and :meth:`_from_host`.
+    """
+
+    device = True
+    direct = False
+
+    def __init__(self, xp):
+        super().__init__(xp)
+        self._staging: dict[str, np.ndarray] = {}
+
+    def staging_buffer(self, which: str, nbytes: int) -> np.ndarray:
+        buf = self._staging.get(which)
+        if buf is None or buf.nbytes < nbytes:
+            buf = self._host_buffer(max(nbytes, 1))
+            self._staging[which] = buf
+        return buf[:nbytes]
+
+    @property
+    def staging_bytes(self) -> int:
+        return sum(b.nbytes for b in self._staging.values())
+
+    def sendrecv(self, comm, send, dest, recv, source, mpitype, tag) -> None:
+        hsend = hrecv = None
+        if send is not None:
+            hsend = self.staging_buffer("send", send.nbytes).view(send.dtype)
+            self._to_host(hsend, send)
+        if recv is not None:
+            hrecv = self.staging_buffer("recv", recv.nbytes).view(recv.dtype)
+        self.synchronize()
+        comm.Sendrecv(
+            [hsend, mpitype] if hsend is not None else None, dest, tag,
+            [hrecv, mpitype] if hrecv is not None else None, source, tag,
+        )
+        if recv is not None:
+            self._from_host(recv, hrecv)
+
+    def _host_buffer(self, nbytes: int) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _to_host(self, host: np.ndarray, device) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _from_host(self, device, host: np.ndarray) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class CupyBackend(Backend):
+    """cupy arrays with a CUDA-aware MPI: device pointers go straight to MPI."""
+
+    name = "cupy"
+    device = True
+    direct = True
+
+    def synchronize(self) -> None:
+        self.xp.cuda.get_current_stream().synchronize()
+
+    def shares_memory(self, a, b) -> bool:
+        return bool(self.xp.shares_memory(a, b))
+
+    def to_host(self, array) -> np.ndarray:
+        return self.xp.asnumpy(array)
+
+
+class StagedCupyBackend(StagedBackend, CupyBackend):
+    """cupy arrays staged through pinned host memory (MPI not CUDA-aware)."""
+
+    name = "cupy-staged"
+    direct = False
+
+    def _host_buffer(self, nbytes: int) -> np.ndarray:
+        mem = self.xp.cuda.alloc_pinned_memory(nbytes)
+        return np.frombuffer(mem, dtype=np.uint8, count=nbytes)
+
+    def _to_host(self, host, device) -> None:
+        device.get(out=host)
+
+    def _from_host(self, device, host) -> None:
+        device.set(host)
+
+
+def cuda_aware_support() -> tuple[bool, str]:
+    """Whether the loaded MPI library can take device buffers, and why we think so.
+
+    ``MPI_ALLREDUCE_CUDA_AWARE=1/0`` forces the answer.  Otherwise we look up
+    Open MPI's ``MPIX_Query_cuda_support`` or MPICH's ``MPIX_GPU_query_support``
+    in the process (mpi4py has no such query of its own).
+    """
+    forced = os.environ.get(CUDA_AWARE_ENV)
+    if forced is not None and forced.strip() != "":
+        value = forced.strip().lower() in ("1", "yes", "true", "on")
+        return value, f"forced by {CUDA_AWARE_ENV}={forced}"
+    for name in _libmpi_candidates():
+        try:
+            lib = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            continue
+        if hasattr(lib, "MPIX_Query_cuda_support"):
+            fn = lib.MPIX_Query_cuda_support
+            fn.restype = ctypes.c_int
+            ok = bool(fn())
+            return ok, f"MPIX_Query_cuda_support() returned {int(ok)} ({name})"
+        if hasattr(lib, "MPIX_GPU_query_support"):
+            fn = lib.MPIX_GPU_query_support
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+            flag = ctypes.c_int(0)
+            gpu_type_cuda = 1  # MPIX_GPU_SUPPORT_CUDA
+            fn(gpu_type_cuda, ctypes.byref(flag))
+            ok = bool(flag.value)
+            return ok, f"MPIX_GPU_query_support(CUDA) returned {int(ok)} ({name})"
+    return False, "the MPI library exports no CUDA-awareness query; assuming host memory only"
+
+
+def _libmpi_candidates() -> list[Optional[str]]:
+    """The shared objects to look in: the process itself, then libmpi by path."""
+    names: list[Optional[str]] = [None]
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1]
+                if "libmpi" in os.path.basename(path) and path not in names:
+                    names.append(path)
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return names
+
+
+_HOST = HostBackend()
+_cupy_backends: dict[bool, Backend] = {}
+
+
+def _cupy():
+    try:
+        import cupy  # noqa: WPS433 - the one place cupy is imported
+    except ImportError:  # pragma: no cover - depends on the machine
+        return None
+    return cupy
+
+
+def _is_device_array(obj) -> bool:
+    return hasattr(obj, "__cuda_array_interface__") or (
+        hasattr(obj, "__dlpack_device__") and not isinstance(obj, np.ndarray)
+        and _dlpack_is_cuda(obj)
+    )
+
+
+def _dlpack_is_cuda(obj) -> bool:
+    try:
+        dev_type, _ = obj.__dlpack_device__()
+    except Exception:  # noqa: BLE001 - foreign objects
+        return False
+    return int(dev_type) in (2, 13)  # kDLCUDA, kDLCUDAManaged
+
+
+def as_array(obj):
+    """Return ``obj`` as a numpy or cupy array (no copy for arrays we know)."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    if _is_device_array(obj):
+        cp = _cupy()
+        if cp is None:
+            raise TypeError(
+                f"{type(obj).__name__} is a device array but cupy is not installed "
+                "(pip install 'mpi_allreduce[gpu]')"
+            )
+        if isinstance(obj, cp.ndarray):
+            return obj
+        if hasattr(obj, "__cuda_array_interface__"):
+            return cp.asarray(obj)
+        return cp.from_dlpack(obj)
+    if hasattr(obj, "__array__") or isinstance(obj, (list, tuple)):
+        return np.asarray(obj)
+    raise TypeError(f"expected a numpy or cupy array, got {type(obj).__name__}")
+
+
+def backend_for(array) -> Backend:
+    """The backend that owns ``array``."""
+    if isinstance(array, np.ndarray):
+        return _HOST
+    cp = _cupy()
+    if cp is not None and isinstance(array, cp.ndarray):
+        aware, _ = cuda_aware_support()
+        backend = _cupy_backends.get(aware)
+        if backend is None:
+            backend = CupyBackend(cp) if aware else StagedCupyBackend(cp)
+            _cupy_backends[aware] = backend
+        return backend
+    raise TypeError(f"no backend for {type(array).__name__}")

@@ -1,0 +1,184 @@
+"""Plans and the per-communicator context.
+
+A :class:`Plan` fixes everything about one kind of call -- communicator,
+count, dtype, op, backend, segment size -- and owns the scratch memory the
+algorithm needs; algorithms are built once per plan and run many times.
+
+Plans live in a :class:`Context` cached as an attribute of the caller's
+communicator.  The context holds the library's own duplicate of that
+communicator (so a caller's pending receives never match library messages),
+the sub-communicators the hierarchical algorithm splits off, and a bounded
+cache of plans.  Freeing the caller's communicator frees all of it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Optional
+
+import numpy as np
+from mpi4py import MPI
+from mpi4py.util import dtlib
+
+from .backend import Backend
+from .ops import Op
+
+__all__ = ["Plan", "Context", "context_for", "wire_type"]
+
+#: plans kept per communicator (least recently used ones are dropped)
+MAX_PLANS = 64
+#: tag of every library message (the library's communicator is private)
+TAG = 0x6172
+
+
+def wire_type(dtype: np.dtype) -> MPI.Datatype:
+    """The MPI datatype messages of ``dtype`` travel as: the matching
+    predefined type, or raw bytes where the MPI has none (float16, say)."""
+    try:
+        mpitype = dtlib.from_numpy_dtype(dtype)
+    except (KeyError, ValueError, TypeError):
+        return MPI.BYTE
+    if mpitype == MPI.DATATYPE_NULL or mpitype.Get_size() != dtype.itemsize:
+        return MPI.BYTE
+    return mpitype
+
+
+class Plan:
+    """Everything fixed about one kind of all-reduce call, plus its scratch."""
+
+    def __init__(
+        self,
+        context: "Context",
+        comm: MPI.Intracomm,
+        count: int,
+        dtype: np.dtype,
+        op: Op,
+        backend: Backend,
+        segment_size: int,
+        options: Optional[dict] = None,
+    ):
+        self.context = context
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.count = count
+        self.dtype = np.dtype(dtype)
+        self.op = op
+        self.backend = backend
+        self.segment_size = segment_size
+        self.options = dict(options or {})
+        self.mpitype = wire_type(self.dtype)
+        self._ufunc = backend.ufunc(op.ufunc)
+        self._scratch: dict[str, object] = {}
+
+    # --- memory -----------------------------------------------------------
+    def scratch(self, name: str, count: int):
+        """A 1-D scratch array of ``count`` elements, allocated once per plan."""
+        buf = self._scratch.get(name)
+        if buf is None or buf.shape[0] < count:
+            buf = self.backend.empty(max(count, 1), self.dtype)
+            self._scratch[name] = buf
+        return buf[:count]
+
+    @property
+    def scratch_bytes(self) -> int:
+        """Bytes of scratch this plan holds (the staging buffers not included)."""
+        return sum(b.nbytes for b in self._scratch.values())
+
+    # --- messaging and reduction -----------------------------------------
+    def sendrecv(self, send, dest: int, recv, source: int) -> None:
+        """Send ``send`` to ``dest`` while receiving ``recv`` from ``source``.
+
+        Either side may be None (nothing to send or receive this step); the
+        matching rank is then ``MPI.PROC_NULL``.
+        """
+        if send is None:
+            dest = MPI.PROC_NULL
+        if recv is None:
+            source = MPI.PROC_NULL
+        self.backend.sendrecv(self.comm, send, dest, recv, source, self.mpitype, TAG)
+
+    def combine(self, first, second, out) -> None:
+        """``out = first OP second`` in place; ``first`` comes from the lower rank."""
+        self._ufunc(first, second, out=out)
+
+    def derive(self, comm: MPI.Intracomm, **options) -> "Plan":
+        """The same call on another (sub-)communicator."""
+        return Plan(self.context, comm, self.count, self.dtype, self.op, self.backend,
+                    self.segment_size, options)
+
+
+class Context:
+    """The library's state for one caller communicator."""
+
+    def __init__(self, comm: MPI.Intracomm):
+        self.comm = comm.Dup()
+        self.plans: "OrderedDict[tuple, Callable]" = OrderedDict()
+        self.subcomms: dict[tuple, tuple] = {}
+
+    def get_plan(self, key: tuple, build: Callable[[], Callable]) -> Callable:
+        runner = self.plans.get(key)
+        if runner is None:
+            runner = build()
+            self.plans[key] = runner
+            while len(self.plans) > MAX_PLANS:
+                self.plans.popitem(last=False)
+        else:
+            self.plans.move_to_end(key)
+        return runner
+
+    def node_comms(self, ranks_per_node: Optional[int]) -> tuple:
+        """(node communicator, leader communicator or None), split once.
+
+        Nodes come from ``Split_type(COMM_TYPE_SHARED)``; ``ranks_per_node``
+        overrides that with consecutive groups of that many ranks (the last
+        one smaller), which emulates several nodes on one machine.
+        """
+        key = ("nodes", ranks_per_node)
+        comms = self.subcomms.get(key)
+        if comms is None:
+            comm = self.comm
+            if ranks_per_node is None:
+                node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+            else:
+                node = comm.Split(comm.Get_rank() // ranks_per_node, comm.Get_rank())
+            is_leader = node.Get_rank() == 0
+            leaders = comm.Split(0 if is_leader else MPI.UNDEFINED, comm.Get_rank())
+            if leaders == MPI.COMM_NULL:
+                leaders = None
+            comms = (node, leaders)
+            self.subcomms[key] = comms
+        return comms
+
+    def free(self) -> None:
+        self.plans.clear()
+        for node, leaders in self.subcomms.values():
+            node.Free()
+            if leaders is not None:
+                leaders.Free()
+        self.subcomms.clear()
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+
+
+def _delete_context(comm, keyval, context) -> None:
+    if not MPI.Is_finalized():
+        context.free()
+
+
+_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_context)
+
+
+def context_for(comm: MPI.Intracomm) -> Context:
+    """The cached context of ``comm`` (collective the first time: it Dups)."""
+    context = comm.Get_attr(_KEYVAL)
+    if context is None:
+        context = Context(comm)
+        comm.Set_attr(_KEYVAL, context)
+    return context
+
+
+def release(comm: MPI.Intracomm) -> None:
+    """Free the library's duplicate communicators and plans for ``comm`` now."""
+    if comm.Get_attr(_KEYVAL) is not None:
+        comm.Delete_attr(_KEYVAL)
