@@ -13,12 +13,12 @@ cache of plans.  Freeing the caller's communicator frees all of it.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from typing import Callable, Optional
 
 import numpy as np
 from mpi4py import MPI
-from mpi4py.util import dtlib
 
 from .backend import Backend
 from .ops import Op
@@ -31,14 +31,12 @@ MAX_PLANS = 64
 TAG = 0x6172
 
 
+@functools.lru_cache(maxsize=None)
 def wire_type(dtype: np.dtype) -> MPI.Datatype:
     """The MPI datatype messages of ``dtype`` travel as: the matching
     predefined type, or raw bytes where the MPI has none (float16, say)."""
-    try:
-        mpitype = dtlib.from_numpy_dtype(dtype)
-    except (KeyError, ValueError, TypeError):
-        return MPI.BYTE
-    if mpitype == MPI.DATATYPE_NULL or mpitype.Get_size() != dtype.itemsize:
+    mpitype = MPI._typedict.get(np.dtype(dtype).char)
+    if mpitype is None or mpitype == MPI.DATATYPE_NULL or mpitype.Get_size() != dtype.itemsize:
         return MPI.BYTE
     return mpitype
 

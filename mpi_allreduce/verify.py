@@ -1,0 +1,220 @@
+"""Compare every algorithm with ``MPI.Allreduce`` on the same data.
+
+For every algorithm x dtype x op x count x (in place, out of place):
+
+* ``exact`` data: integers, or floats chosen so that the result is exact in
+  any order (small integers for sums, powers of two for products, as
+  nccl-tests does) -- the result must equal the vendor's bit for bit;
+* ``random`` data (float and complex SUM/avg): uniform in [-1, 1), compared
+  with a tolerance of ``p * p * eps`` (absolute; the sum of p values of
+  magnitude <= 1 rounded p-1 times).
+
+It also checks that every rank holds the same bytes, and that the element
+after the receive buffer is untouched.  A wrong element anywhere makes the
+command exit non-zero.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from . import ALGORITHMS, allreduce
+from .ops import OPS, SUPPORTED_DTYPES, resolve_op
+from .plan import wire_type
+
+LARGE_COUNT = (1 << 20) + 3
+#: the (dtype, op) pairs that also run at LARGE_COUNT elements
+LARGE_CASES = (("float32", "sum"), ("int32", "max"), ("float64", "avg"))
+
+
+def counts_for(size: int) -> list[int]:
+    """0, 1, p-1, p, p+1, small primes, 2^k +- 1."""
+    counts = {0, 1, size - 1, size, size + 1, 2, 3, 7, 13, 31, 97}
+    for k in (4, 10, 14):
+        counts.update({(1 << k) - 1, (1 << k) + 1})
+    return sorted(c for c in counts if c >= 0)
+
+
+def tolerance(dtype: np.dtype, size: int) -> float:
+    eps = np.finfo(dtype).eps
+    return float(size * size * eps)
+
+
+def make_data(dtype: np.dtype, op: str, count: int, rank: int, kind: str, seed: int) -> np.ndarray:
+    """This rank's input: deterministic in (seed, rank), exact where ``kind == 'exact'``."""
+    rng = np.random.default_rng([seed, rank, count])
+    if dtype == np.bool_:
+        return rng.integers(0, 2, count).astype(bool)
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        if op in ("band", "bor", "bxor", "min", "max"):
+            return rng.integers(info.min, info.max, count, dtype=dtype, endpoint=True)
+        if op in ("land", "lor", "lxor"):
+            return rng.integers(0, 3, count).astype(dtype)
+        if op == "prod":
+            return rng.choice(np.array([1, 2, 3], dtype=dtype), count)
+        low = 0 if info.min == 0 else -3
+        return rng.integers(low, 4, count).astype(dtype)
+    is_complex = np.issubdtype(dtype, np.complexfloating)
+    if kind == "random":
+        values = rng.uniform(-1, 1, count)
+        if is_complex:
+            values = values + 1j * rng.uniform(-1, 1, count)
+        return values.astype(dtype)
+    if op == "prod":
+        choices = [1, -1, 1j, -1j, 1 + 1j] if is_complex else [1.0, -1.0, 2.0, -2.0, 0.5]
+        return rng.choice(np.array(choices, dtype=dtype), count)
+    if op in ("min", "max"):
+        return rng.uniform(-100, 100, count).astype(dtype)
+    values = rng.integers(-8, 9, count).astype(np.float64)
+    if is_complex:
+        values = values + 1j * rng.integers(-8, 9, count)
+    return values.astype(dtype)
+
+
+def reference(comm: MPI.Intracomm, data: np.ndarray, op: str) -> np.ndarray:
+    """``MPI.Allreduce`` of the running MPI on the same data.
+
+    float16 goes through float32 (MPI has no portable half type); ``avg``
+    is the vendor's SUM divided by the size, as our algorithms do it.
+    """
+    ours = resolve_op(op)
+    send = data.astype(np.float32) if data.dtype == np.float16 else data
+    out = np.empty_like(send)
+    comm.Allreduce([send, wire_type(send.dtype)], [out, wire_type(send.dtype)], ours.mpi_op)
+    out = out.astype(data.dtype)
+    if ours.finalize is not None:
+        ours.finalize(out, comm.Get_size(), out=out)
+    return out
+
+
+@dataclass
+class Row:
+    algorithm: str
+    dtype: str
+    ops: list = field(default_factory=list)
+    cases: int = 0
+    max_count: int = 0
+    wrong: int = 0
+    not_identical: int = 0
+    kinds: set = field(default_factory=set)
+
+
+def run_case(comm, algorithm, dtype, op, count, in_place, kind, seed, options) -> tuple[int, int]:
+    """One comparison; returns (#wrong elements over all ranks, #ranks whose bytes differ)."""
+    data = make_data(dtype, op, count, comm.Get_rank(), kind, seed)
+    expected = reference(comm, data, op)
+    # a sentinel element after the receive buffer that must stay untouched
+    storage = np.zeros(count + 1, dtype=dtype)
+    sentinel = make_data(dtype, "sum", 1, 99, "exact", seed + 1)[0]
+    storage[count] = sentinel
+    recv = storage[:count]
+    if in_place:
+        recv[...] = data
+        allreduce(MPI.IN_PLACE, recv, op, comm=comm, algorithm=algorithm, **options)
+    else:
+        allreduce(data, recv, op, comm=comm, algorithm=algorithm, **options)
+    if kind == "exact":
+        wrong = int(np.count_nonzero(recv != expected))
+    else:
+        tol = tolerance(dtype, comm.Get_size())
+        wrong = int(np.count_nonzero(~np.isclose(recv, expected, rtol=0, atol=tol)))
+    if storage[count] != sentinel:
+        wrong += 1
+    digest = hashlib.sha1(recv.tobytes()).hexdigest()
+    digests = comm.allgather(digest)
+    differing = sum(d != digests[0] for d in digests)
+    return comm.allreduce(wrong, op=MPI.SUM), differing
+
+
+def variants(algorithms, options: dict) -> list[tuple[str, str, dict]]:
+    """(label, algorithm, options) to run.  Without an explicit node layout,
+    ``hierarchical`` runs twice: on the real nodes, and on emulated nodes of
+    2 ranks each (the last one smaller when p is odd), so that the
+    across-node phase runs on one machine too."""
+    out = []
+    for name in algorithms:
+        out.append((name, name, dict(options)))
+        if name == "hierarchical" and "ranks_per_node" not in options:
+            out.append(("hierarchical/rpn=2", name, dict(options, ranks_per_node=2)))
+    return out
+
+
+def valid_ops(dtype: np.dtype, ops) -> list[str]:
+    return [name for name in ops if OPS[name].valid_for(dtype)]
+
+
+def verify(
+    comm: MPI.Intracomm = MPI.COMM_WORLD,
+    algorithms=ALGORITHMS,
+    dtypes=SUPPORTED_DTYPES,
+    ops=tuple(OPS),
+    counts: Optional[list[int]] = None,
+    large: bool = True,
+    seed: int = 2026,
+    options: Optional[dict] = None,
+    out=sys.stdout,
+) -> int:
+    """Run the matrix, print the table on rank 0, return the total #wrong."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    counts = counts_for(size) if counts is None else counts
+    rows: list[Row] = []
+    start = time.perf_counter()
+    for label, algorithm, variant_options in variants(algorithms, options or {}):
+        for dtype_name in dtypes:
+            dtype = np.dtype(dtype_name)
+            row = Row(label, dtype_name)
+            rows.append(row)
+            for op in valid_ops(dtype, ops):
+                row.ops.append(op)
+                kinds = ["exact"]
+                if dtype.kind in "fc" and op in ("sum", "avg"):
+                    kinds.append("random")
+                case_counts = list(counts)
+                if large and (dtype_name, op) in LARGE_CASES:
+                    case_counts.append(LARGE_COUNT)
+                for count in case_counts:
+                    for in_place in (False, True):
+                        for kind in kinds:
+                            wrong, differing = run_case(comm, algorithm, dtype, op, count,
+                                                        in_place, kind, seed, variant_options)
+                            row.cases += 1
+                            row.max_count = max(row.max_count, count)
+                            row.wrong += wrong
+                            row.not_identical += differing
+                            row.kinds.add(kind)
+    elapsed = time.perf_counter() - start
+    total = sum(r.wrong + r.not_identical for r in rows)
+    if rank == 0:
+        print_table(rows, comm, counts, elapsed, out)
+    return total
+
+
+def print_table(rows, comm, counts, elapsed, out) -> None:
+    size = comm.Get_size()
+    print(f"# mpi_allreduce verify: {size} ranks, {MPI.Get_library_version().splitlines()[0].strip()}",
+          file=out)
+    print(f"# counts: {', '.join(map(str, counts))} (+{LARGE_COUNT} for "
+          f"{', '.join('/'.join(c) for c in LARGE_CASES)}); in place and out of place", file=out)
+    print("# exact data must match MPI.Allreduce bit for bit; random float data within "
+          "p*p*eps absolute; 'differ' = ranks whose result bytes differ from rank 0's", file=out)
+    header = (f"{'algorithm':<19} {'dtype':<10} {'ops':<41} {'data':<12} {'cases':>6} "
+              f"{'max count':>9} {'differ':>6} {'#wrong':>6}")
+    print(header, file=out)
+    for r in rows:
+        print(f"{r.algorithm:<19} {r.dtype:<10} {','.join(r.ops):<41} "
+              f"{'+'.join(sorted(r.kinds)):<12} {r.cases:>6} {r.max_count:>9} "
+              f"{r.not_identical:>6} {r.wrong:>6}", file=out)
+    wrong = sum(r.wrong for r in rows)
+    differ = sum(r.not_identical for r in rows)
+    cases = sum(r.cases for r in rows)
+    verdict = "OK" if wrong + differ == 0 else "FAILED"
+    print(f"# {verdict}: {cases} cases, {wrong} wrong elements, {differ} differing ranks, "
+          f"{elapsed:.1f} s", file=out)
