@@ -1,0 +1,123 @@
+"""Shared fixtures.  MPI tests carry ``@pytest.mark.mpi`` and run under
+``mpiexec -n N python -m pytest --with-mpi`` (``tests/test_launch.py`` does that
+for every world size); a plain ``pytest`` run skips them."""
+
+from __future__ import annotations
+
+import pytest
+
+SUBCOMM_KINDS = ("world", "reversed", "even", "minus1")
+
+
+def make_subcomm(kind: str):
+    """A communicator of the given kind, or MPI.COMM_NULL on ranks outside it.
+
+    world    : a Dup of COMM_WORLD
+    reversed : all ranks, numbered backwards
+    even     : the even ranks
+    minus1   : every rank but the last (empty on one rank)
+    """
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    if kind == "world":
+        return world.Dup()
+    if kind == "reversed":
+        return world.Split(0, size - rank)
+    if kind == "even":
+        return world.Split(0 if rank % 2 == 0 else MPI.UNDEFINED, rank)
+    if kind == "minus1":
+        return world.Split(0 if rank < size - 1 else MPI.UNDEFINED, rank)
+    raise ValueError(kind)
+
+
+@pytest.fixture(scope="session")
+def subcomms():
+    from mpi4py import MPI
+
+    comms = {kind: make_subcomm(kind) for kind in SUBCOMM_KINDS}
+    yield comms
+    for comm in comms.values():
+        if comm != MPI.COMM_NULL:
+            comm.Free()
+
+
+@pytest.fixture(params=SUBCOMM_KINDS)
+def comm(request, subcomms):
+    """Each MPI test runs on every kind of sub-communicator; ranks outside
+    the sub-communicator skip (they take no part in its messages)."""
+    from mpi4py import MPI
+
+    c = subcomms[request.param]
+    if c == MPI.COMM_NULL:
+        pytest.skip(f"this rank is not in the {request.param!r} communicator")
+    return c
+
+
+#: seconds one test may take under mpiexec before the whole job is aborted
+TEST_TIMEOUT = float(__import__("os").environ.get("MPI_ALLREDUCE_TEST_TIMEOUT", "120"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under mpiexec, a test that fails on one rank can leave the others
+    waiting in a message forever.  A watchdog aborts the whole job instead
+    (MPI is initialised with thread support, so Abort may come from a thread)."""
+    if not item.config.getoption("--with-mpi", default=False):
+        yield
+        return
+    import sys
+    import threading
+
+    from mpi4py import MPI
+
+    def abort():
+        sys.stderr.write(f"\n{item.nodeid}: no progress for {TEST_TIMEOUT:.0f} s on rank "
+                         f"{MPI.COMM_WORLD.Get_rank()}; aborting the job\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(3)
+
+    timer = threading.Timer(TEST_TIMEOUT, abort)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def pytest_runtest_logreport(report):
+    """Under mpiexec print a failure at once, with the rank: if the job is
+    aborted later, the summary at the end is never printed."""
+    if report.failed and report.when == "call" and "MPI_ALLREDUCE_UNDER_MPIEXEC" in __import__("os").environ:
+        import sys
+
+        from mpi4py import MPI
+
+        sys.stderr.write(f"\n[rank {MPI.COMM_WORLD.Get_rank()}] FAILED {report.nodeid}\n"
+                         f"{report.longreprtext}\n")
+        sys.stderr.flush()
+
+
+#: "np4: 1203 passed, 65 skipped in 9.1s" lines that tests/test_launch.py collects
+MPI_RUN_SUMMARIES: list = []
+
+
+def pytest_collection_modifyitems(config, items):
+    """Outside mpiexec the MPI tests do not run here: test_launch.py runs them
+    under mpiexec at every world size.  Deselect them instead of skipping."""
+    if config.getoption("--with-mpi", default=False):
+        return
+    keep = [item for item in items if item.get_closest_marker("mpi") is None]
+    dropped = [item for item in items if item.get_closest_marker("mpi") is not None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+def pytest_terminal_summary(terminalreporter):
+    if MPI_RUN_SUMMARIES:
+        terminalreporter.section("MPI test runs (rank 0 of each mpiexec)")
+        for line in MPI_RUN_SUMMARIES:
+            terminalreporter.write_line(line)

@@ -1,0 +1,126 @@
+"""Every algorithm on every kind of sub-communicator, checked against a
+reduction computed locally from every rank's (deterministic) input.
+
+Run under mpiexec with ``--with-mpi``; tests/test_launch.py runs this file
+at world sizes 1, 2, 3, 4, 5, 7 and 8."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpi_allreduce as mar
+from mpi_allreduce.ops import OPS, SUPPORTED_DTYPES
+
+from .helpers import VARIANT_IDS, VARIANTS, expected, mine
+
+pytestmark = pytest.mark.mpi
+
+DTYPE_OP = {name: ("lor" if name == "bool" else "sum") for name in SUPPORTED_DTYPES}
+OP_DTYPE = {"sum": "int32", "prod": "int64", "min": "float32", "max": "int16", "land": "bool",
+            "lor": "uint8", "lxor": "int8", "band": "uint32", "bor": "int64", "bxor": "uint16",
+            "avg": "float64"}
+assert set(OP_DTYPE) == set(OPS)
+
+
+#: counts relative to the communicator size p: 0, 1, p-1, p, p+1, primes, 2^k +- 1
+COUNTS = {
+    "0": lambda p: 0, "1": lambda p: 1, "p-1": lambda p: p - 1, "p": lambda p: p,
+    "p+1": lambda p: p + 1, "13": lambda p: 13, "127": lambda p: 127, "1025": lambda p: 1025,
+}
+
+
+def run(comm, variant, dtype, op, count, in_place, **extra):
+    """Allreduce into a receive buffer followed by a sentinel element; check both."""
+    _, algorithm, options = variant
+    data = mine(comm, dtype, op, count)
+    storage = np.zeros(count + 1, dtype=dtype)
+    storage[count] = sentinel = np.array(42).astype(dtype)
+    recv = storage[:count]
+    if in_place:
+        recv[...] = data
+        out = mar.allreduce(MPI.IN_PLACE, recv, op, comm=comm, algorithm=algorithm,
+                            **options, **extra)
+    else:
+        out = mar.allreduce(data, recv, op, comm=comm, algorithm=algorithm, **options, **extra)
+        np.testing.assert_array_equal(data, mine(comm, dtype, op, count))  # input untouched
+    assert out is recv
+    np.testing.assert_array_equal(recv, expected(comm, dtype, op, count))
+    assert storage[count] == sentinel, "the element after the receive buffer was overwritten"
+    return recv
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+@pytest.mark.parametrize("count", list(COUNTS))
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_counts(comm, variant, count, in_place):
+    run(comm, variant, "float32", "sum", COUNTS[count](comm.Get_size()), in_place)
+
+
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES)
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_dtypes(comm, variant, dtype):
+    run(comm, variant, dtype, DTYPE_OP[dtype], 2 * comm.Get_size() + 3, in_place=False)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_ops(comm, variant, op):
+    run(comm, variant, OP_DTYPE[op], op, 3 * comm.Get_size() + 1, in_place=True)
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "bor"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_mpi_op_objects(comm, variant, op):
+    """A predefined MPI.Op works like its name."""
+    _, algorithm, options = variant
+    data = mine(comm, "int64", op, 11)
+    out = mar.allreduce(data, op=getattr(MPI, op.upper()), comm=comm, algorithm=algorithm,
+                        **options)
+    np.testing.assert_array_equal(out, expected(comm, "int64", op, 11))
+
+
+@pytest.mark.parametrize("segment_size", [1, 2, 3])
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_multi_segment_paths(comm, variant, segment_size):
+    """Tiny segments reach the multi-segment ring paths with tiny arrays."""
+    for count in (comm.Get_size() + 1, 29):
+        run(comm, variant, "int32", "sum", count, in_place=False, segment_size=segment_size)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_bit_identical_on_every_rank(comm, variant):
+    """Random floats: the sum differs from a serial sum by rounding, but every
+    rank must hold the very same bytes, and close to the exact sum."""
+    _, algorithm, options = variant
+    data = mine(comm, "float32", "sum", 1001, kind="random")
+    out = mar.allreduce(data, comm=comm, algorithm=algorithm, **options)
+    digests = comm.allgather(hashlib.sha1(out.tobytes()).hexdigest())
+    assert len(set(digests)) == 1, f"ranks hold different results: {digests}"
+    exact = expected(comm, "float64", "sum", 1001, kind="random")
+    np.testing.assert_allclose(out, exact, rtol=0, atol=1e-5 * comm.Get_size())
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_shapes_and_returned_buffer(comm, variant):
+    """recvbuf=None allocates like sendbuf; shapes may differ if sizes match;
+    a non-contiguous sendbuf is accepted (only recvbuf must be contiguous)."""
+    _, algorithm, options = variant
+    size = comm.Get_size()
+    x = np.arange(24, dtype=np.float64).reshape(4, 6) * (comm.Get_rank() + 1)
+    y = mar.allreduce(x, comm=comm, algorithm=algorithm, **options)
+    assert y.shape == (4, 6) and y.dtype == x.dtype
+    np.testing.assert_array_equal(y, np.arange(24).reshape(4, 6) * size * (size + 1) / 2)
+    flat = np.empty(24)
+    mar.allreduce(x.T, flat, comm=comm, algorithm=algorithm, **options)
+    np.testing.assert_array_equal(flat, np.ascontiguousarray(y.T).reshape(-1))
+
+
+@pytest.mark.parametrize("algorithm", ["auto"] + list(mar.ALGORITHMS))
+def test_repeated_calls_reuse_the_plan(comm, algorithm):
+    """The second call with the same arguments runs the cached plan and is still right."""
+    for _ in range(3):
+        run(comm, ("", algorithm, {}), "float64", "sum", 37, in_place=True)

@@ -1,0 +1,166 @@
+"""Bad input: a clear exception on every rank, never a hang.
+
+Each case is raised by every rank of the communicator; the test then
+checks (with a collective) that no rank went on without raising."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpi_allreduce as mar
+from mpi_allreduce.plan import context_for, release
+
+from .helpers import VARIANTS, VARIANT_IDS, expected, mine
+
+pytestmark = pytest.mark.mpi
+
+
+def raised_everywhere(comm, exc_type, match, call):
+    with pytest.raises(exc_type, match=match):
+        call()
+    # every rank got here, so every rank raised: nobody is left inside a message
+    assert comm.allreduce(1) == comm.Get_size()
+
+
+def readonly(n):
+    a = np.zeros(n)
+    a.flags.writeable = False
+    return a
+
+
+BAD = {
+    "dtype_mismatch": (TypeError, "sendbuf dtype float32 != recvbuf dtype float64",
+                       lambda: (np.ones(4, np.float32), np.empty(4, np.float64), "sum")),
+    "size_mismatch": (ValueError, "sendbuf has 4 elements, recvbuf has 5",
+                      lambda: (np.ones(4), np.empty(5), "sum")),
+    "unsupported_dtype": (TypeError, "unsupported dtype",
+                          lambda: (np.array(["a", "b"]), None, "sum")),
+    "object_dtype": (TypeError, "unsupported dtype",
+                     lambda: (np.array([1, "x"], dtype=object), None, "sum")),
+    "band_on_float": (TypeError, "op 'band' is not defined for dtype float64",
+                      lambda: (np.ones(4), None, MPI.BAND)),
+    "max_on_complex": (TypeError, "op 'max' is not defined for dtype complex64",
+                       lambda: (np.ones(4, np.complex64), None, "max")),
+    "avg_on_int": (TypeError, "op 'avg' is not defined for dtype int32",
+                   lambda: (np.ones(4, np.int32), None, "avg")),
+    "unknown_op": (ValueError, "unknown op 'mean'", lambda: (np.ones(4), None, "mean")),
+    "unsupported_mpi_op": (ValueError, "only the predefined ops",
+                           lambda: (np.ones(4), None, MPI.REPLACE)),
+    "non_contiguous_recv": (ValueError, "recvbuf must be C-contiguous",
+                            lambda: (np.ones(4), np.empty(8)[::2], "sum")),
+    "readonly_recv": (ValueError, "recvbuf is read-only", lambda: (np.ones(4), readonly(4), "sum")),
+    "in_place_without_recv": (ValueError, "no recvbuf", lambda: (MPI.IN_PLACE, None, "sum")),
+    "overlapping_buffers": (ValueError, "overlap", lambda: (_overlap()[0], _overlap()[1], "sum")),
+    "byte_swapped": (TypeError, "native byte order",
+                     lambda: (np.ones(4, dtype=">i4" if np.little_endian else "<i4"), None, "sum")),
+    "not_an_array": (TypeError, "expected a numpy or cupy array", lambda: (object(), None, "sum")),
+}
+
+_SHARED = np.zeros(8)
+
+
+def _overlap():
+    return _SHARED[:4], _SHARED[2:6]
+
+
+@pytest.mark.parametrize("case", list(BAD))
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_bad_input(comm, variant, case):
+    exc_type, match, make = BAD[case]
+    _, algorithm, options = variant
+    send, recv, op = make()
+    raised_everywhere(comm, exc_type, match,
+                      lambda: mar.allreduce(send, recv, op, comm=comm, algorithm=algorithm,
+                                            **options))
+
+
+@pytest.mark.parametrize("setting", [
+    ({"algorithm": "butterfly"}, ValueError, "unknown algorithm 'butterfly'; choose one of: auto, driver, ring"),
+    ({"algorithm": "hierarchical", "ranks_per_node": 0}, ValueError, "ranks_per_node must be a positive"),
+    ({"algorithm": "hierarchical", "inner": "hierarchical"}, ValueError, "cannot be 'hierarchical'"),
+    ({"algorithm": "hierarchical", "inner": "nope"}, ValueError, "unknown algorithm 'nope'"),
+    ({"segment_size": 0}, ValueError, "segment_size must be a positive integer"),
+], ids=["unknown_algorithm", "ranks_per_node_0", "inner_hierarchical", "inner_unknown", "segment_0"])
+def test_bad_settings(comm, setting):
+    kwargs, exc_type, match = setting
+    raised_everywhere(comm, exc_type, match,
+                      lambda: mar.allreduce(np.ones(4), comm=comm, **kwargs))
+
+
+def test_intercommunicator_rejected():
+    raised_everywhere(MPI.COMM_WORLD, TypeError, "intra-communicator",
+                      lambda: mar.allreduce(np.ones(2), comm=MPI.COMM_NULL))
+
+
+# --- check mode: what one rank cannot see --------------------------------
+
+def _differs_on_rank0(comm, same, other):
+    return other if comm.Get_rank() == 0 else same
+
+
+@pytest.mark.parametrize("what", ["count", "dtype", "op", "algorithm", "one_rank_bad_input"])
+def test_check_mode_finds_disagreement(comm, what):
+    if comm.Get_size() == 1:
+        pytest.skip("nothing to disagree with on one rank")
+    count = _differs_on_rank0(comm, 10, 11) if what == "count" else 10
+    dtype = _differs_on_rank0(comm, np.float64, np.float32) if what == "dtype" else np.float64
+    op = _differs_on_rank0(comm, "sum", "max") if what == "op" else "sum"
+    algorithm = _differs_on_rank0(comm, "ring", "driver") if what == "algorithm" else "ring"
+    recv = None
+    if what == "one_rank_bad_input":
+        recv = _differs_on_rank0(comm, np.empty(10), np.empty(10, np.float32))
+    match = "rejected on 1 rank" if what == "one_rank_bad_input" else f"differ across ranks in {what}"
+    raised_everywhere(comm, mar.ArgumentMismatch, match,
+                      lambda: mar.allreduce(np.ones(count, dtype), recv, op, comm=comm,
+                                            algorithm=algorithm, check=True))
+
+
+def test_check_mode_from_environment(comm, monkeypatch):
+    if comm.Get_size() == 1:
+        pytest.skip("nothing to disagree with on one rank")
+    monkeypatch.setenv("MPI_ALLREDUCE_CHECK", "1")
+    count = 5 + (comm.Get_rank() == comm.Get_size() - 1)
+    raised_everywhere(comm, mar.ArgumentMismatch, "count",
+                      lambda: mar.allreduce(np.ones(count), comm=comm))
+
+
+def test_check_mode_passes_when_ranks_agree(comm):
+    out = mar.allreduce(mine(comm, "int32", "sum", 9), op="sum", comm=comm, check=True)
+    np.testing.assert_array_equal(out, expected(comm, "int32", "sum", 9))
+
+
+# --- the library's private communicator -------------------------------------
+
+def test_pending_caller_receive_is_not_matched(comm):
+    """A caller's wildcard receive posted on the same communicator must not
+    catch library messages: the library talks on its own duplicate."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    probe = np.full(1, -1.0)
+    req = comm.Irecv(probe, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+    for algorithm in mar.ALGORITHMS:
+        out = mar.allreduce(mine(comm, "float64", "sum", 33), comm=comm, algorithm=algorithm)
+        np.testing.assert_array_equal(out, expected(comm, "float64", "sum", 33))
+    status = MPI.Status()
+    assert not req.Test(status), (f"a library message reached the caller's receive "
+                                  f"(source {status.source}, tag {status.tag})")
+    comm.Barrier()  # nobody sends the caller's own message before everyone has looked
+    comm.Send(np.array([float(rank)]), dest=(rank + 1) % size, tag=5)
+    req.Wait()
+    assert probe[0] == (rank - 1) % size
+
+
+def test_duplicate_is_cached_and_released():
+    if MPI.COMM_WORLD.Get_size() == 1:
+        pytest.skip("one rank: allreduce returns before it needs a communicator")
+    comm = MPI.COMM_WORLD.Dup()
+    mar.allreduce(np.ones(3), comm=comm, algorithm="ring")
+    ctx = context_for(comm)
+    assert ctx.comm != comm and ctx.comm.Get_size() == comm.Get_size()
+    assert MPI.Comm.Compare(ctx.comm, comm) == MPI.CONGRUENT
+    mar.allreduce(np.ones(3), comm=comm, algorithm="ring")
+    assert context_for(comm) is ctx and len(ctx.plans) == 1
+    release(comm)
+    assert ctx.comm == MPI.COMM_NULL
+    comm.Free()

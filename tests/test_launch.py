@@ -1,0 +1,89 @@
+"""The MPI half of the suite: every ``@pytest.mark.mpi`` test under mpiexec
+at world sizes 1, 2, 3, 4, 5, 7 and 8 (more ranks than cores: oversubscribed),
+plus the command line tool under mpiexec.  Every mpiexec has a time limit."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpi_allreduce.launch import find_mpiexec, mpiexec_flavor, run_mpi
+
+from .conftest import MPI_RUN_SUMMARIES
+
+ROOT = Path(__file__).resolve().parent.parent
+WORLD_SIZES = [1, 2, 3, 4, 5, 7, 8]
+#: seconds for one mpiexec of the MPI test files
+SUITE_TIMEOUT = 420
+
+pytestmark = pytest.mark.skipif(
+    find_mpiexec() is None,
+    reason="no mpiexec found: pip install 'mpi_allreduce[mpi]' (bundled Open MPI) "
+           "or load your site's MPI module",
+)
+
+
+def tail(text: str, lines: int = 80) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@pytest.mark.parametrize("size", WORLD_SIZES, ids=lambda n: f"np{n}")
+def test_mpi_suite(size):
+    """All MPI tests pass on every rank at this world size."""
+    args = [sys.executable, "-m", "pytest", "--with-mpi", "-m", "mpi", "-q", "--color=no",
+            "-p", "no:cacheprovider", str(ROOT / "tests")]
+    result = run_mpi(size, args, timeout=SUITE_TIMEOUT, cwd=str(ROOT),
+                     env_extra={"MPI_ALLREDUCE_UNDER_MPIEXEC": "1"},
+                     extra=["-x", "MPI_ALLREDUCE_UNDER_MPIEXEC"] if _openmpi() else [])
+    assert result.returncode == 0, f"mpiexec -n {size} failed ({result.returncode}):\n{tail(result.stdout)}"
+    summaries = re.findall(r"^(\d+ passed.*) in [\d.]+s", result.stdout, re.M)
+    assert summaries and all("failed" not in s and "error" not in s for s in summaries), \
+        tail(result.stdout)
+    MPI_RUN_SUMMARIES.append(f"np{size}: {len(summaries)} ranks reported; distinct per-rank totals: "
+                             f"{', '.join(sorted(set(summaries)))}")
+
+
+def _openmpi() -> bool:
+    return mpiexec_flavor(find_mpiexec()) == "openmpi"
+
+
+@pytest.mark.parametrize("size", [3, 7])
+def test_verify_command_prints_zero_wrong(size):
+    """``mpiexec -n N python -m mpi_allreduce verify`` on a reduced matrix."""
+    result = run_mpi(size, [sys.executable, "-m", "mpi_allreduce", "verify", "--no-large",
+                            "-d", "int32,float16,float32,complex64,bool", "--counts", "0,1,5,8,97"],
+                     timeout=300, cwd=str(ROOT))
+    assert result.returncode == 0, tail(result.stdout)
+    assert "# OK:" in result.stdout and " 0 wrong elements" in result.stdout, tail(result.stdout)
+    for name in ("driver", "ring", "recursive_doubling", "hierarchical/rpn=2"):
+        assert name in result.stdout
+
+
+def test_command_line_aborts_the_job_when_one_rank_fails(tmp_path):
+    """An exception on rank 1 only must end the job, not leave rank 0 waiting."""
+    script = tmp_path / "fail_on_one_rank.py"
+    script.write_text(
+        "from mpi4py import MPI\n"
+        "import mpi_allreduce.__main__ as cli\n"
+        "def broken(args):\n"
+        "    if MPI.COMM_WORLD.Get_rank() == 1:\n"
+        "        raise RuntimeError('rank 1 fails on purpose')\n"
+        "    MPI.COMM_WORLD.Barrier()  # would wait forever without the abort\n"
+        "    return 0\n"
+        "cli.COMMANDS['info'] = broken\n"
+        "raise SystemExit(cli.main(['info']))\n"
+    )
+    result = run_mpi(2, [sys.executable, str(script)], timeout=60, cwd=str(ROOT))
+    assert result.returncode not in (0, 124), tail(result.stdout)
+    assert "rank 1 fails on purpose" in result.stdout
+
+
+def test_info_command():
+    result = run_mpi(2, [sys.executable, "-m", "mpi_allreduce", "info"], timeout=60,
+                     cwd=str(ROOT), env_extra={"MPI_ALLREDUCE_CUDA_AWARE": "0"})
+    assert result.returncode == 0, tail(result.stdout)
+    assert "ranks       : 2" in result.stdout
+    assert "staged through host memory -- forced by MPI_ALLREDUCE_CUDA_AWARE=0" in result.stdout

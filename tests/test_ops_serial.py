@@ -1,0 +1,70 @@
+"""Serial tests of op and dtype handling, and of arguments rejected before any message."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpi_allreduce as mar
+from mpi_allreduce import registry
+from mpi_allreduce.ops import OPS, SUPPORTED_DTYPES, check_dtype, resolve_op
+from mpi_allreduce.plan import wire_type
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_resolve_op_by_name_and_mpi_op(name):
+    op = resolve_op(name)
+    assert op.name == name
+    assert resolve_op(name.upper()).name == name
+    if name != "avg":
+        assert resolve_op(op.mpi_op).name == name
+
+
+def test_resolve_op_rejects_unknown():
+    with pytest.raises(ValueError, match="unknown op 'mean'"):
+        resolve_op("mean")
+    with pytest.raises(ValueError, match="only the predefined ops"):
+        resolve_op(MPI.MAXLOC)
+    with pytest.raises(TypeError):
+        resolve_op(3)
+
+
+@pytest.mark.parametrize(
+    "dtype,op",
+    [("float32", "band"), ("float64", "bxor"), ("complex64", "max"), ("complex128", "min"),
+     ("bool", "sum"), ("bool", "band"), ("int32", "avg"), ("float16", "lor")],
+)
+def test_invalid_op_dtype_pairs(dtype, op):
+    with pytest.raises(TypeError, match=f"op '{op}' is not defined for dtype {dtype}"):
+        check_dtype(np.dtype(dtype), resolve_op(op))
+
+
+@pytest.mark.parametrize("dtype", ["object", "U4", "datetime64[s]", "float128", "V8"])
+def test_unsupported_dtypes(dtype):
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        pytest.skip(f"numpy on this platform has no {dtype}")
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        check_dtype(dt, resolve_op("sum"))
+
+
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES)
+def test_wire_type_has_the_element_size(dtype):
+    dt = np.dtype(dtype)
+    mpitype = wire_type(dt)
+    assert mpitype == MPI.BYTE or mpitype.Get_size() == dt.itemsize
+
+
+def test_unknown_algorithm_lists_choices():
+    with pytest.raises(ValueError) as info:
+        mar.allreduce(np.ones(3), algorithm="butterfly")
+    for name in ("auto",) + mar.ALGORITHMS:
+        assert name in str(info.value)
+
+
+def test_algorithms_registry():
+    assert set(mar.ALGORITHMS) >= {"driver", "ring", "recursive_doubling", "hierarchical"}
+    assert registry.choose(8, 16) == "recursive_doubling"
+    assert registry.choose(1 << 24, 16) == "ring"
