@@ -80,6 +80,37 @@ class Backend:
         )
 
 
+    def post(self, comm, send, dest, recv, source, mpitype, tag, slot: int) -> "Pending":
+        """Start a send and a receive without waiting (``slot`` numbers the
+        messages in flight, for backends that stage); ``Pending.wait()`` ends them."""
+        self.synchronize()
+        return Pending(_start(comm, send, dest, recv, source, mpitype, tag))
+
+
+class Pending:
+    """Requests in flight, and what to do once they are done."""
+
+    __slots__ = ("requests", "after")
+
+    def __init__(self, requests, after=None):
+        self.requests = requests
+        self.after = after
+
+    def wait(self) -> None:
+        MPI.Request.Waitall(self.requests)
+        if self.after is not None:
+            self.after()
+
+
+def _start(comm, send, dest, recv, source, mpitype, tag) -> list:
+    requests = []
+    if recv is not None:
+        requests.append(comm.Irecv([recv, mpitype], source, tag))
+    if send is not None:
+        requests.append(comm.Isend([send, mpitype], dest, tag))
+    return requests
+
+
 class HostBackend(Backend):
     name = "numpy"
 
@@ -127,6 +158,17 @@ class StagedBackend(Backend):
         )
         if recv is not None:
             self._from_host(recv, hrecv)
+
+    def post(self, comm, send, dest, recv, source, mpitype, tag, slot: int) -> Pending:
+        hsend = hrecv = None
+        if send is not None:
+            hsend = self.staging_buffer(f"send{slot}", send.nbytes).view(send.dtype)
+            self._to_host(hsend, send)
+        if recv is not None:
+            hrecv = self.staging_buffer(f"recv{slot}", recv.nbytes).view(recv.dtype)
+        self.synchronize()
+        after = None if recv is None else (lambda: self._from_host(recv, hrecv))
+        return Pending(_start(comm, hsend, dest, hrecv, source, mpitype, tag), after)
 
     def _host_buffer(self, nbytes: int) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError

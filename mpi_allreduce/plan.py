@@ -96,6 +96,14 @@ class Plan:
             source = MPI.PROC_NULL
         self.backend.sendrecv(self.comm, send, dest, recv, source, self.mpitype, TAG)
 
+    def post(self, send, dest: int, recv, source: int, slot: int = 0):
+        """Nonblocking :meth:`sendrecv`; returns a handle with ``wait()``."""
+        if send is None:
+            dest = MPI.PROC_NULL
+        if recv is None:
+            source = MPI.PROC_NULL
+        return self.backend.post(self.comm, send, dest, recv, source, self.mpitype, TAG, slot)
+
     def combine(self, first, second, out) -> None:
         """``out = first OP second`` in place; ``first`` comes from the lower rank."""
         self._ufunc(first, second, out=out)

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from .algorithms.driver import Driver
 from .algorithms.hierarchical import Hierarchical
+from .algorithms.rabenseifner import Rabenseifner
 from .algorithms.recursive_doubling import RecursiveDoubling
 from .algorithms.ring import Ring
+from .algorithms.ring_pipelined import PipelinedRing
 
 __all__ = ["ALGORITHMS", "get", "build", "choose", "resolve"]
 
 _ALGORITHMS = {
     cls.name: cls
-    for cls in (Driver, Ring, RecursiveDoubling, Hierarchical)
+    for cls in (Driver, Ring, RecursiveDoubling, Hierarchical, PipelinedRing, Rabenseifner)
 }
 
 #: the names ``algorithm=`` accepts besides "auto"

@@ -16,6 +16,8 @@ VARIANTS = [
     ("hierarchical", "hierarchical", {}),
     ("hierarchical-rpn2", "hierarchical", {"ranks_per_node": 2}),
     ("hierarchical-rpn3-ring", "hierarchical", {"ranks_per_node": 3, "inner": "ring"}),
+    ("ring_pipelined", "ring_pipelined", {}),
+    ("rabenseifner", "rabenseifner", {}),
 ]
 VARIANT_IDS = [v[0] for v in VARIANTS]
 
