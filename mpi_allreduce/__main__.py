@@ -54,8 +54,122 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, default=2026)
     _hierarchy_args(v)
 
+    b = sub.add_parser("bench", help="time the algorithms and MPI.Allreduce side by side")
+    b.add_argument("-m", "--message-sizes", default=None, metavar="MIN:MAX",
+                       help="size range, e.g. 8:64M (factor -f)")
+    b.add_argument("-b", "--minbytes", default="8", help="smallest size (default 8)")
+    b.add_argument("-e", "--maxbytes", default="64M", help="largest size (default 64M)")
+    b.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size factor (default 2)")
+    b.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (fewer above 1 MiB)")
+    b.add_argument("-w", "--warmup", type=int, default=5, help="untimed warm-up calls")
+    b.add_argument("-r", "--repeats", type=int, default=1,
+                   help="repeat the whole set interleaved; report medians")
+    b.add_argument("-d", "--dtype", default="float32")
+    b.add_argument("-o", "--op", default="sum")
+    b.add_argument("-a", "--algorithms", type=_csv, default=None,
+                   help="comma-separated; 'mpi' (MPI.Allreduce) is always added; default: all + auto")
+    b.add_argument("--label-vendor", default="mpi",
+                   help="name for the MPI.Allreduce rows (e.g. mpi:ring when a vendor algorithm is forced)")
+    b.add_argument("-i", "--inplace", choices=["no", "yes", "both"], default="no")
+    b.add_argument("-c", "--check", action="store_true", help="count wrong elements (#wrong)")
+    b.add_argument("--memory", action="store_true",
+                   help="record plan scratch bytes and allocations in a steady-state call")
+    b.add_argument("--json", default=None, help="write results and metadata as JSON")
+    b.add_argument("--csv", default=None, help="write results as CSV (metadata in a # line)")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    _hierarchy_args(b)
+
+    pl = sub.add_parser("plot", help="latency and busbw against size from bench JSON files")
+    pl.add_argument("inputs", nargs="+", help="bench --json files (merged)")
+    pl.add_argument("-o", "--output", default="bench.png")
+    pl.add_argument("--title", default=None)
+
+    mo = sub.add_parser("model", help="fit alpha/beta/gamma and compare predicted with measured")
+    mo.add_argument("-b", "--minbytes", default="8")
+    mo.add_argument("-e", "--maxbytes", default="16M")
+    mo.add_argument("-f", "--stepfactor", type=float, default=8.0)
+    mo.add_argument("-n", "--iters", type=int, default=10)
+    mo.add_argument("--json", default=None)
+
+    tu = sub.add_parser("tune", help="measure and write the decision table 'auto' uses")
+    tu.add_argument("-o", "--output", default="tuning.json")
+    tu.add_argument("-b", "--minbytes", default="8")
+    tu.add_argument("-e", "--maxbytes", default="16M")
+    tu.add_argument("-f", "--stepfactor", type=float, default=4.0)
+    tu.add_argument("-n", "--iters", type=int, default=10)
+    tu.add_argument("-r", "--repeats", type=int, default=3)
+    tu.add_argument("--merge", action="store_true",
+                    help="keep the rules for other communicator sizes already in the output file")
+
     sub.add_parser("info", help="MPI library, communicator layout, GPU path")
     return parser
+
+
+def _size_range(args) -> list[int]:
+    from .bench import parse_size, sizes_between
+
+    if getattr(args, "message_sizes", None):
+        lo, _, hi = args.message_sizes.partition(":")
+        return sizes_between(parse_size(lo), parse_size(hi or lo), args.stepfactor)
+    return sizes_between(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+    from .ops import check_dtype, resolve_op
+    from .registry import check_name
+
+    import numpy as np
+
+    comm = MPI.COMM_WORLD
+    check_dtype(np.dtype(args.dtype), resolve_op(args.op))
+    algorithms = args.algorithms or (list(bench.default_algorithms()[1:]) + ["auto"])
+    algorithms = [a for a in algorithms if a != bench.VENDOR]
+    for name in algorithms:
+        check_name(name)
+    algorithms = [bench.VENDOR] + algorithms
+    if args.segment_bytes is not None:
+        import os
+
+        os.environ["MPI_ALLREDUCE_SEGMENT_BYTES"] = str(args.segment_bytes)
+    modes = {"no": (False,), "yes": (True,), "both": (False, True)}[args.inplace]
+    results = bench.bench(comm, _size_range(args), algorithms, args.dtype, args.op, args.iters,
+                          args.warmup, modes, args.check, args.repeats, _options(args),
+                          progress=not args.quiet, memory=args.memory)
+    for r in results:
+        if r.algorithm == bench.VENDOR:
+            r.algorithm = args.label_vendor
+    meta = bench.metadata(comm, " ".join(["python -m mpi_allreduce"] + sys.argv[1:]),
+                          args.iters, args.warmup, args.repeats)
+    if comm.Get_rank() == 0:
+        print(bench.table(results, meta), flush=True)
+        if args.json:
+            bench.write_json(args.json, results, meta)
+        if args.csv:
+            bench.write_csv(args.csv, results, meta)
+    wrong = sum(r.wrong or 0 for r in results)
+    return 1 if wrong else 0
+
+
+def cmd_plot(args) -> int:
+    from .plot import plot
+
+    plot(args.inputs, args.output, args.title)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_model(args) -> int:
+    from .model import report
+
+    return report(MPI.COMM_WORLD, _size_range(args), args.iters, args.json)
+
+
+def cmd_tune(args) -> int:
+    from .tune import tune
+
+    return tune(MPI.COMM_WORLD, _size_range(args), args.iters, args.repeats, args.output,
+                args.merge)
 
 
 def cmd_verify(args) -> int:
@@ -103,7 +217,8 @@ def cmd_info(args) -> int:
     return 0
 
 
-COMMANDS = {"verify": cmd_verify, "info": cmd_info}
+COMMANDS = {"verify": cmd_verify, "bench": cmd_bench, "plot": cmd_plot, "model": cmd_model,
+            "tune": cmd_tune, "info": cmd_info}
 
 
 def main(argv=None) -> int:

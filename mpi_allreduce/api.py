@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple, Optional
 
 import numpy as np
 from mpi4py import MPI
 
 from . import registry
+from .config import environment
 from .algorithms.hierarchical import inner_setting, ranks_per_node_setting
 from .backend import as_array, backend_for
 from .ops import Op, check_dtype, resolve_op
 from .plan import Plan, context_for
 
-__all__ = ["allreduce", "CHECK_ENV", "SEGMENT_ENV", "DEFAULT_SEGMENT_BYTES"]
+__all__ = ["allreduce", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES"]
 
-CHECK_ENV = "MPI_ALLREDUCE_CHECK"
-SEGMENT_ENV = "MPI_ALLREDUCE_SEGMENT_BYTES"
 #: default segment: the unit of one ring message and of the ring's scratch
 DEFAULT_SEGMENT_BYTES = 1 << 20
 
@@ -35,6 +33,7 @@ class _Call(NamedTuple):
     segment_size: int
     ranks_per_node: Optional[int]
     inner: str
+    tuning: Optional[dict]
 
 
 def allreduce(
@@ -48,6 +47,7 @@ def allreduce(
     segment_size: Optional[int] = None,
     ranks_per_node: Optional[int] = None,
     inner: Optional[str] = None,
+    tuning=None,
 ):
     """All-reduce ``sendbuf`` over ``comm`` into ``recvbuf`` and return ``recvbuf``.
 
@@ -80,12 +80,17 @@ def allreduce(
         of this size instead of the shared-memory nodes
         (``MPI_ALLREDUCE_RANKS_PER_NODE``), and the algorithm the node
         leaders run (``MPI_ALLREDUCE_INNER``, default ``auto``).
+    tuning : dict or str, optional
+        The decision table ``auto`` uses (a dict or the path of a JSON file
+        written by ``python -m mpi_allreduce tune``); default: the file named
+        by ``MPI_ALLREDUCE_TUNING``, else the built-in table.
     """
     checking = _check_enabled(check)
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"comm must be an MPI intra-communicator, got {comm!r}")
     try:
-        call = _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inner)
+        call = _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inner,
+                         tuning)
         error = None
     except (TypeError, ValueError) as exc:
         if not checking or comm.Get_size() == 1:
@@ -94,52 +99,61 @@ def allreduce(
     if checking and comm.Get_size() > 1:
         _agree(comm, call, error)
 
-    recv = call.recv
-    if call.send is not None:
-        call.backend.copy(recv, call.send)
-    buf = call.backend.flat(recv)
+    recv, send, backend = call.recv, call.send, call.backend
+    buf = backend.flat(recv)
     size = comm.Get_size()
     count = buf.shape[0]
+    if send is None:
+        send = buf
+    elif size == 1 or not backend.is_contiguous(send):
+        backend.copy(recv, send)
+        send = buf
+    else:
+        send = backend.flat(send)
     if count and size > 1:
-        _run(comm, call, buf)
+        _run(comm, call, send, buf)
     if call.op.finalize is not None and count:
         call.backend.ufunc(call.op.finalize)(buf, size, out=buf)
     return recv
 
 
-def _run(comm, call: _Call, buf) -> None:
+def _run(comm, call: _Call, send, buf) -> None:
     count, dtype = buf.shape[0], buf.dtype
     context = context_for(comm)
     size = comm.Get_size()
-    name = registry.resolve(call.algorithm, count * dtype.itemsize, size)
+    name = registry.resolve(call.algorithm, count * dtype.itemsize, size, call.tuning)
     options = {}
     if name == "hierarchical":
         options = {"ranks_per_node": call.ranks_per_node, "inner": call.inner}
     key = (count, dtype.str, call.op.name, name, call.backend.name, call.segment_size,
-           tuple(sorted(options.items())))
+           call.ranks_per_node, call.inner)
 
     def build():
         plan = Plan(context, context.comm, count, dtype, call.op, call.backend,
                     call.segment_size, options)
         return registry.get(name)(plan)
 
-    context.get_plan(key, build)(buf)
+    context.get_plan(key, build)(send, buf)
 
 
 def _check_enabled(check: Optional[bool]) -> bool:
-    if check is not None:
-        return bool(check)
-    return os.environ.get(CHECK_ENV, "").strip().lower() in ("1", "yes", "true", "on")
+    return environment().check if check is None else bool(check)
 
 
-def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inner) -> _Call:
+def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inner,
+              tuning) -> _Call:
     op = resolve_op(op)
     algorithm = registry.check_name(algorithm)
-    inner = inner_setting(inner)
-    registry.check_name(inner)
-    if inner == "hierarchical":
-        raise ValueError("inner algorithm of 'hierarchical' cannot be 'hierarchical'")
-    ranks_per_node = ranks_per_node_setting(ranks_per_node)
+    if algorithm == "auto":
+        try:
+            tuning = registry.tuning_table(tuning)
+        except OSError as exc:
+            raise ValueError(f"cannot read the decision table: {exc}") from None
+    else:
+        tuning = None
+    if algorithm == "hierarchical":
+        inner = inner_setting(inner)
+        ranks_per_node = ranks_per_node_setting(ranks_per_node)
 
     in_place = sendbuf is MPI.IN_PLACE or (
         isinstance(sendbuf, MPI.BottomType) and sendbuf == MPI.IN_PLACE
@@ -181,12 +195,12 @@ def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inn
         raise ValueError("recvbuf is read-only")
 
     if segment_size is None:
-        env = os.environ.get(SEGMENT_ENV, "").strip()
-        segment_bytes = int(env) if env else DEFAULT_SEGMENT_BYTES
+        segment_bytes = environment().segment_bytes or DEFAULT_SEGMENT_BYTES
         segment_size = max(1, segment_bytes // dtype.itemsize)
     if not isinstance(segment_size, (int, np.integer)) or segment_size < 1:
         raise ValueError(f"segment_size must be a positive integer, got {segment_size!r}")
-    return _Call(send, recv, op, algorithm, backend, int(segment_size), ranks_per_node, inner)
+    return _Call(send, recv, op, algorithm, backend, int(segment_size), ranks_per_node, inner,
+                 tuning)
 
 
 def _fingerprint(call: Optional[_Call]):

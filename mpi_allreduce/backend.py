@@ -11,15 +11,17 @@ reaches MPI.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from typing import Optional
 
 import numpy as np
 from mpi4py import MPI
 
+from .config import CUDA_AWARE_ENV, environment, on_refresh
+
 __all__ = ["Backend", "HostBackend", "backend_for", "cuda_aware_support", "as_array"]
 
-CUDA_AWARE_ENV = "MPI_ALLREDUCE_CUDA_AWARE"
 
 
 class Backend:
@@ -65,7 +67,8 @@ class Backend:
         return bool(array.flags.writeable)
 
     def shares_memory(self, a, b) -> bool:
-        return bool(np.shares_memory(a, b))
+        # the bounds test is cheap; the exact one only runs when bounds overlap
+        return bool(np.may_share_memory(a, b) and np.shares_memory(a, b))
 
     def to_host(self, array) -> np.ndarray:
         return np.asarray(array)
@@ -214,6 +217,13 @@ class StagedCupyBackend(StagedBackend, CupyBackend):
         device.set(host)
 
 
+@on_refresh
+def _forget_cuda_awareness() -> None:
+    cuda_aware_support.cache_clear()
+    _cupy_backends.clear()
+
+
+@functools.lru_cache(maxsize=1)
 def cuda_aware_support() -> tuple[bool, str]:
     """Whether the loaded MPI library can take device buffers, and why we think so.
 
@@ -221,9 +231,9 @@ def cuda_aware_support() -> tuple[bool, str]:
     Open MPI's ``MPIX_Query_cuda_support`` or MPICH's ``MPIX_GPU_query_support``
     in the process (mpi4py has no such query of its own).
     """
-    forced = os.environ.get(CUDA_AWARE_ENV)
-    if forced is not None and forced.strip() != "":
-        value = forced.strip().lower() in ("1", "yes", "true", "on")
+    forced = environment().cuda_aware
+    if forced is not None:
+        value = forced.lower() in ("1", "yes", "true", "on")
         return value, f"forced by {CUDA_AWARE_ENV}={forced}"
     for name in _libmpi_candidates():
         try:

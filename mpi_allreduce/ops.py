@@ -108,6 +108,8 @@ def resolve_op(op) -> Op:
 
 def check_dtype(dtype: np.dtype, op: Op) -> None:
     """Raise TypeError for a dtype we do not reduce or an op/dtype pair that is invalid."""
+    if (dtype, op.name) in _VALID_PAIRS:
+        return
     dtype = np.dtype(dtype)
     if dtype.name not in SUPPORTED_DTYPES:
         raise TypeError(
@@ -116,3 +118,8 @@ def check_dtype(dtype: np.dtype, op: Op) -> None:
     if not op.valid_for(dtype):
         kinds = " or ".join(sorted(op.kinds))
         raise TypeError(f"op {op.name!r} is not defined for dtype {dtype} (needs {kinds} data)")
+    _VALID_PAIRS.add((dtype, op.name))
+
+
+#: (dtype, op name) pairs already checked (dtypes hash and compare by value)
+_VALID_PAIRS: set = set()

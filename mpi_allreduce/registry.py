@@ -6,6 +6,12 @@ Adding an algorithm: one module in ``algorithms/`` and one line in
 
 from __future__ import annotations
 
+import functools
+import json
+import os
+
+from .config import environment
+
 from .algorithms.driver import Driver
 from .algorithms.hierarchical import Hierarchical
 from .algorithms.rabenseifner import Rabenseifner
@@ -23,8 +29,22 @@ _ALGORITHMS = {
 #: the names ``algorithm=`` accepts besides "auto"
 ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)
 
-#: below this many bytes ``auto`` picks recursive doubling (latency-bound), above it the ring
-SMALL_MESSAGE_BYTES = 64 * 1024
+#: the built-in decision table (same format as ``python -m mpi_allreduce tune``
+#: writes): for the largest listed comm_size <= p, the first row whose
+#: max_bytes (None = no limit) is >= the message size names the algorithm.
+DEFAULT_TUNING = {
+    "version": 1,
+    "source": "built-in default: recursive doubling for short vectors (fewest messages); "
+              "on 3 or more ranks Rabenseifner above 16 KiB (the ring's bandwidth with "
+              "2 lg p messages); on 2 ranks recursive doubling throughout (one exchange)",
+    "rules": [
+        {"comm_size": 1, "table": [{"max_bytes": None, "algorithm": "recursive_doubling"}]},
+        {"comm_size": 3, "table": [
+            {"max_bytes": 16 * 1024, "algorithm": "recursive_doubling"},
+            {"max_bytes": None, "algorithm": "rabenseifner"},
+        ]},
+    ],
+}
 
 
 def get(name: str):
@@ -44,15 +64,79 @@ def check_name(name) -> str:
     return name
 
 
-def choose(nbytes: int, size: int) -> str:
+def check_tuning(table: dict) -> dict:
+    """Raise ValueError unless ``table`` is a decision table we can use."""
+    try:
+        rules = table["rules"]
+        for rule in rules:
+            int(rule["comm_size"])
+            for row in rule["table"]:
+                get(row["algorithm"])
+                if row["algorithm"] == "hierarchical":
+                    raise ValueError("a decision table may not choose 'hierarchical'")
+                if row["max_bytes"] is not None:
+                    int(row["max_bytes"])
+            if rule["table"][-1]["max_bytes"] is not None:
+                raise ValueError(f"the last row for comm_size {rule['comm_size']} needs "
+                                 "max_bytes null (no upper limit)")
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"malformed decision table: {exc!r}") from None
+    if not rules:
+        raise ValueError("decision table has no rules")
+    return table
+
+
+class DecisionTable:
+    """A checked decision table, rules sorted by communicator size."""
+
+    def __init__(self, table: dict):
+        self.table = check_tuning(table)
+        self.rules = sorted(
+            ((int(rule["comm_size"]),
+              [(None if row["max_bytes"] is None else int(row["max_bytes"]), row["algorithm"])
+               for row in rule["table"]])
+             for rule in table["rules"]),
+            key=lambda rule: rule[0],
+        )
+
+    def choose(self, nbytes: int, size: int) -> str:
+        rows = self.rules[0][1]
+        for comm_size, candidate in self.rules:
+            if comm_size <= size:
+                rows = candidate
+        for max_bytes, name in rows:
+            if max_bytes is None or nbytes <= max_bytes:
+                return name
+        return rows[-1][1]
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str) -> DecisionTable:
+    with open(path) as f:
+        return DecisionTable(json.load(f))
+
+
+_DEFAULT = DecisionTable(DEFAULT_TUNING)
+
+
+def tuning_table(tuning=None) -> DecisionTable:
+    """The decision table: ``tuning`` (a dict or a JSON path), else the file
+    named by ``MPI_ALLREDUCE_TUNING``, else :data:`DEFAULT_TUNING`."""
+    if isinstance(tuning, DecisionTable):
+        return tuning
+    if isinstance(tuning, dict):
+        return DecisionTable(tuning)
+    path = tuning or environment().tuning
+    return _load(os.path.abspath(path)) if path else _DEFAULT
+
+
+def choose(nbytes: int, size: int, tuning=None) -> str:
     """The algorithm ``auto`` runs for a vector of ``nbytes`` on ``size`` ranks."""
-    if size <= 2 or nbytes < SMALL_MESSAGE_BYTES:
-        return "recursive_doubling"
-    return "ring"
+    return tuning_table(tuning).choose(nbytes, size)
 
 
-def resolve(name: str, nbytes: int, size: int) -> str:
-    return choose(nbytes, size) if name == "auto" else name
+def resolve(name: str, nbytes: int, size: int, tuning=None) -> str:
+    return choose(nbytes, size, tuning) if name == "auto" else name
 
 
 def build(plan, name: str):

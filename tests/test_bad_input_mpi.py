@@ -10,6 +10,7 @@ import pytest
 from mpi4py import MPI
 
 import mpi_allreduce as mar
+from mpi_allreduce import config
 from mpi_allreduce.plan import context_for, release
 
 from .helpers import VARIANTS, VARIANT_IDS, expected, mine
@@ -117,10 +118,12 @@ def test_check_mode_finds_disagreement(comm, what):
                                             algorithm=algorithm, check=True))
 
 
-def test_check_mode_from_environment(comm, monkeypatch):
+def test_check_mode_from_environment(comm, monkeypatch, request):
     if comm.Get_size() == 1:
         pytest.skip("nothing to disagree with on one rank")
     monkeypatch.setenv("MPI_ALLREDUCE_CHECK", "1")
+    config.refresh()
+    request.addfinalizer(config.refresh)
     count = 5 + (comm.Get_rank() == comm.Get_size() - 1)
     raised_everywhere(comm, mar.ArgumentMismatch, "count",
                       lambda: mar.allreduce(np.ones(count), comm=comm))

@@ -20,8 +20,8 @@ class OffByOneOnLastRank(Ring):
 
     name = "broken"
 
-    def __call__(self, buf):
-        super().__call__(buf)
+    def __call__(self, send, buf):
+        super().__call__(send, buf)
         if self.plan.rank == self.plan.size - 1 and buf.shape[0]:
             buf[0] += 1
 
@@ -31,8 +31,8 @@ class DifferentBitsOnRank0(Ring):
 
     name = "not_identical"
 
-    def __call__(self, buf):
-        super().__call__(buf)
+    def __call__(self, send, buf):
+        super().__call__(send, buf)
         if self.plan.rank == 0 and buf.shape[0]:
             buf[0] = np.nextafter(buf[0], np.inf)
 

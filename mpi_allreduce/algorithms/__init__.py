@@ -1,7 +1,10 @@
 """One module per all-reduce algorithm.
 
 Every algorithm is a class built once per :class:`~mpi_allreduce.plan.Plan`
-(schedule and scratch prepared in ``__init__``) and called with the 1-D,
-contiguous receive buffer, which holds this rank's input on entry and the
-reduced vector on return.  All data moves through ``plan.sendrecv``.
+(schedule and scratch prepared in ``__init__``) and called as
+``algorithm(send, buf)``: ``send`` holds this rank's input and ``buf`` (1-D,
+contiguous) receives the reduced vector; for an in-place call they are the
+same array.  Out of place, the first reduction of each element reads
+``send`` and writes ``buf`` directly, so no copy of the input is made.
+All data moves through ``plan.sendrecv`` / ``plan.post``.
 """

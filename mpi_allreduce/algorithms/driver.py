@@ -22,18 +22,20 @@ class Driver:
         self.plan = plan
         self.incoming = plan.scratch("incoming", plan.count) if plan.rank == ROOT else None
 
-    def __call__(self, buf) -> None:
-        self._gather_reduce(buf)
+    def __call__(self, send, buf) -> None:
+        self._gather_reduce(send, buf)
         self._return(buf)
 
-    def _gather_reduce(self, buf) -> None:
+    def _gather_reduce(self, send, buf) -> None:
         plan = self.plan
         if plan.rank != ROOT:
-            plan.sendrecv(buf, ROOT, None, ROOT)
+            plan.sendrecv(send, ROOT, None, ROOT)
             return
+        acc = send
         for source in range(1, plan.size):
             plan.sendrecv(None, source, self.incoming, source)
-            plan.combine(buf, self.incoming, out=buf)
+            plan.combine(acc, self.incoming, out=buf)
+            acc = buf
 
     def _return(self, buf) -> None:
         plan = self.plan

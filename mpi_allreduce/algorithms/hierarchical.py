@@ -21,29 +21,29 @@ Every rank gets the leader's bytes, so results are identical everywhere.
 
 from __future__ import annotations
 
-import os
-
+from ..config import environment
 from ..partition import block_bounds, ring_owned_block
 from .ring import Ring, allgather, reduce_scatter
 
-RANKS_PER_NODE_ENV = "MPI_ALLREDUCE_RANKS_PER_NODE"
-INNER_ENV = "MPI_ALLREDUCE_INNER"
 LEADER = 0
 
 
 def ranks_per_node_setting(value):
     """The node-size override: the argument, else the environment, else None."""
     if value is None:
-        env = os.environ.get(RANKS_PER_NODE_ENV, "").strip()
-        value = int(env) if env else None
+        value = environment().ranks_per_node
     if value is not None and (not isinstance(value, int) or value < 1):
         raise ValueError(f"ranks_per_node must be a positive integer, got {value!r}")
     return value
 
 
 def inner_setting(value) -> str:
-    if value is None:
-        value = os.environ.get(INNER_ENV, "").strip() or "auto"
+    """The leaders' algorithm: the argument, else the environment, else auto."""
+    from ..registry import check_name
+
+    value = check_name(value or environment().inner or "auto")
+    if value == "hierarchical":
+        raise ValueError("inner algorithm of 'hierarchical' cannot be 'hierarchical'")
     return value
 
 
@@ -64,11 +64,11 @@ class Hierarchical:
         if leaders is not None:
             self.inner = build(plan.derive(leaders), plan.options.get("inner", "auto"))
 
-    def __call__(self, buf) -> None:
-        reduce_scatter(self.node_ring, buf)
+    def __call__(self, send, buf) -> None:
+        reduce_scatter(self.node_ring, send, buf)
         self._gather_to_leader(buf)
         if self.inner is not None:
-            self.inner(buf)
+            self.inner(buf, buf)
         self._scatter_from_leader(buf)
         allgather(self.node_ring, buf)
 

@@ -47,22 +47,24 @@ class Rabenseifner:
         self.incoming = plan.scratch("incoming", plan.count if self.fold.partner is not None
                                      else widest)
 
-    def __call__(self, buf) -> None:
-        fold_in(self.plan, self.fold, buf, self.incoming)
-        self._reduce_scatter(buf)
+    def __call__(self, send, buf) -> None:
+        src = fold_in(self.plan, self.fold, send, buf, self.incoming)
+        self._reduce_scatter(src, buf)
         self._allgather(buf)
         fold_out(self.plan, self.fold, buf)
 
-    def _reduce_scatter(self, buf) -> None:
+    def _reduce_scatter(self, src, buf) -> None:
+        """Each kept range lies inside the one before, so after the first step
+        the rank's operand is in ``buf``; before it, in ``src``."""
         plan = self.plan
         for peer, (klo, khi), (slo, shi) in self.steps:
             incoming = self.incoming[: khi - klo]
-            plan.sendrecv(buf[slo:shi], peer, incoming, peer)
-            mine = buf[klo:khi]
+            plan.sendrecv(src[slo:shi], peer, incoming, peer)
             if peer < plan.rank:
-                plan.combine(incoming, mine, out=mine)
+                plan.combine(incoming, src[klo:khi], out=buf[klo:khi])
             else:
-                plan.combine(mine, incoming, out=mine)
+                plan.combine(src[klo:khi], incoming, out=buf[klo:khi])
+            src = buf
 
     def _allgather(self, buf) -> None:
         plan = self.plan

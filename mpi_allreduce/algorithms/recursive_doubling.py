@@ -36,30 +36,37 @@ class RecursiveDoubling:
                           for p in doubling_peers(self.fold.newrank, self.fold.pof2)]
         self.incoming = plan.scratch("incoming", plan.count)
 
-    def __call__(self, buf) -> None:
-        fold_in(self.plan, self.fold, buf, self.incoming)
-        self._exchange(buf)
+    def __call__(self, send, buf) -> None:
+        src = fold_in(self.plan, self.fold, send, buf, self.incoming)
+        self._exchange(src, buf)
         fold_out(self.plan, self.fold, buf)
 
-    def _exchange(self, buf) -> None:
+    def _exchange(self, src, buf) -> None:
+        """``src`` holds this rank's operand until the first step writes ``buf``."""
         plan, incoming = self.plan, self.incoming
         for peer in self.peers:
-            plan.sendrecv(buf, peer, incoming, peer)
+            plan.sendrecv(src, peer, incoming, peer)
             if peer < plan.rank:
-                plan.combine(incoming, buf, out=buf)
+                plan.combine(incoming, src, out=buf)
             else:
-                plan.combine(buf, incoming, out=buf)
+                plan.combine(src, incoming, out=buf)
+            src = buf
 
 
-def fold_in(plan, role, buf, incoming) -> None:
-    """Even ranks below 2*rem hand their vector to the odd rank above them."""
+def fold_in(plan, role, send, buf, incoming):
+    """Even ranks below 2*rem hand their vector to the odd rank above them.
+
+    Returns where this rank's operand now is: ``buf`` once it has combined
+    something, else still ``send``.
+    """
     if role.partner is None:
-        return
+        return send
     if role.newrank is None:
-        plan.sendrecv(buf, role.partner, None, role.partner)
-    else:
-        plan.sendrecv(None, role.partner, incoming, role.partner)
-        plan.combine(incoming, buf, out=buf)
+        plan.sendrecv(send, role.partner, None, role.partner)
+        return send
+    plan.sendrecv(None, role.partner, incoming, role.partner)
+    plan.combine(incoming, send, out=buf)
+    return buf
 
 
 def fold_out(plan, role, buf) -> None:

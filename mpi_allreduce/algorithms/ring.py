@@ -51,24 +51,33 @@ class Ring:
         longest = max((b.length for b in blocks), default=0)
         self.incoming = plan.scratch("incoming", min(longest, cut))
 
-    def __call__(self, buf) -> None:
-        reduce_scatter(self, buf)
+    def __call__(self, send, buf) -> None:
+        reduce_scatter(self, send, buf)
         allgather(self, buf)
 
 
-def reduce_scatter(ring: Ring, buf) -> None:
-    """p-1 steps; afterwards this rank's block (rank+1) mod p is fully reduced."""
+def reduce_scatter(ring: Ring, src, buf) -> None:
+    """p-1 steps; afterwards this rank's block (rank+1) mod p is fully reduced.
+
+    Every block a rank receives in this phase is one it has not touched yet,
+    so the rank's own operand is read from ``src`` (its input) and the
+    partial sum written to ``buf``; the block sent in step 0 is the rank's
+    own input, every later one was received (and reduced) the step before.
+    """
     plan, incoming = ring.plan, ring.incoming
+    if not ring.rs_schedule and src is not buf:
+        plan.backend.copy(buf, src)  # a ring of one
+    outgoing = src
     for send_segs, recv_segs in ring.rs_schedule:
         for send, recv in zip_longest(send_segs, recv_segs):
             into = incoming[: recv.length] if recv is not None else None
             plan.sendrecv(
-                buf[send.offset:send.stop] if send is not None else None, ring.right,
+                outgoing[send.offset:send.stop] if send is not None else None, ring.right,
                 into, ring.left,
             )
             if recv is not None and recv.length:
-                mine = buf[recv.offset:recv.stop]
-                plan.combine(into, mine, out=mine)
+                plan.combine(into, src[recv.offset:recv.stop], out=buf[recv.offset:recv.stop])
+        outgoing = buf
 
 
 def allgather(ring: Ring, buf) -> None:

@@ -35,20 +35,22 @@ class PipelinedRing(Ring):
         self.halves = (plan.scratch("incoming", 2 * width)[:width],
                        plan.scratch("incoming", 2 * width)[width:])
 
-    def __call__(self, buf) -> None:
-        self._reduce_scatter(buf)
+    def __call__(self, send, buf) -> None:
+        self._reduce_scatter(send, buf)
         self._allgather(buf)
 
-    def _reduce_scatter(self, buf) -> None:
+    def _reduce_scatter(self, src, buf) -> None:
+        """As :func:`ring.reduce_scatter`: own operands come from ``src``."""
         plan = self.plan
+        outgoing = src
         for send_segs, recv_segs in self.rs_schedule:
             n = max(len(send_segs), len(recv_segs))
 
             def start(k):
                 recv = _at(recv_segs, k)
                 into = None if recv is None else self.halves[k % 2][:recv.length]
-                return plan.post(_view(buf, _at(send_segs, k)), self.right, into, self.left,
-                                 slot=k % 2)
+                return plan.post(_view(outgoing, _at(send_segs, k)), self.right, into,
+                                 self.left, slot=k % 2)
 
             pending = start(0)
             for k in range(n):
@@ -57,8 +59,9 @@ class PipelinedRing(Ring):
                     pending = start(k + 1)
                 recv = _at(recv_segs, k)
                 if recv is not None and recv.length:
-                    mine = buf[recv.offset:recv.stop]
-                    plan.combine(self.halves[k % 2][:recv.length], mine, out=mine)
+                    plan.combine(self.halves[k % 2][:recv.length], src[recv.offset:recv.stop],
+                                 out=buf[recv.offset:recv.stop])
+            outgoing = buf
 
     def _allgather(self, buf) -> None:
         plan = self.plan

@@ -1,0 +1,346 @@
+"""Benchmark harness in the style of nccl-tests and the OSU micro-benchmarks.
+
+For every message size and algorithm (ours, plus ``mpi`` = ``MPI.Allreduce``
+of the running MPI as the baseline): ``warmup`` untimed calls, a Barrier,
+then ``iters`` calls each timed with ``MPI.Wtime``; the time of an
+iteration is the maximum over ranks.  Reported: avg/min/max over
+iterations (microseconds), algbw = bytes / avg time, and
+busbw = algbw * 2(p-1)/p (decimal GB/s) -- the nccl-tests convention, which
+makes busbw comparable across rank counts.  With ``repeats`` > 1 the whole
+set of algorithms runs that many times interleaved, and the median of the
+per-repeat averages is reported (ratios are taken side by side in one run).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tracemalloc
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from . import ALGORITHMS, allreduce
+from .ops import resolve_op
+from .plan import context_for
+from .verify import make_data, reference
+
+VENDOR = "mpi"
+BUSBW_NOTE = "busbw = algbw * 2(p-1)/p; GB/s are decimal (1e9 bytes/s); times are microseconds, max over ranks"
+
+
+def parse_size(text: str) -> int:
+    """'8', '64K', '16M', '1G' -> bytes (binary multiples, as nccl-tests)."""
+    text = text.strip().upper().rstrip("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    number = text[:-1] if text[-1:] in "KMG" else text
+    return int(float(number) * mult)
+
+
+def sizes_between(lo: int, hi: int, factor: float) -> list[int]:
+    if lo <= 0 or hi < lo or factor <= 1:
+        raise ValueError(f"need 0 < min <= max and factor > 1, got {lo}, {hi}, {factor}")
+    out, s = [], lo
+    while s <= hi:
+        out.append(int(s))
+        s *= factor
+    return out
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def iterations_for(nbytes: int, iters: int, warmup: int) -> tuple[int, int]:
+    """Fewer iterations for large messages (as OSU does): scaled so one size
+    moves about ``iters`` MiB, but never fewer than 5 timed and 1 warm-up."""
+    if nbytes <= 1 << 20:
+        return iters, warmup
+    scale = (1 << 20) / nbytes
+    return max(5, int(iters * scale)), max(1, int(warmup * scale))
+
+
+@dataclass
+class Result:
+    size: int
+    count: int
+    dtype: str
+    op: str
+    algorithm: str
+    in_place: bool
+    time_avg_us: float
+    time_min_us: float
+    time_max_us: float
+    algbw_GBs: float
+    busbw_GBs: float
+    ratio_to_vendor: Optional[float] = None
+    wrong: Optional[int] = None
+    iters: int = 0
+    repeats_avg_us: list = field(default_factory=list)
+    scratch_bytes: Optional[int] = None
+    steady_alloc_bytes: Optional[int] = None
+
+
+class Runner:
+    """Runs one algorithm on fixed buffers; ``mpi`` is the vendor's Allreduce."""
+
+    def __init__(self, comm, algorithm, send, recv, op, in_place, options):
+        self.comm, self.algorithm = comm, algorithm
+        self.send, self.recv, self.in_place = send, recv, in_place
+        self.op = resolve_op(op)
+        self.options = options
+        if algorithm == VENDOR:
+            from .plan import wire_type
+
+            self.mpitype = wire_type(send.dtype)
+
+    def __call__(self):
+        if self.algorithm == VENDOR:
+            sbuf = MPI.IN_PLACE if self.in_place else [self.send, self.mpitype]
+            self.comm.Allreduce(sbuf, [self.recv, self.mpitype], self.op.mpi_op)
+            if self.op.finalize is not None:
+                self.op.finalize(self.recv, self.comm.Get_size(), out=self.recv)
+        else:
+            allreduce(MPI.IN_PLACE if self.in_place else self.send, self.recv, self.op,
+                      comm=self.comm, algorithm=self.algorithm, **self.options)
+
+
+def time_runner(comm, run, iters: int, warmup: int) -> np.ndarray:
+    """Per-iteration seconds, each the maximum over ranks."""
+    for _ in range(warmup):
+        run()
+    times = np.empty(iters)
+    comm.Barrier()
+    for i in range(iters):
+        t0 = MPI.Wtime()
+        run()
+        times[i] = MPI.Wtime() - t0
+    worst = np.empty_like(times)
+    comm.Allreduce(times, worst, MPI.MAX)
+    return worst
+
+
+def count_wrong(comm, algorithm, dtype, op, count, in_place, options) -> int:
+    """Run once on exact data and count elements that differ from the vendor's result."""
+    data = make_data(np.dtype(dtype), op, count, comm.Get_rank(), "exact", 11)
+    expected = reference(comm, data, op)
+    recv = np.empty_like(data)
+    if in_place:
+        recv[...] = data
+    Runner(comm, algorithm, data, recv, op, in_place, options)()
+    return comm.allreduce(int(np.count_nonzero(recv != expected)), op=MPI.SUM)
+
+
+def plans_of(algorithm_instance) -> list:
+    """The plans an algorithm instance holds: its own, the node plan of
+    ``hierarchical`` and the plan of its inner algorithm."""
+    plans = [algorithm_instance.plan]
+    node_plan = getattr(algorithm_instance, "node_plan", None)
+    if node_plan is not None:
+        plans.append(node_plan)
+    inner = getattr(algorithm_instance, "inner", None)
+    if inner is not None:
+        plans.extend(plans_of(inner))
+    return plans
+
+
+def scratch_of(comm, algorithm, count) -> Optional[int]:
+    """Bytes of scratch the algorithm's cached plan holds (max over ranks)."""
+    if algorithm == VENDOR or comm.Get_size() == 1:
+        return None
+    most = 0
+    for key, instance in context_for(comm).plans.items():
+        if key[0] == count and key[3] == algorithm:
+            most = max(most, sum(p.scratch_bytes for p in plans_of(instance)))
+    return comm.allreduce(most, op=MPI.MAX)
+
+
+def peak_traced_bytes(comm, run) -> int:
+    """Peak bytes allocated (numpy reports to tracemalloc) during one call, max over ranks."""
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    run()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return comm.allreduce(peak, op=MPI.MAX)
+
+
+def bench(comm, sizes, algorithms, dtype="float32", op="sum", iters=20, warmup=5,
+          modes=(False,), check=False, repeats=1, options=None, progress=True,
+          memory=False) -> list[Result]:
+    dtype = np.dtype(dtype)
+    options = options or {}
+    p = comm.Get_size()
+    results = []
+    bar = _progress(len(sizes) * len(modes), progress and comm.Get_rank() == 0)
+    for nbytes in sizes:
+        count = max(1, nbytes // dtype.itemsize)
+        nbytes = count * dtype.itemsize
+        n_iter, n_warm = iterations_for(nbytes, iters, warmup)
+        for in_place in modes:
+            send = make_data(dtype, op, count, comm.Get_rank(), "exact", 5)
+            recv = np.empty_like(send)
+            if in_place:
+                recv[...] = send
+            runners = {a: Runner(comm, a, send, recv, op, in_place, options) for a in algorithms}
+            per_repeat = {a: [] for a in algorithms}
+            samples = {a: [] for a in algorithms}
+            for _ in range(repeats):
+                for a in algorithms:
+                    t = time_runner(comm, runners[a], n_iter, n_warm)
+                    per_repeat[a].append(float(t.mean()))
+                    samples[a].append(t)
+            for a in algorithms:
+                allt = np.concatenate(samples[a])
+                avg = float(np.median(per_repeat[a]))
+                algbw = nbytes / avg / 1e9 if avg > 0 else 0.0
+                res = Result(nbytes, count, dtype.name, op, a, in_place, avg * 1e6,
+                             float(allt.min()) * 1e6, float(allt.max()) * 1e6, algbw,
+                             algbw * (2 * (p - 1) / p if p > 1 else 1.0), iters=n_iter,
+                             repeats_avg_us=[t * 1e6 for t in per_repeat[a]])
+                if check:
+                    res.wrong = count_wrong(comm, a, dtype, op, count, in_place, options)
+                if memory:
+                    res.scratch_bytes = scratch_of(comm, a, count)
+                    res.steady_alloc_bytes = peak_traced_bytes(comm, runners[a])
+                results.append(res)
+            vendor = next((r for r in results[-len(algorithms):] if r.algorithm == VENDOR), None)
+            if vendor is not None:
+                for r in results[-len(algorithms):]:
+                    r.ratio_to_vendor = r.time_avg_us / vendor.time_avg_us
+            bar.update(1, human(nbytes))
+    bar.close()
+    return results
+
+
+class _progress:
+    """Progress on stderr (tqdm) for rank 0; silent elsewhere."""
+
+    def __init__(self, total, enabled):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, file=sys.stderr, unit="size", leave=False,
+                            disable=not sys.stderr.isatty() and total < 2)
+
+    def update(self, n, label):
+        if self.bar is not None:
+            self.bar.set_postfix_str(label)
+            self.bar.update(n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+# --- output -----------------------------------------------------------------
+
+COLUMNS = ("size(B)", "count", "type", "redop", "algorithm", "inplace", "avg(us)", "min(us)",
+           "max(us)", "algbw(GB/s)", "busbw(GB/s)", "vs_mpi", "#wrong")
+
+
+def table(results: list[Result], meta: dict) -> str:
+    lines = [
+        f"# mpi_allreduce bench: {meta['ranks']} ranks on {meta['nodes']} node(s), "
+        f"ranks/node {meta['ranks_per_node']}; {meta['mpi_library']}",
+        f"# {BUSBW_NOTE}; vs_mpi = time / MPI.Allreduce time at that size",
+        f"# iterations {meta['iters']} (fewer above 1 MiB), warm-up {meta['warmup']}, "
+        f"repeats {meta['repeats']} (median)",
+        "".join(f"{c:>{w}}" for c, w in zip(COLUMNS, _WIDTHS)),
+    ]
+    for r in results:
+        cells = (r.size, r.count, r.dtype, r.op, r.algorithm, "yes" if r.in_place else "no",
+                 f"{r.time_avg_us:.2f}", f"{r.time_min_us:.2f}", f"{r.time_max_us:.2f}",
+                 f"{r.algbw_GBs:.3f}", f"{r.busbw_GBs:.3f}",
+                 "" if r.ratio_to_vendor is None else f"{r.ratio_to_vendor:.2f}",
+                 "-" if r.wrong is None else r.wrong)
+        lines.append("".join(f"{str(c):>{w}}" for c, w in zip(cells, _WIDTHS)))
+    return "\n".join(lines)
+
+
+_WIDTHS = (11, 10, 9, 6, 20, 8, 11, 11, 11, 12, 12, 8, 7)
+
+
+def metadata(comm, args_line: str, iters: int, warmup: int, repeats: int) -> dict:
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    local = node.Get_size()
+    node.Free()
+    hosts = comm.allgather(MPI.Get_processor_name())
+    locals_ = comm.allgather(local)
+    import mpi4py
+
+    return {
+        "ranks": comm.Get_size(),
+        "nodes": len(set(hosts)),
+        "ranks_per_node": sorted(set(locals_)),
+        "hostnames": sorted(set(hosts)),
+        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+        "mpi_standard": ".".join(map(str, MPI.Get_version())),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "mpi4py": mpi4py.__version__,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, {platform.platform()}",
+        "git_commit": _git_commit(),
+        "command": args_line,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "iters": iters,
+        "warmup": warmup,
+        "repeats": repeats,
+        "busbw": BUSBW_NOTE,
+        "env": {k: v for k, v in os.environ.items()
+                if k.startswith(("MPI_ALLREDUCE_", "OMPI_MCA_coll", "SLURM_JOB_ID"))},
+    }
+
+
+def _git_commit() -> Optional[str]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def write_json(path: str, results: list[Result], meta: dict) -> None:
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "results": [asdict(r) for r in results]}, f, indent=1)
+
+
+def write_csv(path: str, results: list[Result], meta: dict) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        f.write(f"# {json.dumps(meta)}\n")
+        names = list(asdict(results[0]).keys()) if results else []
+        writer = csv.DictWriter(f, fieldnames=names)
+        writer.writeheader()
+        for r in results:
+            row = asdict(r)
+            row["repeats_avg_us"] = ";".join(f"{t:.3f}" for t in r.repeats_avg_us)
+            writer.writerow(row)
+
+
+def load_results(paths) -> tuple[list[dict], list[dict]]:
+    results, metas = [], []
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        metas.append(doc["meta"])
+        results.extend(doc["results"])
+    return results, metas
+
+
+def default_algorithms() -> list[str]:
+    return [VENDOR] + list(ALGORITHMS)

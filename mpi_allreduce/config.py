@@ -1,0 +1,80 @@
+"""Settings from the environment, read once (as MPI libraries read theirs at start-up).
+
+=============================== ==============================================
+MPI_ALLREDUCE_CHECK=1           check mode: exchange an argument fingerprint first
+MPI_ALLREDUCE_SEGMENT_BYTES=N   bytes per ring message (default 1 MiB)
+MPI_ALLREDUCE_RANKS_PER_NODE=N  hierarchical: emulate nodes of N consecutive ranks
+MPI_ALLREDUCE_INNER=NAME        hierarchical: algorithm across node leaders
+MPI_ALLREDUCE_TUNING=PATH       decision table for algorithm="auto"
+MPI_ALLREDUCE_CUDA_AWARE=0|1    force the GPU path (direct or staged)
+=============================== ==============================================
+
+Call :func:`refresh` after changing them inside a running program.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple, Optional
+
+CHECK_ENV = "MPI_ALLREDUCE_CHECK"
+SEGMENT_ENV = "MPI_ALLREDUCE_SEGMENT_BYTES"
+RANKS_PER_NODE_ENV = "MPI_ALLREDUCE_RANKS_PER_NODE"
+INNER_ENV = "MPI_ALLREDUCE_INNER"
+TUNING_ENV = "MPI_ALLREDUCE_TUNING"
+CUDA_AWARE_ENV = "MPI_ALLREDUCE_CUDA_AWARE"
+
+_TRUE = ("1", "yes", "true", "on")
+
+
+class Environment(NamedTuple):
+    check: bool
+    segment_bytes: Optional[int]
+    ranks_per_node: Optional[int]
+    inner: Optional[str]
+    tuning: Optional[str]
+    cuda_aware: Optional[str]
+
+
+def _get(name: str) -> Optional[str]:
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def _int(name: str) -> Optional[int]:
+    value = _get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not an integer") from None
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> Environment:
+    return Environment(
+        check=(_get(CHECK_ENV) or "").lower() in _TRUE,
+        segment_bytes=_int(SEGMENT_ENV),
+        ranks_per_node=_int(RANKS_PER_NODE_ENV),
+        inner=_get(INNER_ENV),
+        tuning=_get(TUNING_ENV),
+        cuda_aware=_get(CUDA_AWARE_ENV),
+    )
+
+
+def refresh() -> None:
+    """Forget the settings read so far (and what was derived from them)."""
+    environment.cache_clear()
+    for hook in _on_refresh:
+        hook()
+
+
+_on_refresh: list = []
+
+
+def on_refresh(hook):
+    """Register a cache-clearing function to run on :func:`refresh`."""
+    _on_refresh.append(hook)
+    return hook

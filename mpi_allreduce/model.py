@@ -1,0 +1,195 @@
+"""The alpha-beta-gamma cost model (Thakur, Rabenseifner and Gropp, 2005).
+
+A message of n bytes costs ``alpha + n * beta``; reducing n bytes locally
+costs ``n * gamma``.  :func:`predict` gives each algorithm's time for an
+n-byte vector on p ranks; :func:`fit` measures alpha and beta by ping-pong
+between ranks 0 and 1 and gamma by timing the reduction ufunc.
+
+=================== ================================================================
+algorithm           time
+=================== ================================================================
+driver              2(p-1)(a + n b) + (p-1) n g
+ring                2(p-1) S a + 2 n (p-1)/p b + n (p-1)/p g      (S segments per block)
+ring_pipelined      2(p-1) S a + 2 n (p-1)/p b + (p-1) (n/p)/S g  (reduction overlapped)
+recursive_doubling  lg P (a + n b + n g) [+ 2(a + n b) + n g if p != P]   (P = 2^floor(lg p))
+rabenseifner        2 lg P a + 2 n (P-1)/P b + n (P-1)/P g [+ fold as above]
+hierarchical        4(q-1) a_i + 4 n (q-1)/q b_i + n (q-1)/q g + T_inner(m, a_e, b_e)
+=================== ================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import numpy as np
+
+from .partition import pow2_floor
+
+
+@dataclass
+class Params:
+    alpha: float  # seconds per message
+    beta: float  # seconds per byte on the wire
+    gamma: float  # seconds per byte reduced
+    #: across nodes, for hierarchical (defaults to the same link)
+    alpha_inter: Optional[float] = None
+    beta_inter: Optional[float] = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _segments(n: float, p: int, segment_bytes: Optional[int]) -> int:
+    if not segment_bytes:
+        return 1
+    return max(1, math.ceil(n / p / segment_bytes))
+
+
+def _fold(n, p, a, b, g) -> float:
+    return 0.0 if p == pow2_floor(p) else 2 * (a + n * b) + n * g
+
+
+def predict(algorithm: str, n: float, p: int, prm: Params, segment_bytes: Optional[int] = None,
+            ranks_per_node: Optional[int] = None) -> float:
+    """Predicted seconds for an ``n``-byte all-reduce on ``p`` ranks."""
+    a, b, g = prm.alpha, prm.beta, prm.gamma
+    if p <= 1 or n <= 0:
+        return 0.0
+    if algorithm == "driver":
+        return 2 * (p - 1) * (a + n * b) + (p - 1) * n * g
+    if algorithm == "ring":
+        s = _segments(n, p, segment_bytes)
+        return 2 * (p - 1) * s * a + 2 * n * (p - 1) / p * b + n * (p - 1) / p * g
+    if algorithm == "ring_pipelined":
+        s = _segments(n, p, segment_bytes)
+        return 2 * (p - 1) * s * a + 2 * n * (p - 1) / p * b + (p - 1) * (n / p) / s * g
+    big = pow2_floor(p)
+    lg = math.log2(big)
+    if algorithm == "recursive_doubling":
+        return lg * (a + n * b + n * g) + _fold(n, p, a, b, g)
+    if algorithm == "rabenseifner":
+        return (2 * lg * a + 2 * n * (big - 1) / big * b + n * (big - 1) / big * g
+                + _fold(n, p, a, b, g))
+    if algorithm == "hierarchical":
+        q = min(ranks_per_node or p, p)
+        m = math.ceil(p / q)
+        intra = 4 * (q - 1) * a + 4 * n * (q - 1) / q * b + n * (q - 1) / q * g if q > 1 else 0.0
+        outer = Params(prm.alpha_inter if prm.alpha_inter is not None else a,
+                       prm.beta_inter if prm.beta_inter is not None else b, g)
+        return intra + best_flat(n, m, outer, segment_bytes)[1]
+    raise ValueError(f"no cost formula for {algorithm!r}")
+
+
+FLAT = ("ring", "recursive_doubling", "rabenseifner")
+
+
+def best_flat(n: float, p: int, prm: Params, segment_bytes: Optional[int] = None):
+    """(name, seconds) of the cheapest flat algorithm by the model."""
+    if p <= 1:
+        return "none", 0.0
+    return min(((name, predict(name, n, p, prm, segment_bytes)) for name in FLAT),
+               key=lambda t: t[1])
+
+
+def fit_line(sizes, times) -> tuple[float, float]:
+    """Least squares ``t = alpha + n beta`` with relative errors (so small and
+    large messages count alike); both clipped at zero."""
+    sizes = np.asarray(sizes, dtype=float)
+    times = np.asarray(times, dtype=float)
+    weights = 1.0 / times
+    design = np.stack([np.ones_like(sizes), sizes], axis=1) * weights[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(design, times * weights, rcond=None)
+    return max(float(alpha), 0.0), max(float(beta), 0.0)
+
+
+def measure_pingpong(comm, sizes, iters: int = 50) -> Optional[list[float]]:
+    """One-way time per size between ranks 0 and 1 (None on other ranks)."""
+    from mpi4py import MPI
+
+    rank = comm.Get_rank()
+    out = []
+    for nbytes in sizes:
+        buf = np.zeros(nbytes, dtype=np.uint8)
+        reps = max(5, iters if nbytes <= 1 << 16 else iters // 10)
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        for _ in range(reps):
+            if rank == 0:
+                comm.Send(buf, 1, 7)
+                comm.Recv(buf, 1, 7)
+            elif rank == 1:
+                comm.Recv(buf, 0, 7)
+                comm.Send(buf, 0, 7)
+        out.append((MPI.Wtime() - t0) / reps / 2)
+    return comm.bcast(out if rank == 0 else None, root=0)
+
+
+def measure_reduction(sizes, dtype=np.float32, iters: int = 20) -> list[float]:
+    """Seconds for ``np.add(a, b, out=a)`` on ``n``-byte arrays."""
+    import time
+
+    out = []
+    for nbytes in sizes:
+        a = np.ones(max(1, nbytes // np.dtype(dtype).itemsize), dtype=dtype)
+        b = np.ones_like(a)
+        np.add(a, b, out=a)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            np.add(a, b, out=a)
+        out.append((time.perf_counter() - t0) / iters)
+    return out
+
+
+def fit(comm) -> Params:
+    """alpha and beta from ping-pong between ranks 0 and 1; gamma from np.add."""
+    sizes = [8 << k for k in range(0, 20, 2)]  # 8 B .. 2 MiB
+    if comm.Get_size() < 2:
+        raise ValueError("fitting alpha and beta needs at least 2 ranks")
+    pp = measure_pingpong(comm, sizes)
+    alpha, beta = fit_line(sizes, pp)
+    big = [1 << k for k in range(16, 24, 2)]
+    red = measure_reduction(big)
+    gamma = fit_line(big, red)[1]
+    params = Params(alpha, beta, gamma)
+    return comm.bcast(params, root=0)
+
+
+def report(comm, sizes, iters: int = 10, json_path: Optional[str] = None) -> int:
+    """Fit the parameters, then print predicted against measured time per
+    algorithm and size (rank 0), and optionally write both to JSON."""
+    import json
+
+    from . import ALGORITHMS
+    from .api import DEFAULT_SEGMENT_BYTES
+    from .bench import bench
+
+    params = fit(comm)
+    p = comm.Get_size()
+    algorithms = [a for a in ALGORITHMS if a != "hierarchical"]
+    results = bench(comm, sizes, algorithms, iters=iters, warmup=2, progress=False)
+    rows = []
+    for r in results:
+        predicted = predict(r.algorithm, r.size, p, params, DEFAULT_SEGMENT_BYTES)
+        rows.append({"size": r.size, "algorithm": r.algorithm, "measured_us": r.time_avg_us,
+                     "predicted_us": predicted * 1e6})
+    if comm.Get_rank() == 0:
+        print(f"# alpha = {params.alpha * 1e6:.2f} us, beta = {1e-9 / params.beta if params.beta else float('inf'):.2f} GB/s "
+              f"(1/beta), gamma = {1e-9 / params.gamma if params.gamma else float('inf'):.2f} GB/s (1/gamma); "
+              f"{p} ranks")
+        print(f"{'size(B)':>10} {'algorithm':>20} {'measured(us)':>13} {'predicted(us)':>14} {'meas/pred':>10}")
+        for row in rows:
+            ratio = row["measured_us"] / row["predicted_us"] if row["predicted_us"] else float("nan")
+            print(f"{row['size']:>10} {row['algorithm']:>20} {row['measured_us']:>13.1f} "
+                  f"{row['predicted_us']:>14.1f} {ratio:>10.2f}")
+        by_size = {}
+        for row in rows:
+            by_size.setdefault(row["size"], []).append(row)
+        agree = sum(min(v, key=lambda r: r["measured_us"])["algorithm"]
+                    == min(v, key=lambda r: r["predicted_us"])["algorithm"] for v in by_size.values())
+        print(f"# the model picks the measured fastest algorithm at {agree} of {len(by_size)} sizes")
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump({"params": params.as_dict(), "ranks": p, "rows": rows}, f, indent=1)
+    return 0

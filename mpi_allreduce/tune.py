@@ -1,0 +1,63 @@
+"""``python -m mpi_allreduce tune``: measure, and write the decision table ``auto`` uses.
+
+For the running communicator size, every flat algorithm is timed at each
+message size (medians of interleaved repeats); the fastest wins the size,
+neighbouring sizes with the same winner merge into one row, and a boundary
+between two measured sizes sits at their geometric mean.  Load the file
+with ``allreduce(..., tuning=path)`` or ``MPI_ALLREDUCE_TUNING=path``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from . import ALGORITHMS
+from .bench import bench, metadata
+from .registry import check_tuning
+
+
+def decision_rows(winners: list[tuple[int, str]]) -> list[dict]:
+    """[(size, fastest algorithm)] sorted by size -> rows with max_bytes."""
+    rows = []
+    for i, (size, name) in enumerate(winners):
+        if rows and rows[-1]["algorithm"] == name:
+            rows[-1]["max_bytes"] = None
+        else:
+            rows.append({"max_bytes": None, "algorithm": name})
+        if i + 1 < len(winners):
+            rows[-1]["max_bytes"] = int(math.sqrt(size * winners[i + 1][0]))
+    rows[-1]["max_bytes"] = None
+    return rows
+
+
+def tune(comm, sizes, iters: int, repeats: int, output: str, merge: bool) -> int:
+    candidates = [a for a in ALGORITHMS if a != "hierarchical"]
+    results = bench(comm, sizes, candidates, iters=iters, warmup=2, repeats=repeats,
+                    progress=comm.Get_rank() == 0)
+    p = comm.Get_size()
+    winners = []
+    for size in sorted({r.size for r in results}):
+        at = [r for r in results if r.size == size]
+        winners.append((size, min(at, key=lambda r: r.time_avg_us).algorithm))
+    rule = {"comm_size": p, "table": decision_rows(winners),
+            "measured": [{"size": s, "fastest": a} for s, a in winners]}
+    meta = metadata(comm, "python -m mpi_allreduce tune", iters, 2, repeats)
+    if comm.Get_rank() == 0:
+        table = {"version": 1, "source": "python -m mpi_allreduce tune", "rules": []}
+        if merge and os.path.exists(output):
+            with open(output) as f:
+                table = json.load(f)
+        table["rules"] = [r for r in table["rules"] if int(r["comm_size"]) != p] + [rule]
+        table["rules"].sort(key=lambda r: int(r["comm_size"]))
+        table.setdefault("meta", {})[str(p)] = meta
+        check_tuning(table)
+        with open(output, "w") as f:
+            json.dump(table, f, indent=1)
+        print(f"comm size {p}:")
+        for row in rule["table"]:
+            limit = "no limit" if row["max_bytes"] is None else f"<= {row['max_bytes']} B"
+            print(f"  {limit:>16}: {row['algorithm']}")
+        print(f"wrote {output}")
+    return 0

@@ -1,0 +1,100 @@
+"""Serial tests of the decision table, the tuner's row merging and the cost model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mpi_allreduce import config, registry
+from mpi_allreduce.model import Params, best_flat, fit_line, predict
+from mpi_allreduce.tune import decision_rows
+
+TABLE = {
+    "version": 1,
+    "rules": [
+        {"comm_size": 2, "table": [{"max_bytes": 100, "algorithm": "driver"},
+                                   {"max_bytes": None, "algorithm": "ring"}]},
+        {"comm_size": 8, "table": [{"max_bytes": None, "algorithm": "rabenseifner"}]},
+    ],
+}
+
+
+@pytest.mark.parametrize("nbytes,size,expected", [
+    (8, 2, "driver"), (100, 3, "driver"), (101, 7, "ring"), (10**9, 2, "ring"),
+    (8, 8, "rabenseifner"), (8, 100, "rabenseifner"), (8, 1, "driver"),
+])
+def test_decision_table(nbytes, size, expected):
+    assert registry.choose(nbytes, size, TABLE) == expected
+
+
+def test_built_in_default_is_latency_first():
+    assert registry.choose(8, 4) == "recursive_doubling"
+    assert registry.choose(64 << 20, 4) == "rabenseifner"
+    assert registry.choose(64 << 20, 2) == "recursive_doubling"
+
+
+def test_decision_table_from_file_and_environment(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(TABLE))
+    assert registry.choose(8, 2, str(path)) == "driver"
+    monkeypatch.setenv(config.TUNING_ENV, str(path))
+    config.refresh()
+    try:
+        assert registry.choose(8, 2) == "driver"
+    finally:
+        monkeypatch.delenv(config.TUNING_ENV)
+        config.refresh()
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"rules": []}, "no rules"),
+    ({"rules": [{"comm_size": 2, "table": [{"max_bytes": 5, "algorithm": "ring"}]}]}, "max_bytes null"),
+    ({"rules": [{"comm_size": 2, "table": [{"max_bytes": None, "algorithm": "nope"}]}]}, "unknown algorithm"),
+    ({"rules": [{"comm_size": 2, "table": [{"max_bytes": None, "algorithm": "hierarchical"}]}]}, "may not choose"),
+    ({"rulez": []}, "malformed"),
+])
+def test_bad_decision_tables(bad, match):
+    with pytest.raises(ValueError, match=match):
+        registry.check_tuning(bad)
+
+
+def test_decision_rows_merge_neighbours():
+    rows = decision_rows([(8, "rd"), (64, "rd"), (512, "ring"), (4096, "ring"), (32768, "rab")])
+    assert rows == [{"max_bytes": 181, "algorithm": "rd"},
+                    {"max_bytes": 11585, "algorithm": "ring"},
+                    {"max_bytes": None, "algorithm": "rab"}]
+
+
+PRM = Params(alpha=2e-6, beta=1e-10, gamma=2e-10)
+
+
+def test_model_prefers_latency_algorithms_for_short_and_bandwidth_for_long():
+    assert best_flat(8, 16, PRM)[0] == "recursive_doubling"
+    assert best_flat(64 << 20, 16, PRM)[0] in ("ring", "rabenseifner")
+    assert predict("driver", 1 << 24, 16, PRM) > predict("ring", 1 << 24, 16, PRM)
+
+
+def test_model_formulas():
+    n, p = 1e6, 4
+    a, b, g = PRM.alpha, PRM.beta, PRM.gamma
+    assert predict("ring", n, p, PRM) == pytest.approx(6 * a + 2 * n * 3 / 4 * b + n * 3 / 4 * g)
+    assert predict("recursive_doubling", n, p, PRM) == pytest.approx(2 * (a + n * b + n * g))
+    # p = 6 folds to 4, paying one extra exchange in and out
+    assert predict("recursive_doubling", n, 6, PRM) == pytest.approx(
+        2 * (a + n * b + n * g) + 2 * (a + n * b) + n * g)
+    assert predict("driver", n, p, PRM) == pytest.approx(6 * (a + n * b) + 3 * n * g)
+    assert predict("ring", 0, p, PRM) == 0.0
+
+
+def test_hierarchical_model_uses_the_slow_link_only_across_nodes():
+    slow = Params(alpha=2e-6, beta=1e-10, gamma=2e-10, alpha_inter=50e-6, beta_inter=8e-10)
+    flat = predict("ring", 1 << 24, 8, Params(50e-6, 8e-10, 2e-10))
+    assert predict("hierarchical", 1 << 24, 8, slow, ranks_per_node=4) < flat
+
+
+def test_fit_line_recovers_parameters():
+    sizes = [8 << k for k in range(12)]
+    times = [3e-6 + s * 2e-10 for s in sizes]
+    alpha, beta = fit_line(sizes, times)
+    assert alpha == pytest.approx(3e-6, rel=1e-6) and beta == pytest.approx(2e-10, rel=1e-6)
