@@ -7,6 +7,7 @@ instead of leaving the other ranks waiting in a message.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 
@@ -203,6 +204,7 @@ def cmd_info(args) -> int:
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     hosts = comm.gather(MPI.Get_processor_name(), root=0)
     local_sizes = comm.gather(node.Get_size(), root=0)
+    slurm_nodes = comm.gather(os.environ.get("SLURMD_NODENAME"), root=0)
     node.Free()
     aware, why = cuda_aware_support()
     if comm.Get_rank() == 0:
@@ -210,7 +212,9 @@ def cmd_info(args) -> int:
         print(f"MPI standard: {'.'.join(map(str, MPI.Get_version()))}")
         print(f"ranks       : {comm.Get_size()} on {len(set(hosts))} host(s): "
               f"{', '.join(sorted(set(hosts)))}")
-        print(f"ranks/node  : {sorted(set(local_sizes))}")
+        print(f"ranks/node  : {sorted(set(local_sizes))} (MPI_COMM_TYPE_SHARED)")
+        if any(slurm_nodes):
+            print(f"slurm nodes : {', '.join(sorted(set(n for n in slurm_nodes if n)))}")
         print(f"algorithms  : {', '.join(ALGORITHMS)}")
         print(f"GPU buffers : {'direct to MPI (CUDA-aware)' if aware else 'staged through host memory'}"
               f" -- {why}")

@@ -278,6 +278,7 @@ def metadata(comm, args_line: str, iters: int, warmup: int, repeats: int) -> dic
     node.Free()
     hosts = comm.allgather(MPI.Get_processor_name())
     locals_ = comm.allgather(local)
+    slurm_nodes = comm.allgather(os.environ.get("SLURMD_NODENAME"))
     import mpi4py
 
     return {
@@ -285,6 +286,7 @@ def metadata(comm, args_line: str, iters: int, warmup: int, repeats: int) -> dic
         "nodes": len(set(hosts)),
         "ranks_per_node": sorted(set(locals_)),
         "hostnames": sorted(set(hosts)),
+        "slurm_nodes": sorted({n for n in slurm_nodes if n}) or None,
         "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
         "mpi_standard": ".".join(map(str, MPI.Get_version())),
         "python": platform.python_version(),
@@ -299,7 +301,8 @@ def metadata(comm, args_line: str, iters: int, warmup: int, repeats: int) -> dic
         "repeats": repeats,
         "busbw": BUSBW_NOTE,
         "env": {k: v for k, v in os.environ.items()
-                if k.startswith(("MPI_ALLREDUCE_", "OMPI_MCA_coll", "SLURM_JOB_ID"))},
+                if k.startswith(("MPI_ALLREDUCE_", "OMPI_MCA_coll", "SLURM_JOB_ID",
+                                 "SLURM_JOB_NODELIST", "SLURM_TASKS_PER_NODE", "SLURM_NNODES"))},
     }
 
 
