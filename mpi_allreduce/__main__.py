@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated element counts (default: 0, 1, p-1, p, p+1, primes, 2^k+-1)")
     v.add_argument("--no-large", action="store_true", help="skip the ~1M-element cases")
     v.add_argument("--seed", type=int, default=2026)
+    _device_arg(v)
     _hierarchy_args(v)
 
     b = sub.add_parser("bench", help="time the algorithms and MPI.Allreduce side by side")
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", default=None, help="write results and metadata as JSON")
     b.add_argument("--csv", default=None, help="write results as CSV (metadata in a # line)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
+    _device_arg(b)
     _hierarchy_args(b)
 
     pl = sub.add_parser("plot", help="latency and busbw against size from bench JSON files")
@@ -102,8 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--merge", action="store_true",
                     help="keep the rules for other communicator sizes already in the output file")
 
-    sub.add_parser("info", help="MPI library, communicator layout, GPU path")
+    _device_arg(sub.add_parser("info", help="MPI library, communicator layout, GPU path"))
     return parser
+
+
+def _device_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the buffers live: numpy (cpu) or cupy (cuda; one GPU per "
+                             "local rank, modulo the visible GPUs)")
 
 
 def _size_range(args) -> list[int]:
@@ -134,14 +142,18 @@ def cmd_bench(args) -> int:
 
         os.environ["MPI_ALLREDUCE_SEGMENT_BYTES"] = str(args.segment_bytes)
     modes = {"no": (False,), "yes": (True,), "both": (False, True)}[args.inplace]
+    from .backend import select_device
+
+    where = select_device(comm, args.device)
     results = bench.bench(comm, _size_range(args), algorithms, args.dtype, args.op, args.iters,
                           args.warmup, modes, args.check, args.repeats, _options(args),
-                          progress=not args.quiet, memory=args.memory)
+                          progress=not args.quiet, memory=args.memory, device=args.device)
     for r in results:
         if r.algorithm == bench.VENDOR:
             r.algorithm = args.label_vendor
     meta = bench.metadata(comm, " ".join(["python -m mpi_allreduce"] + sys.argv[1:]),
                           args.iters, args.warmup, args.repeats)
+    meta["device"] = where
     if comm.Get_rank() == 0:
         print(bench.table(results, meta), flush=True)
         if args.json:
@@ -191,8 +203,13 @@ def cmd_verify(args) -> int:
         import os
 
         os.environ["MPI_ALLREDUCE_SEGMENT_BYTES"] = str(args.segment_bytes)
+    from .backend import select_device
+
+    where = select_device(MPI.COMM_WORLD, args.device)
+    if MPI.COMM_WORLD.Get_rank() == 0 and args.device != "cpu":
+        print(f"# rank 0 device: {where}", flush=True)
     wrong = verify(MPI.COMM_WORLD, args.algorithms, args.dtypes, args.ops, args.counts,
-                   large=not args.no_large, seed=args.seed, options=options)
+                   large=not args.no_large, seed=args.seed, options=options, device=args.device)
     return 1 if wrong else 0
 
 
@@ -206,7 +223,10 @@ def cmd_info(args) -> int:
     local_sizes = comm.gather(node.Get_size(), root=0)
     slurm_nodes = comm.gather(os.environ.get("SLURMD_NODENAME"), root=0)
     node.Free()
+    from .backend import select_device
+
     aware, why = cuda_aware_support()
+    devices = comm.gather(select_device(comm, args.device), root=0)
     if comm.Get_rank() == 0:
         print(f"MPI library : {MPI.Get_library_version().splitlines()[0].strip()}")
         print(f"MPI standard: {'.'.join(map(str, MPI.Get_version()))}")
@@ -218,6 +238,9 @@ def cmd_info(args) -> int:
         print(f"algorithms  : {', '.join(ALGORITHMS)}")
         print(f"GPU buffers : {'direct to MPI (CUDA-aware)' if aware else 'staged through host memory'}"
               f" -- {why}")
+        if args.device != "cpu":
+            for rank, where in enumerate(devices):
+                print(f"rank {rank:>4}   : {where}")
     return 0
 
 

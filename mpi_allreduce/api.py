@@ -100,6 +100,8 @@ def allreduce(
         _agree(comm, call, error)
 
     recv, send, backend = call.recv, call.send, call.backend
+    if backend.device:
+        backend.device_synchronize()
     buf = backend.flat(recv)
     size = comm.Get_size()
     count = buf.shape[0]
@@ -125,7 +127,7 @@ def _run(comm, call: _Call, send, buf) -> None:
     options = {}
     if name == "hierarchical":
         options = {"ranks_per_node": call.ranks_per_node, "inner": call.inner}
-    key = (count, dtype.str, call.op.name, name, call.backend.name, call.segment_size,
+    key = (count, dtype.str, call.op.name, name, call.backend, call.segment_size,
            call.ranks_per_node, call.inner)
 
     def build():
@@ -171,7 +173,7 @@ def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inn
 
     backend = backend_for(send if send is not None else recv)
     if recv is None:
-        recv = backend.xp.empty(send.shape, dtype=send.dtype)
+        recv = backend.empty_shaped(send.shape, send.dtype)
     elif backend_for(recv) is not backend:
         raise TypeError(
             f"sendbuf and recvbuf live in different places "

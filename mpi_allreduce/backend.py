@@ -43,8 +43,8 @@ class Backend:
     def empty(self, count: int, dtype) -> "np.ndarray":
         return self.xp.empty(count, dtype=dtype)
 
-    def empty_like(self, array):
-        return self.xp.empty_like(array)
+    def empty_shaped(self, shape, dtype):
+        return self.xp.empty(shape, dtype=dtype)
 
     def copy(self, dst, src) -> None:
         """dst[...] = src (same backend, same size)."""
@@ -58,7 +58,11 @@ class Backend:
         return getattr(self.xp, ufunc.__name__)
 
     def synchronize(self) -> None:
-        """Wait until queued work on the array's stream is done."""
+        """Wait until queued work on the current stream is done (before MPI)."""
+
+    def device_synchronize(self) -> None:
+        """Wait for every stream of the device: a caller's kernel on another
+        stream may still be writing the send buffer when allreduce starts."""
 
     def is_contiguous(self, array) -> bool:
         return bool(array.flags.c_contiguous)
@@ -148,6 +152,8 @@ class StagedBackend(Backend):
         return sum(b.nbytes for b in self._staging.values())
 
     def sendrecv(self, comm, send, dest, recv, source, mpitype, tag) -> None:
+        # the device-to-host copy is ordered after earlier work on the stream;
+        # synchronize() then makes sure it has landed before MPI reads it
         hsend = hrecv = None
         if send is not None:
             hsend = self.staging_buffer("send", send.nbytes).view(send.dtype)
@@ -192,6 +198,9 @@ class CupyBackend(Backend):
 
     def synchronize(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()
+
+    def device_synchronize(self) -> None:
+        self.xp.cuda.Device().synchronize()
 
     def shares_memory(self, a, b) -> bool:
         return bool(self.xp.shares_memory(a, b))
@@ -298,8 +307,25 @@ def _dlpack_is_cuda(obj) -> bool:
     return int(dev_type) in (2, 13)  # kDLCUDA, kDLCUDAManaged
 
 
+#: (array type, backend) pairs checked before numpy and cupy (see register_backend)
+_REGISTERED: list = []
+
+
+def register_backend(array_type: type, backend: Backend) -> None:
+    """Route arrays of ``array_type`` (checked before numpy) to ``backend``.
+    The tests use this for a fake device backend that runs on the CPU."""
+    _REGISTERED.insert(0, (array_type, backend))
+
+
+def unregister_backend(array_type: type) -> None:
+    _REGISTERED[:] = [(t, b) for t, b in _REGISTERED if t is not array_type]
+
+
 def as_array(obj):
     """Return ``obj`` as a numpy or cupy array (no copy for arrays we know)."""
+    for array_type, _ in _REGISTERED:
+        if isinstance(obj, array_type):
+            return obj
     if isinstance(obj, np.ndarray):
         return obj
     if _is_device_array(obj):
@@ -321,6 +347,9 @@ def as_array(obj):
 
 def backend_for(array) -> Backend:
     """The backend that owns ``array``."""
+    for array_type, backend in _REGISTERED:
+        if isinstance(array, array_type):
+            return backend
     if isinstance(array, np.ndarray):
         return _HOST
     cp = _cupy()
@@ -332,3 +361,52 @@ def backend_for(array) -> Backend:
             _cupy_backends[aware] = backend
         return backend
     raise TypeError(f"no backend for {type(array).__name__}")
+
+
+# --- device selection and data placement (verify, bench, info) -------------
+
+def local_rank(comm) -> int:
+    """This rank's index among the ranks on its node."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
+
+
+def select_device(comm, device: str) -> str:
+    """Make ``device`` ('cpu' or 'cuda') current for this rank and describe the choice.
+
+    For 'cuda' the rank takes GPU (local rank mod visible GPUs), so several
+    ranks may share one GPU.
+    """
+    if device == "cpu":
+        return "cpu"
+    if device != "cuda":
+        raise ValueError(f"unknown device {device!r}; expected 'cpu' or 'cuda'")
+    cp = _cupy()
+    if cp is None:
+        raise RuntimeError("--device cuda needs cupy: pip install 'mpi_allreduce[gpu]'")
+    count = cp.cuda.runtime.getDeviceCount()
+    if count < 1:
+        raise RuntimeError("--device cuda: no GPU is visible")
+    index = local_rank(comm) % count
+    cp.cuda.Device(index).use()
+    aware, why = cuda_aware_support()
+    return (f"cuda:{index} of {count} visible; "
+            f"{'direct to MPI (CUDA-aware)' if aware else 'staged through pinned host memory'} -- {why}")
+
+
+def to_device(array: np.ndarray, device: str):
+    """A copy of host ``array`` on ``device`` ('cpu' returns it unchanged)."""
+    if device == "cpu":
+        return array
+    cp = _cupy()
+    if cp is None:
+        raise RuntimeError("device arrays need cupy: pip install 'mpi_allreduce[gpu]'")
+    return cp.asarray(array)
+
+
+def to_host(array) -> np.ndarray:
+    """``array`` as a numpy array (a copy for device arrays)."""
+    return backend_for(array).to_host(array)

@@ -28,8 +28,10 @@ import numpy as np
 from mpi4py import MPI
 
 from . import ALGORITHMS, allreduce
+from .backend import backend_for, to_device, to_host
 from .ops import resolve_op
 from .plan import context_for
+from .registry import resolve
 from .verify import make_data, reference
 
 VENDOR = "mpi"
@@ -63,11 +65,11 @@ def human(nbytes: int) -> str:
 
 def iterations_for(nbytes: int, iters: int, warmup: int) -> tuple[int, int]:
     """Fewer iterations for large messages (as OSU does): scaled so one size
-    moves about ``iters`` MiB, but never fewer than 5 timed and 1 warm-up."""
+    moves about ``iters`` MiB, but never fewer than 10 timed and 2 warm-up."""
     if nbytes <= 1 << 20:
         return iters, warmup
     scale = (1 << 20) / nbytes
-    return max(5, int(iters * scale)), max(1, int(warmup * scale))
+    return max(10, int(iters * scale)), max(2, int(warmup * scale))
 
 
 @dataclass
@@ -92,7 +94,10 @@ class Result:
 
 
 class Runner:
-    """Runs one algorithm on fixed buffers; ``mpi`` is the vendor's Allreduce."""
+    """Runs one algorithm on fixed buffers; ``mpi`` is the vendor's Allreduce.
+
+    On a device without a CUDA-aware MPI the vendor runs on host copies of
+    the buffers (it cannot read device memory)."""
 
     def __init__(self, comm, algorithm, send, recv, op, in_place, options):
         self.comm, self.algorithm = comm, algorithm
@@ -103,13 +108,18 @@ class Runner:
             from .plan import wire_type
 
             self.mpitype = wire_type(send.dtype)
+            if backend_for(send).device and not backend_for(send).direct:
+                self.send, self.recv = to_host(send), to_host(recv)
+            self.finalize = backend_for(self.recv).ufunc(self.op.finalize) \
+                if self.op.finalize is not None else None
+            backend_for(self.recv).synchronize()
 
     def __call__(self):
         if self.algorithm == VENDOR:
             sbuf = MPI.IN_PLACE if self.in_place else [self.send, self.mpitype]
             self.comm.Allreduce(sbuf, [self.recv, self.mpitype], self.op.mpi_op)
-            if self.op.finalize is not None:
-                self.op.finalize(self.recv, self.comm.Get_size(), out=self.recv)
+            if self.finalize is not None:
+                self.finalize(self.recv, self.comm.Get_size(), out=self.recv)
         else:
             allreduce(MPI.IN_PLACE if self.in_place else self.send, self.recv, self.op,
                       comm=self.comm, algorithm=self.algorithm, **self.options)
@@ -130,15 +140,16 @@ def time_runner(comm, run, iters: int, warmup: int) -> np.ndarray:
     return worst
 
 
-def count_wrong(comm, algorithm, dtype, op, count, in_place, options) -> int:
+def count_wrong(comm, algorithm, dtype, op, count, in_place, options, device="cpu") -> int:
     """Run once on exact data and count elements that differ from the vendor's result."""
     data = make_data(np.dtype(dtype), op, count, comm.Get_rank(), "exact", 11)
-    expected = reference(comm, data, op)
-    recv = np.empty_like(data)
-    if in_place:
-        recv[...] = data
-    Runner(comm, algorithm, data, recv, op, in_place, options)()
-    return comm.allreduce(int(np.count_nonzero(recv != expected)), op=MPI.SUM)
+    expected = reference(comm, data, op, device)
+    send = to_device(data, device)
+    recv = send.copy() if in_place else to_device(np.empty_like(data), device)
+    runner = Runner(comm, algorithm, send, recv, op, in_place, options)
+    runner()
+    got = to_host(runner.recv)
+    return comm.allreduce(int(np.count_nonzero(got != expected)), op=MPI.SUM)
 
 
 def plans_of(algorithm_instance) -> list:
@@ -177,7 +188,7 @@ def peak_traced_bytes(comm, run) -> int:
 
 def bench(comm, sizes, algorithms, dtype="float32", op="sum", iters=20, warmup=5,
           modes=(False,), check=False, repeats=1, options=None, progress=True,
-          memory=False) -> list[Result]:
+          memory=False, device="cpu") -> list[Result]:
     dtype = np.dtype(dtype)
     options = options or {}
     p = comm.Get_size()
@@ -188,10 +199,9 @@ def bench(comm, sizes, algorithms, dtype="float32", op="sum", iters=20, warmup=5
         nbytes = count * dtype.itemsize
         n_iter, n_warm = iterations_for(nbytes, iters, warmup)
         for in_place in modes:
-            send = make_data(dtype, op, count, comm.Get_rank(), "exact", 5)
-            recv = np.empty_like(send)
-            if in_place:
-                recv[...] = send
+            host = make_data(dtype, op, count, comm.Get_rank(), "exact", 5)
+            send = to_device(host, device)
+            recv = send.copy() if in_place else to_device(np.empty_like(host), device)
             runners = {a: Runner(comm, a, send, recv, op, in_place, options) for a in algorithms}
             per_repeat = {a: [] for a in algorithms}
             samples = {a: [] for a in algorithms}
@@ -209,9 +219,10 @@ def bench(comm, sizes, algorithms, dtype="float32", op="sum", iters=20, warmup=5
                              algbw * (2 * (p - 1) / p if p > 1 else 1.0), iters=n_iter,
                              repeats_avg_us=[t * 1e6 for t in per_repeat[a]])
                 if check:
-                    res.wrong = count_wrong(comm, a, dtype, op, count, in_place, options)
+                    res.wrong = count_wrong(comm, a, dtype, op, count, in_place, options, device)
                 if memory:
-                    res.scratch_bytes = scratch_of(comm, a, count)
+                    res.scratch_bytes = scratch_of(
+                        comm, resolve(a, nbytes, p) if a != VENDOR else a, count)
                     res.steady_alloc_bytes = peak_traced_bytes(comm, runners[a])
                 results.append(res)
             vendor = next((r for r in results[-len(algorithms):] if r.algorithm == VENDOR), None)

@@ -3,7 +3,10 @@
 For the running communicator size, every flat algorithm is timed at each
 message size (medians of interleaved repeats); the fastest wins the size,
 neighbouring sizes with the same winner merge into one row, and a boundary
-between two measured sizes sits at their geometric mean.  Load the file
+between two measured sizes sits at their geometric mean.  Timings on a
+shared machine are noisy, so an algorithm within ``tolerance`` (5%) of the
+fastest that already won the previous size keeps winning: the table does
+not flip between two algorithms that are equally fast.  Load the file
 with ``allreduce(..., tuning=path)`` or ``MPI_ALLREDUCE_TUNING=path``.
 """
 
@@ -32,15 +35,26 @@ def decision_rows(winners: list[tuple[int, str]]) -> list[dict]:
     return rows
 
 
+def pick_winners(timings: list[tuple[int, str, float]], tolerance: float = 0.05):
+    """[(size, algorithm, time)] -> [(size, winner)], sticking with the previous
+    size's winner while it is within ``tolerance`` of the fastest."""
+    winners: list[tuple[int, str]] = []
+    for size in sorted({t[0] for t in timings}):
+        at = {name: time for s, name, time in timings if s == size}
+        best = min(at, key=at.get)
+        previous = winners[-1][1] if winners else None
+        if previous in at and at[previous] <= at[best] * (1 + tolerance):
+            best = previous
+        winners.append((size, best))
+    return winners
+
+
 def tune(comm, sizes, iters: int, repeats: int, output: str, merge: bool) -> int:
     candidates = [a for a in ALGORITHMS if a != "hierarchical"]
     results = bench(comm, sizes, candidates, iters=iters, warmup=2, repeats=repeats,
                     progress=comm.Get_rank() == 0)
     p = comm.Get_size()
-    winners = []
-    for size in sorted({r.size for r in results}):
-        at = [r for r in results if r.size == size]
-        winners.append((size, min(at, key=lambda r: r.time_avg_us).algorithm))
+    winners = pick_winners([(r.size, r.algorithm, r.time_avg_us) for r in results])
     rule = {"comm_size": p, "table": decision_rows(winners),
             "measured": [{"size": s, "fastest": a} for s, a in winners]}
     meta = metadata(comm, "python -m mpi_allreduce tune", iters, 2, repeats)

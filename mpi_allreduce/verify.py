@@ -26,6 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import ALGORITHMS, allreduce
+from .backend import cuda_aware_support, to_device, to_host
 from .ops import OPS, SUPPORTED_DTYPES, resolve_op
 from .plan import wire_type
 
@@ -79,16 +80,25 @@ def make_data(dtype: np.dtype, op: str, count: int, rank: int, kind: str, seed: 
     return values.astype(dtype)
 
 
-def reference(comm: MPI.Intracomm, data: np.ndarray, op: str) -> np.ndarray:
-    """``MPI.Allreduce`` of the running MPI on the same data.
+def reference(comm: MPI.Intracomm, data: np.ndarray, op: str, device: str = "cpu") -> np.ndarray:
+    """``MPI.Allreduce`` of the running MPI on the same data, as a host array.
 
     float16 goes through float32 (MPI has no portable half type); ``avg``
-    is the vendor's SUM divided by the size, as our algorithms do it.
+    is the vendor's SUM divided by the size, as our algorithms do it.  With
+    ``device='cuda'`` and a CUDA-aware MPI the vendor gets device buffers,
+    otherwise host copies.
     """
     ours = resolve_op(op)
     send = data.astype(np.float32) if data.dtype == np.float16 else data
-    out = np.empty_like(send)
-    comm.Allreduce([send, wire_type(send.dtype)], [out, wire_type(send.dtype)], ours.mpi_op)
+    if device != "cpu" and cuda_aware_support()[0]:
+        dsend = to_device(send, device)
+        dout = dsend.copy()
+        comm.Allreduce([dsend, wire_type(send.dtype)], [dout, wire_type(send.dtype)],
+                       ours.mpi_op)
+        out = to_host(dout)
+    else:
+        out = np.empty_like(send)
+        comm.Allreduce([send, wire_type(send.dtype)], [out, wire_type(send.dtype)], ours.mpi_op)
     out = out.astype(data.dtype)
     if ours.finalize is not None:
         ours.finalize(out, comm.Get_size(), out=out)
@@ -107,20 +117,25 @@ class Row:
     kinds: set = field(default_factory=set)
 
 
-def run_case(comm, algorithm, dtype, op, count, in_place, kind, seed, options) -> tuple[int, int]:
+def run_case(comm, algorithm, dtype, op, count, in_place, kind, seed, options,
+             device: str = "cpu") -> tuple[int, int]:
     """One comparison; returns (#wrong elements over all ranks, #ranks whose bytes differ)."""
     data = make_data(dtype, op, count, comm.Get_rank(), kind, seed)
-    expected = reference(comm, data, op)
+    expected = reference(comm, data, op, device)
     # a sentinel element after the receive buffer that must stay untouched
-    storage = np.zeros(count + 1, dtype=dtype)
+    host_storage = np.zeros(count + 1, dtype=dtype)
     sentinel = make_data(dtype, "sum", 1, 99, "exact", seed + 1)[0]
-    storage[count] = sentinel
+    host_storage[count] = sentinel
+    if in_place:
+        host_storage[:count] = data
+    storage = to_device(host_storage, device)
     recv = storage[:count]
     if in_place:
-        recv[...] = data
         allreduce(MPI.IN_PLACE, recv, op, comm=comm, algorithm=algorithm, **options)
     else:
-        allreduce(data, recv, op, comm=comm, algorithm=algorithm, **options)
+        allreduce(to_device(data, device), recv, op, comm=comm, algorithm=algorithm, **options)
+    storage = to_host(storage)
+    recv = storage[:count]
     if kind == "exact":
         wrong = int(np.count_nonzero(recv != expected))
     else:
@@ -161,6 +176,7 @@ def verify(
     seed: int = 2026,
     options: Optional[dict] = None,
     out=sys.stdout,
+    device: str = "cpu",
 ) -> int:
     """Run the matrix, print the table on rank 0, return the total #wrong."""
     size, rank = comm.Get_size(), comm.Get_rank()
@@ -184,7 +200,8 @@ def verify(
                     for in_place in (False, True):
                         for kind in kinds:
                             wrong, differing = run_case(comm, algorithm, dtype, op, count,
-                                                        in_place, kind, seed, variant_options)
+                                                        in_place, kind, seed, variant_options,
+                                                        device)
                             row.cases += 1
                             row.max_count = max(row.max_count, count)
                             row.wrong += wrong
@@ -193,14 +210,14 @@ def verify(
     elapsed = time.perf_counter() - start
     total = sum(r.wrong + r.not_identical for r in rows)
     if rank == 0:
-        print_table(rows, comm, counts, elapsed, out)
+        print_table(rows, comm, counts, elapsed, out, device)
     return total
 
 
-def print_table(rows, comm, counts, elapsed, out) -> None:
+def print_table(rows, comm, counts, elapsed, out, device="cpu") -> None:
     size = comm.Get_size()
-    print(f"# mpi_allreduce verify: {size} ranks, {MPI.Get_library_version().splitlines()[0].strip()}",
-          file=out)
+    print(f"# mpi_allreduce verify: {size} ranks, {device} buffers, "
+          f"{MPI.Get_library_version().splitlines()[0].strip()}", file=out)
     print(f"# counts: {', '.join(map(str, counts))} (+{LARGE_COUNT} for "
           f"{', '.join('/'.join(c) for c in LARGE_CASES)}); in place and out of place", file=out)
     print("# exact data must match MPI.Allreduce bit for bit; random float data within "

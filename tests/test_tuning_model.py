@@ -8,7 +8,7 @@ import pytest
 
 from mpi_allreduce import config, registry
 from mpi_allreduce.model import Params, best_flat, fit_line, predict
-from mpi_allreduce.tune import decision_rows
+from mpi_allreduce.tune import decision_rows, pick_winners
 
 TABLE = {
     "version": 1,
@@ -28,10 +28,11 @@ def test_decision_table(nbytes, size, expected):
     assert registry.choose(nbytes, size, TABLE) == expected
 
 
-def test_built_in_default_is_latency_first():
+def test_built_in_default_is_latency_first_then_bandwidth():
     assert registry.choose(8, 4) == "recursive_doubling"
-    assert registry.choose(64 << 20, 4) == "rabenseifner"
-    assert registry.choose(64 << 20, 2) == "recursive_doubling"
+    assert registry.choose(64 << 20, 4) == "ring"
+    assert registry.choose(512 << 10, 2) == "recursive_doubling"
+    assert registry.choose(64 << 20, 2) == "ring"
 
 
 def test_decision_table_from_file_and_environment(tmp_path, monkeypatch):
@@ -98,3 +99,10 @@ def test_fit_line_recovers_parameters():
     times = [3e-6 + s * 2e-10 for s in sizes]
     alpha, beta = fit_line(sizes, times)
     assert alpha == pytest.approx(3e-6, rel=1e-6) and beta == pytest.approx(2e-10, rel=1e-6)
+
+
+def test_pick_winners_does_not_flip_between_equals():
+    timings = [(8, "a", 10.0), (8, "b", 10.3),
+               (64, "a", 10.4), (64, "b", 10.0),   # b faster by < 5%: a stays
+               (512, "a", 20.0), (512, "b", 10.0)]  # b clearly faster: b wins
+    assert pick_winners(timings) == [(8, "a"), (64, "a"), (512, "b")]

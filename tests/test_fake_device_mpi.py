@@ -1,0 +1,240 @@
+"""The GPU code paths, exercised on the CPU with a FAKE device backend.
+
+These are test doubles, not a GPU: "device" arrays are numpy arrays of a
+subclass, and the fake device defers every write a "kernel" makes until
+the stream is synchronized, the way a GPU would still be computing.  What
+they can show without a GPU:
+
+* staged path (MPI not CUDA-aware): results are right, MPI is never handed
+  a device array, and the pinned staging buffers are reused, not reallocated;
+* direct path (CUDA-aware MPI): results are right only if the stream is
+  synchronized before every buffer reaches MPI (the deferred writes make a
+  missing synchronize produce wrong numbers);
+* busy stream: a write still pending on another stream when allreduce is
+  called is waited for.
+
+What they cannot show: cupy itself, real streams, real pinned memory, a
+CUDA-aware MPI.  tests/test_gpu_mpi.py does that where a GPU exists.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpi_allreduce as mar
+from mpi_allreduce.backend import Backend, StagedBackend, register_backend, unregister_backend
+
+from .helpers import VARIANTS, VARIANT_IDS, expected, mine
+
+pytestmark = pytest.mark.mpi
+
+
+class FakeDeviceArray(np.ndarray):
+    """Test double for a device array (lives in host memory)."""
+
+
+class FakeStreams:
+    """Deferred writes: ``current`` is the library's stream, ``other`` a caller's."""
+
+    def __init__(self):
+        self.current: list = []
+        self.other: list = []
+
+    @staticmethod
+    def _apply(queue):
+        while queue:
+            out, value = queue.pop(0)
+            np.copyto(out.view(np.ndarray), value)
+
+    def flush_current(self):
+        self._apply(self.current)
+
+    def flush_all(self):
+        self._apply(self.other)
+        self._apply(self.current)
+
+
+class FakeDeviceMixin:
+    """Kernels (ufuncs, copies) run in stream order but their results only
+    land when the stream is synchronized."""
+
+    def _init_fake(self):
+        self.streams = FakeStreams()
+        self.synchronizations = 0
+
+    def owns(self, array):
+        return isinstance(array, FakeDeviceArray)
+
+    def empty(self, count, dtype):
+        return np.zeros(count, dtype=dtype).view(FakeDeviceArray)
+
+    def empty_shaped(self, shape, dtype):
+        return np.zeros(shape, dtype=dtype).view(FakeDeviceArray)
+
+    def copy(self, dst, src):
+        self.streams.flush_current()  # stream order: earlier kernels are done
+        self.streams.current.append((dst, np.array(src).reshape(dst.shape)))
+
+    def ufunc(self, ufunc):
+        def kernel(a, b, out):
+            self.streams.flush_current()
+            self.streams.current.append((out, ufunc(np.asarray(a), b)))
+        return kernel
+
+    def synchronize(self):
+        self.synchronizations += 1
+        self.streams.flush_current()
+
+    def device_synchronize(self):
+        self.streams.flush_all()
+
+    def to_host(self, array):
+        self.streams.flush_all()
+        return np.array(array.view(np.ndarray))
+
+
+class CheckingComm:
+    """Wraps the library's communicator: fails if a device array reaches MPI."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    @staticmethod
+    def _check(*bufs):
+        for b in bufs:
+            if b is not None and isinstance(b[0], FakeDeviceArray):
+                raise AssertionError("a device buffer was handed to an MPI that is not CUDA-aware")
+
+    def Sendrecv(self, sbuf, dest, stag, rbuf, source, rtag):
+        self._check(sbuf, rbuf)
+        return self.comm.Sendrecv(sbuf, dest, stag, rbuf, source, rtag)
+
+    def Isend(self, buf, dest, tag):
+        self._check(buf)
+        return self.comm.Isend(buf, dest, tag)
+
+    def Irecv(self, buf, source, tag):
+        self._check(buf)
+        return self.comm.Irecv(buf, source, tag)
+
+
+class FakeStagedDevice(FakeDeviceMixin, StagedBackend):
+    """TEST DOUBLE: a device whose MPI is not CUDA-aware (staged path)."""
+
+    name = "fake-device-staged (test double)"
+
+    def __init__(self):
+        super().__init__(np)
+        self._init_fake()
+        self.allocations = 0
+
+    def _host_buffer(self, nbytes):
+        self.allocations += 1
+        return np.zeros(nbytes, dtype=np.uint8)
+
+    def _to_host(self, host, device):
+        self.streams.flush_current()  # a stream-ordered device-to-host copy
+        np.copyto(host, device.view(np.ndarray))
+
+    def _from_host(self, device, host):
+        self.streams.flush_current()
+        np.copyto(device.view(np.ndarray), host)
+
+    def sendrecv(self, comm, *args):
+        super().sendrecv(CheckingComm(comm), *args)
+
+    def post(self, comm, *args):
+        return super().post(CheckingComm(comm), *args)
+
+
+class FakeDirectDevice(FakeDeviceMixin, Backend):
+    """TEST DOUBLE: a device with a CUDA-aware MPI (buffers go to MPI directly)."""
+
+    name = "fake-device-direct (test double)"
+    device = True
+    direct = True
+
+    def __init__(self):
+        super().__init__(np)
+        self._init_fake()
+
+
+@pytest.fixture(params=[FakeStagedDevice, FakeDirectDevice], ids=["staged", "direct"])
+def fake(request):
+    backend = request.param()
+    register_backend(FakeDeviceArray, backend)
+    yield backend
+    unregister_backend(FakeDeviceArray)
+
+
+def on_device(array):
+    return np.array(array).view(FakeDeviceArray)
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+@pytest.mark.parametrize("count", [0, 1, 5, 97])
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_core_matrix_on_fake_device(comm, fake, variant, count, in_place):
+    _, algorithm, options = variant
+    data = mine(comm, "float32", "sum", count)
+    if in_place:
+        recv = on_device(data)
+        out = mar.allreduce(MPI.IN_PLACE, recv, "sum", comm=comm, algorithm=algorithm,
+                            segment_size=7, **options)
+    else:
+        out = mar.allreduce(on_device(data), None, "sum", comm=comm, algorithm=algorithm,
+                            segment_size=7, **options)
+    assert isinstance(out, FakeDeviceArray)
+    np.testing.assert_array_equal(fake.to_host(out), expected(comm, "float32", "sum", count))
+
+
+def test_staging_buffers_are_reused(comm):
+    if comm.Get_size() == 1:
+        pytest.skip("one rank sends nothing")
+    backend = FakeStagedDevice()
+    register_backend(FakeDeviceArray, backend)
+    try:
+        x = on_device(mine(comm, "int64", "sum", 1000))
+        mar.allreduce(x, comm=comm, algorithm="ring_pipelined", segment_size=64)
+        first, allocations = dict(backend._staging), backend.allocations
+        for _ in range(3):
+            out = mar.allreduce(x, comm=comm, algorithm="ring_pipelined", segment_size=64)
+        assert backend.allocations == allocations and allocations > 0
+        assert all(backend._staging[k] is v for k, v in first.items())
+        assert backend.staging_bytes <= 4 * 64 * 8  # two slots of send and receive segments
+        np.testing.assert_array_equal(backend.to_host(out), expected(comm, "int64", "sum", 1000))
+    finally:
+        unregister_backend(FakeDeviceArray)
+
+
+def test_missing_synchronize_would_be_caught(comm):
+    """The fake is strict enough: with synchronize() disabled, results go wrong."""
+    if comm.Get_size() == 1:
+        pytest.skip("one rank sends nothing")
+
+    class Careless(FakeDirectDevice):
+        def synchronize(self):
+            pass
+
+    backend = Careless()
+    register_backend(FakeDeviceArray, backend)
+    try:
+        # the ring sends, in its allgather, blocks that a kernel has just reduced
+        out = mar.allreduce(on_device(mine(comm, "int32", "sum", 50)), comm=comm,
+                            algorithm="ring")
+        wrong = np.count_nonzero(backend.to_host(out) != expected(comm, "int32", "sum", 50))
+    finally:
+        unregister_backend(FakeDeviceArray)
+    assert comm.allreduce(wrong) > 0
+
+
+@pytest.mark.parametrize("algorithm", list(mar.ALGORITHMS))
+def test_busy_stream_is_waited_for(comm, fake, algorithm):
+    """A kernel on the caller's own stream is still writing sendbuf when
+    allreduce is called: the library must wait for it."""
+    send = on_device(np.zeros(40, dtype=np.float64))
+    fake.streams.other.append((send, mine(comm, "float64", "sum", 40)))  # pending write
+    out = mar.allreduce(send, comm=comm, algorithm=algorithm)
+    np.testing.assert_array_equal(fake.to_host(out), expected(comm, "float64", "sum", 40))

@@ -1,0 +1,79 @@
+"""GPU tests: cupy buffers, staged and direct, and the busy-stream case.
+
+Skipped (with the reason) where cupy or a GPU is missing; on a GPU machine
+tests/test_launch.py runs them under mpiexec like every MPI test.  The
+direct path runs only where the MPI is CUDA-aware (MPIX query)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpi_allreduce as mar
+from mpi_allreduce import backend, config
+
+from .helpers import VARIANTS, VARIANT_IDS, expected, mine
+
+cp = pytest.importorskip("cupy", reason="cupy is not installed (pip install 'mpi_allreduce[gpu]')")
+try:
+    GPUS = cp.cuda.runtime.getDeviceCount()
+except Exception:  # noqa: BLE001 - no driver
+    GPUS = 0
+pytestmark = [pytest.mark.mpi,
+              pytest.mark.skipif(GPUS == 0, reason="no GPU visible to cupy")]
+
+PATHS = ["staged", "direct"]
+
+
+@pytest.fixture(params=PATHS)
+def gpu_path(request, monkeypatch):
+    from mpi4py import MPI
+
+    if request.param == "direct":
+        config.refresh()
+        if not backend.cuda_aware_support()[0]:
+            pytest.skip("the MPI library is not CUDA-aware")
+    monkeypatch.setenv(config.CUDA_AWARE_ENV, "1" if request.param == "direct" else "0")
+    config.refresh()
+    backend.select_device(MPI.COMM_WORLD, "cuda")
+    yield request.param
+    monkeypatch.delenv(config.CUDA_AWARE_ENV)
+    config.refresh()
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+@pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("float16", "sum"), ("int64", "max"),
+                                      ("complex64", "prod"), ("bool", "lxor"), ("float64", "avg")])
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_cupy_buffers(comm, gpu_path, variant, dtype, op, in_place):
+    _, algorithm, options = variant
+    count = 3 * comm.Get_size() + 2
+    data = cp.asarray(mine(comm, dtype, op, count))
+    if in_place:
+        out = mar.allreduce(mar_in_place(), data, op, comm=comm, algorithm=algorithm, **options)
+    else:
+        out = mar.allreduce(data, None, op, comm=comm, algorithm=algorithm, **options)
+    assert isinstance(out, cp.ndarray)
+    np.testing.assert_array_equal(cp.asnumpy(out), expected(comm, dtype, op, count))
+
+
+def mar_in_place():
+    from mpi4py import MPI
+
+    return MPI.IN_PLACE
+
+
+@pytest.mark.parametrize("algorithm", list(mar.ALGORITHMS))
+def test_busy_stream(comm, gpu_path, algorithm):
+    """sendbuf is still being written by a kernel on another stream."""
+    n = 1 << 20
+    target = mine(comm, "float32", "sum", n)
+    send = cp.zeros(n, dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        big = cp.random.random((2048, 2048), dtype=cp.float32)
+        for _ in range(4):
+            big = big @ big  # keep the stream busy
+        send[...] = cp.asarray(target)
+    out = mar.allreduce(send, comm=comm, algorithm=algorithm)
+    np.testing.assert_array_equal(cp.asnumpy(out), expected(comm, "float32", "sum", n))
