@@ -108,7 +108,7 @@ def main() -> int:
 
         plot([str(p) for p in inputs], str(out / f"bench-np{ranks}.png"),
              f"float32 SUM, {ranks} ranks on 2 cores"
-             f"{' (oversubscribed, not pinned)' if ranks > 2 else ''}; dashed: MPI_Allreduce")
+             f"{' (oversubscribed, not pinned)' if ranks > 2 else ''}; grey/black: MPI_Allreduce")
         (out / f"summary-np{ranks}.md").write_text(summary(main_json, ranks))
         print((out / f"summary-np{ranks}.md").read_text())
     return 0

@@ -33,7 +33,7 @@ class _Call(NamedTuple):
     segment_size: int
     ranks_per_node: Optional[int]
     inner: str
-    tuning: Optional[dict]
+    tuning: object  # registry.DecisionTable, or None unless algorithm == "auto"
 
 
 def allreduce(

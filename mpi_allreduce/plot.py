@@ -19,12 +19,17 @@ def plot(paths, output: str, title=None) -> None:
         label = r["algorithm"] + (" (in place)" if r["in_place"] else "")
         lines[label].append((r["size"], r["time_avg_us"], r["busbw_GBs"]))
     fig, (lat, bw) = plt.subplots(1, 2, figsize=(13, 5))
+    ours = iter(plt.cm.tab10.colors)
+    vendor_styles = iter([("black", "--"), ("dimgray", ":"), ("gray", "-."), ("silver", "--")])
     for label in sorted(lines, key=lambda l: (not l.startswith("mpi"), l)):
         pts = sorted(lines[label])
         sizes = [p[0] for p in pts]
         style = dict(marker="o", markersize=3)
         if label.startswith("mpi"):
-            style.update(linestyle="--", linewidth=2)
+            color, dash = next(vendor_styles, ("gray", "--"))
+            style.update(linestyle=dash, linewidth=2, color=color)
+        else:
+            style.update(color=next(ours))
         lat.plot(sizes, [p[1] for p in pts], label=label, **style)
         bw.plot(sizes, [p[2] for p in pts], label=label, **style)
     lat.set(xscale="log", yscale="log", xlabel="message size (bytes)",

@@ -34,16 +34,18 @@ ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)
 #: max_bytes (None = no limit) is >= the message size names the algorithm.
 DEFAULT_TUNING = {
     "version": 1,
-    "source": "built-in default, from `python -m mpi_allreduce tune` on 2, 3 and 4 ranks "
-              "(benchmarks/results/tuning.json): recursive doubling for short vectors "
-              "(fewest messages), the ring for long ones (least data per rank)",
+    "source": "built-in default, from `python -m mpi_allreduce tune` and benchmarks/run_targets.py "
+              "on 2 to 4 ranks (benchmarks/results/): recursive doubling for short vectors "
+              "(fewest messages); on 3+ ranks Rabenseifner for medium ones (the ring's "
+              "bandwidth with 2 lg p messages); the ring for long ones",
     "rules": [
         {"comm_size": 1, "table": [
             {"max_bytes": 1 << 20, "algorithm": "recursive_doubling"},
             {"max_bytes": None, "algorithm": "ring"},
         ]},
         {"comm_size": 3, "table": [
-            {"max_bytes": 256 * 1024, "algorithm": "recursive_doubling"},
+            {"max_bytes": 64 * 1024, "algorithm": "recursive_doubling"},
+            {"max_bytes": 1 << 20, "algorithm": "rabenseifner"},
             {"max_bytes": None, "algorithm": "ring"},
         ]},
     ],

@@ -33,6 +33,7 @@ def test_built_in_default_is_latency_first_then_bandwidth():
     assert registry.choose(64 << 20, 4) == "ring"
     assert registry.choose(512 << 10, 2) == "recursive_doubling"
     assert registry.choose(64 << 20, 2) == "ring"
+    assert registry.choose(256 << 10, 5) == "rabenseifner"
 
 
 def test_decision_table_from_file_and_environment(tmp_path, monkeypatch):
