@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("-f", "--stepfactor", type=float, default=8.0)
     mo.add_argument("-n", "--iters", type=int, default=10)
     mo.add_argument("--json", default=None)
+    mo.add_argument("--two-level", action="store_true",
+                    help="fit intra- and inter-node links separately (ranks on several nodes)")
 
     tu = sub.add_parser("tune", help="measure and write the decision table 'auto' uses")
     tu.add_argument("-o", "--output", default="tuning.json")
@@ -175,7 +177,7 @@ def cmd_plot(args) -> int:
 def cmd_model(args) -> int:
     from .model import report
 
-    return report(MPI.COMM_WORLD, _size_range(args), args.iters, args.json)
+    return report(MPI.COMM_WORLD, _size_range(args), args.iters, args.json, args.two_level)
 
 
 def cmd_tune(args) -> int:

@@ -104,8 +104,8 @@ def fit_line(sizes, times) -> tuple[float, float]:
     return max(float(alpha), 0.0), max(float(beta), 0.0)
 
 
-def measure_pingpong(comm, sizes, iters: int = 50) -> Optional[list[float]]:
-    """One-way time per size between ranks 0 and 1 (None on other ranks)."""
+def measure_pingpong(comm, sizes, iters: int = 50, peer: int = 1) -> list[float]:
+    """One-way time per size between rank 0 and ``peer`` (on every rank)."""
     from mpi4py import MPI
 
     rank = comm.Get_rank()
@@ -117,9 +117,9 @@ def measure_pingpong(comm, sizes, iters: int = 50) -> Optional[list[float]]:
         t0 = MPI.Wtime()
         for _ in range(reps):
             if rank == 0:
-                comm.Send(buf, 1, 7)
-                comm.Recv(buf, 1, 7)
-            elif rank == 1:
+                comm.Send(buf, peer, 7)
+                comm.Recv(buf, peer, 7)
+            elif rank == peer:
                 comm.Recv(buf, 0, 7)
                 comm.Send(buf, 0, 7)
         out.append((MPI.Wtime() - t0) / reps / 2)
@@ -142,39 +142,73 @@ def measure_reduction(sizes, dtype=np.float32, iters: int = 20) -> list[float]:
     return out
 
 
-def fit(comm) -> Params:
-    """alpha and beta from ping-pong between ranks 0 and 1; gamma from np.add."""
+def node_layout(comm) -> tuple[int, Optional[int]]:
+    """(ranks on rank 0's node, the lowest rank on another node or None)."""
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    local = node.Get_size()
+    leader = comm.Get_rank() if node.Get_rank() == 0 else None
+    node.Free()
+    leaders = [r for r in comm.allgather(leader) if r is not None]
+    return local, (leaders[1] if len(leaders) > 1 else None)
+
+
+def fit(comm, two_level: bool = False) -> Params:
+    """alpha and beta from ping-pong between ranks 0 and 1; gamma from np.add.
+
+    With ``two_level`` the intra-node link is measured between rank 0 and
+    a rank on its node, and the inter-node link between rank 0 and the
+    first rank of another node (``alpha_inter``, ``beta_inter``)."""
     sizes = [8 << k for k in range(0, 20, 2)]  # 8 B .. 2 MiB
     if comm.Get_size() < 2:
         raise ValueError("fitting alpha and beta needs at least 2 ranks")
-    pp = measure_pingpong(comm, sizes)
-    alpha, beta = fit_line(sizes, pp)
+    local, remote = node_layout(comm) if two_level else (comm.Get_size(), None)
+    alpha, beta = fit_line(sizes, measure_pingpong(comm, sizes, peer=1 if local > 1 else remote))
+    alpha_inter = beta_inter = None
+    if remote is not None:
+        alpha_inter, beta_inter = fit_line(sizes, measure_pingpong(comm, sizes, peer=remote))
     big = [1 << k for k in range(16, 24, 2)]
-    red = measure_reduction(big)
-    gamma = fit_line(big, red)[1]
-    params = Params(alpha, beta, gamma)
-    return comm.bcast(params, root=0)
+    gamma = fit_line(big, measure_reduction(big))[1]
+    return comm.bcast(Params(alpha, beta, gamma, alpha_inter, beta_inter), root=0)
 
 
-def report(comm, sizes, iters: int = 10, json_path: Optional[str] = None) -> int:
+def report(comm, sizes, iters: int = 10, json_path: Optional[str] = None,
+           two_level: bool = False) -> int:
     """Fit the parameters, then print predicted against measured time per
-    algorithm and size (rank 0), and optionally write both to JSON."""
+    algorithm and size (rank 0), and optionally write both to JSON.
+
+    ``two_level``: separate intra- and inter-node links; flat algorithms are
+    predicted with the inter-node link (their slowest hop), hierarchical
+    with both."""
     import json
 
     from . import ALGORITHMS
     from .api import DEFAULT_SEGMENT_BYTES
     from .bench import bench
 
-    params = fit(comm)
+    params = fit(comm, two_level)
     p = comm.Get_size()
-    algorithms = [a for a in ALGORITHMS if a != "hierarchical"]
+    local = node_layout(comm)[0] if two_level else p
+    flat = params
+    if params.alpha_inter is not None:
+        flat = Params(params.alpha_inter, params.beta_inter, params.gamma)
+    algorithms = [a for a in ALGORITHMS if two_level or a != "hierarchical"]
     results = bench(comm, sizes, algorithms, iters=iters, warmup=2, progress=False)
     rows = []
     for r in results:
-        predicted = predict(r.algorithm, r.size, p, params, DEFAULT_SEGMENT_BYTES)
+        if r.algorithm == "hierarchical":
+            predicted = predict(r.algorithm, r.size, p, params, DEFAULT_SEGMENT_BYTES,
+                                ranks_per_node=local)
+        else:
+            predicted = predict(r.algorithm, r.size, p, flat, DEFAULT_SEGMENT_BYTES)
         rows.append({"size": r.size, "algorithm": r.algorithm, "measured_us": r.time_avg_us,
                      "predicted_us": predicted * 1e6})
     if comm.Get_rank() == 0:
+        if params.alpha_inter is not None:
+            print(f"# inter-node: alpha = {params.alpha_inter * 1e6:.2f} us, beta = "
+                  f"{1e-9 / params.beta_inter if params.beta_inter else float('inf'):.2f} GB/s; "
+                  f"{local} ranks on rank 0's node")
         print(f"# alpha = {params.alpha * 1e6:.2f} us, beta = {1e-9 / params.beta if params.beta else float('inf'):.2f} GB/s "
               f"(1/beta), gamma = {1e-9 / params.gamma if params.gamma else float('inf'):.2f} GB/s (1/gamma); "
               f"{p} ranks")
