@@ -1,4 +1,5 @@
-"""Command line: ``python -m mpi_allreduce {verify,info} ...`` under mpiexec or srun.
+"""Command line: ``python -m mpi_allreduce {verify,bench,plot,model,tune,info}``,
+under mpiexec or srun (``plot`` needs neither).
 
 An exception on any rank aborts the whole job (``MPI.COMM_WORLD.Abort``)
 instead of leaving the other ranks waiting in a message.
@@ -27,13 +28,22 @@ def _hierarchy_args(parser: argparse.ArgumentParser) -> None:
                         help="bytes per ring message (default 1 MiB)")
 
 
-def _options(args, itemsize: int = 1) -> dict:
+def _options(args) -> dict:
     options = {}
     if args.ranks_per_node is not None:
         options["ranks_per_node"] = args.ranks_per_node
     if args.inner is not None:
         options["inner"] = args.inner
     return options
+
+
+def _segment_setting(args) -> None:
+    """--segment-bytes sets the environment variable the library reads."""
+    if args.segment_bytes is not None:
+        from .config import SEGMENT_ENV, refresh
+
+        os.environ[SEGMENT_ENV] = str(args.segment_bytes)
+        refresh()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,10 +149,7 @@ def cmd_bench(args) -> int:
     for name in algorithms:
         check_name(name)
     algorithms = [bench.VENDOR] + algorithms
-    if args.segment_bytes is not None:
-        import os
-
-        os.environ["MPI_ALLREDUCE_SEGMENT_BYTES"] = str(args.segment_bytes)
+    _segment_setting(args)
     modes = {"no": (False,), "yes": (True,), "both": (False, True)}[args.inplace]
     from .backend import select_device
 
@@ -201,10 +208,7 @@ def cmd_verify(args) -> int:
         if name not in OPS:
             raise SystemExit(f"unknown op {name!r}; choose from {', '.join(OPS)}")
     options = _options(args)
-    if args.segment_bytes is not None:
-        import os
-
-        os.environ["MPI_ALLREDUCE_SEGMENT_BYTES"] = str(args.segment_bytes)
+    _segment_setting(args)
     from .backend import select_device
 
     where = select_device(MPI.COMM_WORLD, args.device)

@@ -17,7 +17,6 @@ import datetime
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tracemalloc
