@@ -180,7 +180,6 @@ def cmd_all(out: Path, layouts) -> int:
             path = out / f"bench-2x2-{label}.json"
             r = hosts.mpiexec([sys.executable, "-m", "mpi_allreduce", "bench", "-b", "8",
                                "-e", "8M", "-f", "16", "-n", "10", "-w", "2", "-r", "3", "-c",
-                               "-a", "ring,rabenseifner,recursive_doubling,hierarchical,auto",
                                "--quiet", "--json", str(path)])
             (out / f"bench-2x2-{label}.txt").write_text(r.stdout + r.stderr[-2000:])
             m = hosts.mpiexec([sys.executable, "-m", "mpi_allreduce", "model", "--two-level",
@@ -210,7 +209,8 @@ def plot_settings(inputs, output: Path) -> None:
     fig, axes = plt.subplots(1, len(inputs), figsize=(5 * len(inputs), 4.5), sharey=True)
     for ax, (label, path) in zip(axes, inputs):
         rows = json.loads(path.read_text())["results"]
-        for name in ("mpi", "ring", "rabenseifner", "recursive_doubling", "hierarchical", "auto"):
+        for name in ("mpi", "driver", "ring", "ring_pipelined", "rabenseifner",
+                     "recursive_doubling", "hierarchical", "auto"):
             pts = sorted((r["size"], r["time_avg_us"]) for r in rows if r["algorithm"] == name)
             style = {"linestyle": "--", "color": "black"} if name == "mpi" else {}
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3,
