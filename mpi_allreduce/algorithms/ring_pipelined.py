@@ -32,8 +32,9 @@ class PipelinedRing(Ring):
     def __init__(self, plan):
         super().__init__(plan)
         width = self.incoming.shape[0]
-        self.halves = (plan.scratch("incoming", 2 * width)[:width],
-                       plan.scratch("incoming", 2 * width)[width:])
+        both = plan.scratch("incoming", 2 * width)  # grows the ring's one-segment scratch
+        self.incoming = None  # and lets the smaller one go
+        self.halves = (both[:width], both[width:])
 
     def __call__(self, send, buf) -> None:
         self._reduce_scatter(send, buf)
