@@ -37,9 +37,6 @@ class Backend:
         self.xp = xp
 
     # --- arrays -----------------------------------------------------------
-    def owns(self, array) -> bool:
-        return isinstance(array, self.xp.ndarray)
-
     def empty(self, count: int, dtype) -> "np.ndarray":
         return self.xp.empty(count, dtype=dtype)
 
@@ -151,15 +148,22 @@ class StagedBackend(Backend):
     def staging_bytes(self) -> int:
         return sum(b.nbytes for b in self._staging.values())
 
-    def sendrecv(self, comm, send, dest, recv, source, mpitype, tag) -> None:
-        # the device-to-host copy is ordered after earlier work on the stream;
-        # synchronize() then makes sure it has landed before MPI reads it
+    def _stage(self, send, recv, slot: str):
+        """Host buffers for one exchange: ``send`` copied in, ``recv`` to fill.
+
+        The device-to-host copy is ordered after earlier work on the stream;
+        the caller's synchronize() makes sure it has landed before MPI reads it.
+        """
         hsend = hrecv = None
         if send is not None:
-            hsend = self.staging_buffer("send", send.nbytes).view(send.dtype)
+            hsend = self.staging_buffer(f"send{slot}", send.nbytes).view(send.dtype)
             self._to_host(hsend, send)
         if recv is not None:
-            hrecv = self.staging_buffer("recv", recv.nbytes).view(recv.dtype)
+            hrecv = self.staging_buffer(f"recv{slot}", recv.nbytes).view(recv.dtype)
+        return hsend, hrecv
+
+    def sendrecv(self, comm, send, dest, recv, source, mpitype, tag) -> None:
+        hsend, hrecv = self._stage(send, recv, "")
         self.synchronize()
         comm.Sendrecv(
             [hsend, mpitype] if hsend is not None else None, dest, tag,
@@ -169,12 +173,7 @@ class StagedBackend(Backend):
             self._from_host(recv, hrecv)
 
     def post(self, comm, send, dest, recv, source, mpitype, tag, slot: int) -> Pending:
-        hsend = hrecv = None
-        if send is not None:
-            hsend = self.staging_buffer(f"send{slot}", send.nbytes).view(send.dtype)
-            self._to_host(hsend, send)
-        if recv is not None:
-            hrecv = self.staging_buffer(f"recv{slot}", recv.nbytes).view(recv.dtype)
+        hsend, hrecv = self._stage(send, recv, str(slot))
         self.synchronize()
         after = None if recv is None else (lambda: self._from_host(recv, hrecv))
         return Pending(_start(comm, hsend, dest, hrecv, source, mpitype, tag), after)

@@ -53,10 +53,6 @@ class Op:
     #: applied to the result after the reduction (``avg`` divides by size)
     finalize: Optional[Callable] = None
 
-    @property
-    def commutative(self) -> bool:
-        return True
-
     def valid_for(self, dtype: np.dtype) -> bool:
         return dtype_kind(np.dtype(dtype)) in self.kinds
 

@@ -143,11 +143,6 @@ def segments(block: Block, segment_size: int) -> list[Block]:
     ]
 
 
-def segment_count(length: int, segment_size: int) -> int:
-    """Number of segments :func:`segments` makes of a block of ``length``."""
-    return max(1, -(-length // segment_size))
-
-
 def pow2_floor(n: int) -> int:
     """Largest power of two <= n (n >= 1)."""
     if n < 1:

@@ -90,18 +90,12 @@ class Plan:
         Either side may be None (nothing to send or receive this step); the
         matching rank is then ``MPI.PROC_NULL``.
         """
-        if send is None:
-            dest = MPI.PROC_NULL
-        if recv is None:
-            source = MPI.PROC_NULL
+        dest, source = _peers(send, dest, recv, source)
         self.backend.sendrecv(self.comm, send, dest, recv, source, self.mpitype, TAG)
 
     def post(self, send, dest: int, recv, source: int, slot: int = 0):
         """Nonblocking :meth:`sendrecv`; returns a handle with ``wait()``."""
-        if send is None:
-            dest = MPI.PROC_NULL
-        if recv is None:
-            source = MPI.PROC_NULL
+        dest, source = _peers(send, dest, recv, source)
         return self.backend.post(self.comm, send, dest, recv, source, self.mpitype, TAG, slot)
 
     def combine(self, first, second, out) -> None:
@@ -112,6 +106,12 @@ class Plan:
         """The same call on another (sub-)communicator."""
         return Plan(self.context, comm, self.count, self.dtype, self.op, self.backend,
                     self.segment_size, options)
+
+
+def _peers(send, dest: int, recv, source: int) -> tuple[int, int]:
+    """MPI.PROC_NULL for the side of an exchange that has no buffer."""
+    return (MPI.PROC_NULL if send is None else dest,
+            MPI.PROC_NULL if recv is None else source)
 
 
 class Context:

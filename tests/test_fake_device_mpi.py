@@ -64,9 +64,6 @@ class FakeDeviceMixin:
         self.streams = FakeStreams()
         self.synchronizations = 0
 
-    def owns(self, array):
-        return isinstance(array, FakeDeviceArray)
-
     def empty(self, count, dtype):
         return np.zeros(count, dtype=dtype).view(FakeDeviceArray)
 
