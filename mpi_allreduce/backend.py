@@ -65,7 +65,12 @@ class Backend:
         return bool(array.flags.c_contiguous)
 
     def is_writeable(self, array) -> bool:
-        return bool(array.flags.writeable)
+        # cupy before 14 has no writeable flag: its arrays are always writeable
+        return bool(getattr(array.flags, "writeable", True))
+
+    def state(self, array) -> tuple:
+        """What can change on a live array and would make an earlier check stale."""
+        return (array.shape, array.strides, array.dtype, getattr(array.flags, "writeable", True))
 
     def shares_memory(self, a, b) -> bool:
         # the bounds test is cheap; the exact one only runs when bounds overlap
@@ -77,7 +82,8 @@ class Backend:
     # --- messaging --------------------------------------------------------
     def sendrecv(self, comm, send, dest, recv, source, mpitype, tag) -> None:
         """One point-to-point exchange; ``send``/``recv`` are 1-D views or None."""
-        self.synchronize()
+        if self.device:
+            self.synchronize()
         comm.Sendrecv(
             [send, mpitype] if send is not None else None, dest, tag,
             [recv, mpitype] if recv is not None else None, source, tag,

@@ -66,7 +66,10 @@ class Plan:
         self.segment_size = segment_size
         self.options = dict(options or {})
         self.mpitype = wire_type(self.dtype)
-        self._ufunc = backend.ufunc(op.ufunc)
+        #: ``combine(first, second, out=out)``: ``out = first OP second`` in place,
+        #: ``first`` from the lower rank; the op's ufunc itself, called directly
+        self.combine = backend.ufunc(op.ufunc)
+        self._sendrecv = backend.sendrecv
         self._scratch: dict[str, object] = {}
 
     # --- memory -----------------------------------------------------------
@@ -90,17 +93,17 @@ class Plan:
         Either side may be None (nothing to send or receive this step); the
         matching rank is then ``MPI.PROC_NULL``.
         """
-        dest, source = _peers(send, dest, recv, source)
-        self.backend.sendrecv(self.comm, send, dest, recv, source, self.mpitype, TAG)
+        # the hot path of every algorithm: no helper calls here
+        if send is None:
+            dest = MPI.PROC_NULL
+        if recv is None:
+            source = MPI.PROC_NULL
+        self._sendrecv(self.comm, send, dest, recv, source, self.mpitype, TAG)
 
     def post(self, send, dest: int, recv, source: int, slot: int = 0):
         """Nonblocking :meth:`sendrecv`; returns a handle with ``wait()``."""
         dest, source = _peers(send, dest, recv, source)
         return self.backend.post(self.comm, send, dest, recv, source, self.mpitype, TAG, slot)
-
-    def combine(self, first, second, out) -> None:
-        """``out = first OP second`` in place; ``first`` comes from the lower rank."""
-        self._ufunc(first, second, out=out)
 
     def derive(self, comm: MPI.Intracomm, **options) -> "Plan":
         """The same call on another (sub-)communicator."""
@@ -121,6 +124,7 @@ class Context:
         self.comm = comm.Dup()
         self.plans: "OrderedDict[tuple, Callable]" = OrderedDict()
         self.subcomms: dict[tuple, tuple] = {}
+        self.alive = True  # False once freed: prepared calls that hold it are stale
 
     def get_plan(self, key: tuple, build: Callable[[], Callable]) -> Callable:
         runner = self.plans.get(key)
@@ -157,6 +161,7 @@ class Context:
         return comms
 
     def free(self) -> None:
+        self.alive = False
         self.plans.clear()
         for node, leaders in self.subcomms.values():
             node.Free()

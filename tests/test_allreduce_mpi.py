@@ -124,3 +124,96 @@ def test_repeated_calls_reuse_the_plan(comm, algorithm):
     """The second call with the same arguments runs the cached plan and is still right."""
     for _ in range(3):
         run(comm, ("", algorithm, {}), "float64", "sum", 37, in_place=True)
+
+
+@pytest.fixture
+def validations(monkeypatch):
+    """Counts how often allreduce validates its arguments (the slow path)."""
+    from mpi_allreduce import api
+
+    calls = []
+    real = api._validate
+
+    def counting(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(api, "_validate", counting)
+    return calls
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+@pytest.mark.parametrize("algorithm", ["auto"] + list(mar.ALGORITHMS))
+def test_repeat_with_same_buffers_skips_validation(comm, algorithm, in_place, validations):
+    """A repeat with the same buffer objects takes the prepared call (no
+    validation) and is right for whatever data the buffers now hold."""
+    size, count = comm.Get_size(), 29
+    send = np.empty(count)
+    recv = np.empty(count)
+    for step in range(4):
+        mine_now = np.arange(count) * (comm.Get_rank() + 1) + step
+        (recv if in_place else send)[...] = mine_now
+        mar.allreduce(MPI.IN_PLACE if in_place else send, recv, comm=comm, algorithm=algorithm)
+        np.testing.assert_array_equal(
+            recv, np.arange(count) * size * (size + 1) / 2 + step * size)
+    expected_validations = 1 if size > 1 else 4  # one rank: nothing worth keeping
+    assert len(validations) == expected_validations
+
+
+@pytest.mark.parametrize("change", ["reshape", "read_only", "dtype", "other_buffer", "new_op"])
+def test_a_changed_call_is_validated_again(comm, change, validations):
+    """What may change between calls on live arrays sends the call back
+    through validation: results stay right and bad states still raise."""
+    size = comm.Get_size()
+    send, recv = np.ones(12), np.empty(12)
+    mar.allreduce(send, recv, comm=comm)
+    before = len(validations)
+    if change == "reshape":
+        recv.shape = (3, 4)
+        mar.allreduce(send, recv, comm=comm)
+        np.testing.assert_array_equal(recv, np.full((3, 4), size))
+    elif change == "read_only":
+        recv.flags.writeable = False
+        with pytest.raises(ValueError, match="read-only"):
+            mar.allreduce(send, recv, comm=comm)
+    elif change == "dtype":
+        recv.dtype = np.int64
+        with pytest.raises(TypeError, match="dtype"):
+            mar.allreduce(send, recv, comm=comm)
+    elif change == "other_buffer":
+        other = np.full(12, 2.0)
+        mar.allreduce(other, recv, comm=comm)
+        np.testing.assert_array_equal(recv, np.full(12, 2.0 * size))
+    else:
+        mar.allreduce(send, recv, "max", comm=comm)
+        np.testing.assert_array_equal(recv, np.ones(12))
+    assert len(validations) == before + 1
+
+
+def test_a_freed_communicator_is_not_reused(validations):
+    """A prepared call dies with its communicator: the next call raises."""
+    comm = MPI.COMM_WORLD.Dup()
+    send, recv = np.ones(5), np.empty(5)
+    mar.allreduce(send, recv, comm=comm)
+    comm.Free()
+    with pytest.raises(TypeError, match="intra-communicator"):
+        mar.allreduce(send, recv, comm=comm)
+
+
+def test_refresh_forgets_prepared_calls(comm, validations, monkeypatch):
+    """Settings read from the environment are re-read after refresh()."""
+    from mpi_allreduce import config
+
+    send, recv = np.ones(40), np.empty(40)
+    mar.allreduce(send, recv, comm=comm)
+    monkeypatch.setenv(config.SEGMENT_ENV, "16")
+    config.refresh()
+    try:
+        before = len(validations)
+        mar.allreduce(send, recv, comm=comm, algorithm="ring")
+        mar.allreduce(send, recv, comm=comm)
+        assert len(validations) == before + 2
+        np.testing.assert_array_equal(recv, np.full(40, comm.Get_size()))
+    finally:
+        monkeypatch.delenv(config.SEGMENT_ENV)
+        config.refresh()

@@ -37,6 +37,9 @@ class RecursiveDoubling:
         self.incoming = plan.scratch("incoming", plan.count)
 
     def __call__(self, send, buf) -> None:
+        if self.fold.partner is None:  # p a power of two, or a rank above 2*rem
+            self._exchange(send, buf)
+            return
         src = fold_in(self.plan, self.fold, send, buf, self.incoming)
         self._exchange(src, buf)
         fold_out(self.plan, self.fold, buf)
