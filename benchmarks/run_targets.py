@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate benchmarks/results/: our algorithms against the vendor MPI_Allreduce.
 
-    python benchmarks/run_targets.py [--ranks 2 4] [--maxbytes 16M] [--repeats 5]
+    python benchmarks/run_targets.py [--ranks 2 4] [--maxbytes 16M] [--repeats 15] [--iters 300]
 
 For each rank count (4 ranks on this 2-core machine are oversubscribed and
 not pinned):
@@ -33,7 +33,7 @@ VENDOR_FORCED = {3: "recursive_doubling", 4: "ring", 6: "rabenseifner"}
 
 def bench(ranks, out: Path, args, extra, env=None, timeout=1500):
     cmd = [sys.executable, "-m", "mpi_allreduce", "bench", "-b", "8", "-e", args.maxbytes,
-           "-f", "4", "-n", str(args.iters), "-w", "3", "-r", str(args.repeats), "--quiet",
+           "-f", "4", "-n", str(args.iters), "-w", "10", "-r", str(args.repeats), "--quiet",
            "--json", str(out)] + extra
     result = run_mpi(ranks, cmd, timeout=timeout, env_extra=env)
     if result.returncode != 0:
@@ -55,7 +55,7 @@ def summary(path: Path, ranks: int) -> str:
         best = min((r for r in ours if r["size"] == size), key=lambda r: r["time_avg_us"])
         mpi, auto = at["mpi"]["time_avg_us"], at["auto"]["time_avg_us"]
         b = best["time_avg_us"]
-        picks = choose(size, ranks)
+        picks = at["auto"].get("runs") or choose(size, ranks)
         lines.append(f"| {size} | {mpi:.1f} | {best['algorithm']} | {b:.1f} | {b / mpi:.2f} | "
                      f"{picks} | {auto:.1f} | {auto / b:.2f} |")
         if size >= 1 << 20:
@@ -85,8 +85,9 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--maxbytes", default="16M")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--iters", type=int, default=300,
+                        help="timed iterations per size and repeat (fewer above 1 MiB)")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args()
     out = Path(args.out)

@@ -222,6 +222,8 @@ def cmd_verify(args) -> int:
 def cmd_info(args) -> int:
     from . import ALGORITHMS
     from .backend import cuda_aware_support
+    from .plan import oversubscribed
+    from .registry import describe_choices
 
     comm = MPI.COMM_WORLD
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
@@ -233,6 +235,8 @@ def cmd_info(args) -> int:
 
     aware, why = cuda_aware_support()
     devices = comm.gather(select_device(comm, args.device), root=0)
+    over = oversubscribed(comm)
+    auto_table = describe_choices(comm.Get_size(), over)
     if comm.Get_rank() == 0:
         print(f"MPI library : {MPI.Get_library_version().splitlines()[0].strip()}")
         print(f"MPI standard: {'.'.join(map(str, MPI.Get_version()))}")
@@ -242,6 +246,7 @@ def cmd_info(args) -> int:
         if any(slurm_nodes):
             print(f"slurm nodes : {', '.join(sorted(set(n for n in slurm_nodes if n)))}")
         print(f"algorithms  : {', '.join(ALGORITHMS)}")
+        print(f"auto        : {auto_table} ({'oversubscribed: more ranks than CPUs on a node' if over else 'no node oversubscribed'})")
         print(f"GPU buffers : {'direct to MPI (CUDA-aware)' if aware else 'staged through host memory'}"
               f" -- {why}")
         if args.device != "cpu":

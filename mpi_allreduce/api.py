@@ -92,7 +92,7 @@ def allreduce(
         prepared = _PREPARED.get(key)
     except TypeError:  # an unhashable argument (a tuning dict): no fast path
         key = prepared = None
-    if prepared is not None and prepared.matches(comm, sendbuf, recvbuf, op):
+    if prepared is not None and prepared.matches(sendbuf, recvbuf):
         return prepared(sendbuf, recvbuf)
 
     checking = _check_enabled(check)
@@ -137,12 +137,14 @@ class _Prepared:
         self.copy_send = copy_send  # the send buffer is copied into recv first
         self.finalize = finalize
 
-    def matches(self, comm, sendbuf, recvbuf, op) -> bool:
-        backend = self.backend
-        return (self.comm is comm and self.context.alive and self.op is op
-                and self.recv_ref() is recvbuf and self.send_ref() is sendbuf
-                and backend.state(recvbuf) == self.recv_state
-                and (self.send_state is None or backend.state(sendbuf) == self.send_state))
+    def matches(self, sendbuf, recvbuf) -> bool:
+        """Whether a call with the same key may run this.  The key holds the
+        ids of comm and op, and this holds those objects, so they are the
+        same; the buffers are held weakly, and rechecked."""
+        state = self.backend.state
+        return (self.context.alive and self.recv_ref() is recvbuf
+                and self.send_ref() is sendbuf and state(recvbuf) == self.recv_state
+                and (self.send_state is None or state(sendbuf) == self.send_state))
 
     def __call__(self, send, recv):
         """All-reduce array ``send`` (ignored in place) into array ``recv``."""
@@ -172,7 +174,8 @@ def _prepare(comm, call: _Call) -> _Prepared:
     runner = None
     if count and size > 1:
         context = context_for(comm)
-        name = registry.resolve(call.algorithm, count * dtype.itemsize, size, call.tuning)
+        name = registry.resolve(call.algorithm, count * dtype.itemsize, size, call.tuning,
+                                context.oversubscribed)
         options = {}
         if name == "hierarchical":
             options = {"ranks_per_node": call.ranks_per_node, "inner": call.inner}

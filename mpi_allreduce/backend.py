@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import os
 from typing import Optional
 
@@ -69,8 +70,11 @@ class Backend:
         return bool(getattr(array.flags, "writeable", True))
 
     def state(self, array) -> tuple:
-        """What can change on a live array and would make an earlier check stale."""
-        return (array.shape, array.strides, array.dtype, getattr(array.flags, "writeable", True))
+        """What can change on a live array and would make an earlier check of
+        it stale: size and dtype (``resize``, a ``dtype`` assignment),
+        contiguity (a ``strides`` assignment) and the writeable flag.  The
+        shape may change freely: arrays are flattened on every call."""
+        return (array.size, array.dtype, array.flags.c_contiguous, self.is_writeable(array))
 
     def shares_memory(self, a, b) -> bool:
         # the bounds test is cheap; the exact one only runs when bounds overlap
@@ -123,6 +127,9 @@ def _start(comm, send, dest, recv, source, mpitype, tag) -> list:
 
 class HostBackend(Backend):
     name = "numpy"
+
+    #: the same facts in one C call: flags.num holds the contiguity and writeable bits
+    state = staticmethod(operator.attrgetter("size", "dtype", "flags.num"))
 
     def __init__(self):
         super().__init__(np)

@@ -90,6 +90,7 @@ class Result:
     repeats_avg_us: list = field(default_factory=list)
     scratch_bytes: Optional[int] = None
     steady_alloc_bytes: Optional[int] = None
+    runs: Optional[str] = None  # the algorithm "auto" ran at this size
 
 
 class Runner:
@@ -217,11 +218,12 @@ def bench(comm, sizes, algorithms, dtype="float32", op="sum", iters=20, warmup=5
                              float(allt.min()) * 1e6, float(allt.max()) * 1e6, algbw,
                              algbw * (2 * (p - 1) / p if p > 1 else 1.0), iters=n_iter,
                              repeats_avg_us=[t * 1e6 for t in per_repeat[a]])
+                if a == "auto" and p > 1:
+                    res.runs = resolve(a, nbytes, p, oversubscribed=context_for(comm).oversubscribed)
                 if check:
                     res.wrong = count_wrong(comm, a, dtype, op, count, in_place, options, device)
                 if memory:
-                    res.scratch_bytes = scratch_of(
-                        comm, resolve(a, nbytes, p) if a != VENDOR else a, count)
+                    res.scratch_bytes = scratch_of(comm, res.runs or a, count)
                     res.steady_alloc_bytes = peak_traced_bytes(comm, runners[a])
                 results.append(res)
             vendor = next((r for r in results[-len(algorithms):] if r.algorithm == VENDOR), None)

@@ -14,6 +14,7 @@ cache of plans.  Freeing the caller's communicator frees all of it.
 from __future__ import annotations
 
 import functools
+import os
 from collections import OrderedDict
 from typing import Callable, Optional
 
@@ -23,7 +24,7 @@ from mpi4py import MPI
 from .backend import Backend
 from .ops import Op
 
-__all__ = ["Plan", "Context", "context_for", "wire_type"]
+__all__ = ["Plan", "Context", "context_for", "oversubscribed", "wire_type"]
 
 #: plans kept per communicator (least recently used ones are dropped)
 MAX_PLANS = 64
@@ -122,6 +123,9 @@ class Context:
 
     def __init__(self, comm: MPI.Intracomm):
         self.comm = comm.Dup()
+        #: some node runs more of these ranks than it has CPUs (``auto`` may
+        #: then choose differently); agreed by all ranks, found once
+        self.oversubscribed = oversubscribed(self.comm)
         self.plans: "OrderedDict[tuple, Callable]" = OrderedDict()
         self.subcomms: dict[tuple, tuple] = {}
         self.alive = True  # False once freed: prepared calls that hold it are stale
@@ -170,6 +174,24 @@ class Context:
         self.subcomms.clear()
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
+
+
+#: set by launchers to the number of the job's ranks on this node (Open MPI, MPICH's Hydra)
+LOCAL_SIZE_ENV = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+
+
+def oversubscribed(comm: MPI.Intracomm) -> bool:
+    """Whether the node of any rank of ``comm`` runs more ranks than it has
+    CPUs (collective over ``comm``).  All the job's ranks on a node compete
+    for its CPUs, not only those in ``comm``: their number comes from the
+    launcher where it says, else from the ranks of ``comm`` that share memory."""
+    local = next((int(v) for v in map(os.environ.get, LOCAL_SIZE_ENV) if v and v.isdigit()),
+                 None)
+    if local is None:
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        local = node.Get_size()
+        node.Free()
+    return bool(comm.allreduce(local > (os.cpu_count() or 1), op=MPI.LOR))
 
 
 def _delete_context(comm, keyval, context) -> None:

@@ -19,7 +19,7 @@ from .algorithms.recursive_doubling import RecursiveDoubling
 from .algorithms.ring import Ring
 from .algorithms.ring_pipelined import PipelinedRing
 
-__all__ = ["ALGORITHMS", "get", "build", "choose", "resolve"]
+__all__ = ["ALGORITHMS", "get", "build", "choose", "describe_choices", "resolve"]
 
 _ALGORITHMS = {
     cls.name: cls
@@ -32,12 +32,16 @@ ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)
 #: the built-in decision table (same format as ``python -m mpi_allreduce tune``
 #: writes): for the largest listed comm_size <= p, the first row whose
 #: max_bytes (None = no limit) is >= the message size names the algorithm.
+#: A rule with ``"oversubscribed": true`` applies only when some node runs
+#: more ranks than it has CPUs (and then wins over a rule without the key for
+#: the same comm_size); ``false`` only when none does.
 DEFAULT_TUNING = {
     "version": 1,
     "source": "built-in default, from `python -m mpi_allreduce tune` and benchmarks/run_targets.py "
               "on 2 to 4 ranks (benchmarks/results/): recursive doubling for short vectors "
               "(fewest messages); on 3+ ranks Rabenseifner for medium ones (the ring's "
-              "bandwidth with 2 lg p messages); the ring for long ones",
+              "bandwidth with 2 lg p messages); the ring for long ones; on oversubscribed "
+              "nodes the driver up to 256 KiB (benchmarks/results/tuning-oversubscribed.json)",
     "rules": [
         {"comm_size": 1, "table": [
             {"max_bytes": 1 << 20, "algorithm": "recursive_doubling"},
@@ -45,6 +49,14 @@ DEFAULT_TUNING = {
         ]},
         {"comm_size": 3, "table": [
             {"max_bytes": 64 * 1024, "algorithm": "recursive_doubling"},
+            {"max_bytes": 1 << 20, "algorithm": "rabenseifner"},
+            {"max_bytes": None, "algorithm": "ring"},
+        ]},
+        # more ranks than CPUs: a blocked rank must wait until its peer is
+        # scheduled, so the fewest rendezvous win -- the driver's eager sends
+        # to the root complete without one (tuned on 3 and 4 ranks on 2 cores)
+        {"comm_size": 3, "oversubscribed": True, "table": [
+            {"max_bytes": 256 * 1024, "algorithm": "driver"},
             {"max_bytes": 1 << 20, "algorithm": "rabenseifner"},
             {"max_bytes": None, "algorithm": "ring"},
         ]},
@@ -75,6 +87,9 @@ def check_tuning(table: dict) -> dict:
         rules = table["rules"]
         for rule in rules:
             int(rule["comm_size"])
+            if rule.get("oversubscribed") not in (None, True, False):
+                raise ValueError(f"oversubscribed must be true, false or absent, "
+                                 f"got {rule['oversubscribed']!r}")
             for row in rule["table"]:
                 get(row["algorithm"])
                 if row["algorithm"] == "hierarchical":
@@ -96,19 +111,26 @@ class DecisionTable:
 
     def __init__(self, table: dict):
         self.table = check_tuning(table)
+        # (comm_size, oversubscribed or None, rows); for one comm_size the
+        # rule without the key sorts first, so a matching specific one wins
         self.rules = sorted(
-            ((int(rule["comm_size"]),
+            ((int(rule["comm_size"]), rule.get("oversubscribed"),
               [(None if row["max_bytes"] is None else int(row["max_bytes"]), row["algorithm"])
                for row in rule["table"]])
              for rule in table["rules"]),
-            key=lambda rule: rule[0],
+            key=lambda rule: (rule[0], rule[1] is not None),
         )
 
-    def choose(self, nbytes: int, size: int) -> str:
-        rows = self.rules[0][1]
-        for comm_size, candidate in self.rules:
-            if comm_size <= size:
+    def rows_for(self, size: int, oversubscribed: bool = False) -> list:
+        """[(max_bytes or None, algorithm)] that apply on ``size`` ranks."""
+        rows = self.rules[0][2]
+        for comm_size, only_when, candidate in self.rules:
+            if comm_size <= size and only_when in (None, oversubscribed):
                 rows = candidate
+        return rows
+
+    def choose(self, nbytes: int, size: int, oversubscribed: bool = False) -> str:
+        rows = self.rows_for(size, oversubscribed)
         for max_bytes, name in rows:
             if max_bytes is None or nbytes <= max_bytes:
                 return name
@@ -135,16 +157,25 @@ def tuning_table(tuning=None) -> DecisionTable:
     return _load(os.path.abspath(path)) if path else _DEFAULT
 
 
-def choose(nbytes: int, size: int, tuning=None) -> str:
+def choose(nbytes: int, size: int, tuning=None, oversubscribed: bool = False) -> str:
     """The algorithm ``auto`` runs for a vector of ``nbytes`` on ``size`` ranks."""
-    return tuning_table(tuning).choose(nbytes, size)
+    return tuning_table(tuning).choose(nbytes, size, oversubscribed)
 
 
-def resolve(name: str, nbytes: int, size: int, tuning=None) -> str:
-    return choose(nbytes, size, tuning) if name == "auto" else name
+def describe_choices(size: int, oversubscribed: bool = False, tuning=None) -> str:
+    """What ``auto`` runs on ``size`` ranks, e.g. ``driver <= 256 B, ring above``."""
+    rows = tuning_table(tuning).rows_for(size, oversubscribed)
+    return ", ".join(name if limit is None and i == 0 else
+                     f"{name} above" if limit is None else f"{name} <= {limit} B"
+                     for i, (limit, name) in enumerate(rows))
+
+
+def resolve(name: str, nbytes: int, size: int, tuning=None, oversubscribed: bool = False) -> str:
+    return choose(nbytes, size, tuning, oversubscribed) if name == "auto" else name
 
 
 def build(plan, name: str):
-    """An algorithm instance for ``plan`` (``auto`` resolved for its size)."""
-    name = resolve(name, plan.count * plan.dtype.itemsize, plan.size)
+    """An algorithm instance for ``plan`` (``auto`` resolved by the built-in table)."""
+    name = resolve(name, plan.count * plan.dtype.itemsize, plan.size,
+                   oversubscribed=plan.context.oversubscribed)
     return get(name)(plan)

@@ -18,6 +18,7 @@ import os
 
 from . import ALGORITHMS
 from .bench import bench, metadata
+from .plan import context_for
 from .registry import check_tuning
 
 
@@ -57,13 +58,17 @@ def tune(comm, sizes, iters: int, repeats: int, output: str, merge: bool) -> int
     winners = pick_winners([(r.size, r.algorithm, r.time_avg_us) for r in results])
     rule = {"comm_size": p, "table": decision_rows(winners),
             "measured": [{"size": s, "fastest": a} for s, a in winners]}
+    if context_for(comm).oversubscribed:
+        rule["oversubscribed"] = True  # measured so: applies only when oversubscribed again
+    which = (p, rule.get("oversubscribed"))
     meta = metadata(comm, "python -m mpi_allreduce tune", iters, 2, repeats)
     if comm.Get_rank() == 0:
         table = {"version": 1, "source": "python -m mpi_allreduce tune", "rules": []}
         if merge and os.path.exists(output):
             with open(output) as f:
                 table = json.load(f)
-        table["rules"] = [r for r in table["rules"] if int(r["comm_size"]) != p] + [rule]
+        table["rules"] = [r for r in table["rules"]
+                          if (int(r["comm_size"]), r.get("oversubscribed")) != which] + [rule]
         table["rules"].sort(key=lambda r: int(r["comm_size"]))
         table.setdefault("meta", {})[str(p)] = meta
         check_tuning(table)

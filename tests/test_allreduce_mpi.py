@@ -217,3 +217,20 @@ def test_refresh_forgets_prepared_calls(comm, validations, monkeypatch):
     finally:
         monkeypatch.delenv(config.SEGMENT_ENV)
         config.refresh()
+
+
+def test_oversubscription_is_agreed_by_every_rank(comm, monkeypatch):
+    """One oversubscribed node makes every rank of comm choose as oversubscribed
+    (so all ranks run the same algorithm); the launcher's count is used."""
+    import os
+
+    from mpi_allreduce.plan import LOCAL_SIZE_ENV, oversubscribed
+
+    for name in LOCAL_SIZE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    cpus = os.cpu_count() or 1
+    monkeypatch.setenv(LOCAL_SIZE_ENV[0], str(cpus + 1 if comm.Get_rank() == 0 else 1))
+    assert oversubscribed(comm) is True
+    monkeypatch.setenv(LOCAL_SIZE_ENV[1], str(cpus + 1))
+    monkeypatch.setenv(LOCAL_SIZE_ENV[0], "1")  # the first launcher variable found counts
+    assert oversubscribed(comm) is False

@@ -28,12 +28,45 @@ def test_decision_table(nbytes, size, expected):
     assert registry.choose(nbytes, size, TABLE) == expected
 
 
+OVERSUBSCRIBED = {
+    "version": 1,
+    "rules": [
+        {"comm_size": 2, "table": [{"max_bytes": None, "algorithm": "ring"}]},
+        {"comm_size": 2, "oversubscribed": True,
+         "table": [{"max_bytes": 64, "algorithm": "driver"}, {"max_bytes": None, "algorithm": "ring"}]},
+        {"comm_size": 4, "table": [{"max_bytes": None, "algorithm": "rabenseifner"}]},
+        {"comm_size": 6, "oversubscribed": False,
+         "table": [{"max_bytes": None, "algorithm": "recursive_doubling"}]},
+    ],
+}
+
+
+@pytest.mark.parametrize("nbytes,size,over,expected", [
+    (8, 2, False, "ring"), (8, 2, True, "driver"), (8, 3, True, "driver"), (65, 3, True, "ring"),
+    (8, 4, True, "rabenseifner"), (8, 4, False, "rabenseifner"),
+    (8, 6, False, "recursive_doubling"), (8, 6, True, "rabenseifner"),
+])
+def test_oversubscribed_rules_apply_only_when_oversubscribed(nbytes, size, over, expected):
+    """The largest comm_size <= p wins; for one comm_size a rule that names the
+    oversubscription state wins over one that does not, when the state matches."""
+    assert registry.choose(nbytes, size, OVERSUBSCRIBED, oversubscribed=over) == expected
+
+
+def test_describe_choices():
+    assert registry.describe_choices(2, True, OVERSUBSCRIBED) == "driver <= 64 B, ring above"
+    assert registry.describe_choices(2, False, OVERSUBSCRIBED) == "ring"
+
+
 def test_built_in_default_is_latency_first_then_bandwidth():
     assert registry.choose(8, 4) == "recursive_doubling"
     assert registry.choose(64 << 20, 4) == "ring"
     assert registry.choose(512 << 10, 2) == "recursive_doubling"
     assert registry.choose(64 << 20, 2) == "ring"
     assert registry.choose(256 << 10, 5) == "rabenseifner"
+    # more ranks than CPUs: the driver for short vectors, the same long-vector choice
+    assert registry.choose(8, 4, oversubscribed=True) == "driver"
+    assert registry.choose(8, 2, oversubscribed=True) == "recursive_doubling"
+    assert registry.choose(64 << 20, 4, oversubscribed=True) == "ring"
 
 
 def test_decision_table_from_file_and_environment(tmp_path, monkeypatch):
@@ -55,6 +88,8 @@ def test_decision_table_from_file_and_environment(tmp_path, monkeypatch):
     ({"rules": [{"comm_size": 2, "table": [{"max_bytes": None, "algorithm": "nope"}]}]}, "unknown algorithm"),
     ({"rules": [{"comm_size": 2, "table": [{"max_bytes": None, "algorithm": "hierarchical"}]}]}, "may not choose"),
     ({"rulez": []}, "malformed"),
+    ({"rules": [{"comm_size": 2, "oversubscribed": "yes",
+                 "table": [{"max_bytes": None, "algorithm": "ring"}]}]}, "oversubscribed must be"),
 ])
 def test_bad_decision_tables(bad, match):
     with pytest.raises(ValueError, match=match):
