@@ -13,7 +13,7 @@ from .config import environment, on_refresh
 from .algorithms.hierarchical import inner_setting, ranks_per_node_setting
 from .backend import as_array, backend_for
 from .ops import Op, check_dtype, resolve_op
-from .plan import Plan, context_for
+from .plan import ON_FREE, Plan, context_for
 
 __all__ = ["allreduce", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES"]
 
@@ -123,7 +123,9 @@ class _Prepared:
     usual case in a training loop or a benchmark) finds it again by
     identity and skips validation, planning and the table lookup.  It holds
     weak references to the buffers and rechecks what may change on a live
-    array (shape, strides, dtype, writeable), so a stale entry is never used.
+    array (size, dtype, contiguity, writeable), so a stale entry is never
+    used; it holds the comm and op objects themselves, so their ids in the
+    key cannot be reused while it lives.
     """
 
     __slots__ = ("runner", "backend", "size", "in_place", "copy_send", "finalize", "comm",
@@ -196,6 +198,15 @@ _PREPARED: dict = {}
 #: how many of them are kept (the oldest goes first)
 MAX_PREPARED = 64
 on_refresh(_PREPARED.clear)
+
+
+def _forget_context(context) -> None:
+    """A freed communicator's prepared calls go with it (and their scratch)."""
+    for key in [k for k, p in _PREPARED.items() if p.context is context]:
+        del _PREPARED[key]
+
+
+ON_FREE.append(_forget_context)
 
 
 def _remember(key, prepared: _Prepared, comm, sendbuf, recvbuf, op, call: _Call) -> None:

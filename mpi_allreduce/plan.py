@@ -118,6 +118,10 @@ def _peers(send, dest: int, recv, source: int) -> tuple[int, int]:
             MPI.PROC_NULL if recv is None else source)
 
 
+#: called with a context when it is freed (to drop what refers to its plans)
+ON_FREE: list = []
+
+
 class Context:
     """The library's state for one caller communicator."""
 
@@ -166,6 +170,8 @@ class Context:
 
     def free(self) -> None:
         self.alive = False
+        for hook in ON_FREE:
+            hook(self)
         self.plans.clear()
         for node, leaders in self.subcomms.values():
             node.Free()

@@ -191,11 +191,17 @@ def test_a_changed_call_is_validated_again(comm, change, validations):
 
 
 def test_a_freed_communicator_is_not_reused(validations):
-    """A prepared call dies with its communicator: the next call raises."""
+    """A prepared call dies with its communicator (its plan's scratch is not
+    kept alive): the next call raises."""
+    from mpi_allreduce import api
+
     comm = MPI.COMM_WORLD.Dup()
     send, recv = np.ones(5), np.empty(5)
     mar.allreduce(send, recv, comm=comm)
+    kept = [p for p in api._PREPARED.values() if p.comm is comm]
+    assert len(kept) == (1 if comm.Get_size() > 1 else 0)
     comm.Free()
+    assert not any(p.comm is comm for p in api._PREPARED.values())
     with pytest.raises(TypeError, match="intra-communicator"):
         mar.allreduce(send, recv, comm=comm)
 
