@@ -246,7 +246,8 @@ def cmd_info(args) -> int:
         if any(slurm_nodes):
             print(f"slurm nodes : {', '.join(sorted(set(n for n in slurm_nodes if n)))}")
         print(f"algorithms  : {', '.join(ALGORITHMS)}")
-        print(f"auto        : {auto_table} ({'oversubscribed: more ranks than CPUs on a node' if over else 'no node oversubscribed'})")
+        state = "oversubscribed: more ranks than CPUs on a node" if over else "not oversubscribed"
+        print(f"auto        : {auto_table} ({state})")
         print(f"GPU buffers : {'direct to MPI (CUDA-aware)' if aware else 'staged through host memory'}"
               f" -- {why}")
         if args.device != "cpu":
