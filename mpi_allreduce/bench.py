@@ -219,7 +219,8 @@ def bench(comm, sizes, algorithms, dtype="float32", op="sum", iters=20, warmup=5
                              algbw * (2 * (p - 1) / p if p > 1 else 1.0), iters=n_iter,
                              repeats_avg_us=[t * 1e6 for t in per_repeat[a]])
                 if a == "auto" and p > 1:
-                    res.runs = resolve(a, nbytes, p, oversubscribed=context_for(comm).oversubscribed)
+                    over = context_for(comm).oversubscribed
+                    res.runs = resolve(a, nbytes, p, oversubscribed=over)
                 if check:
                     res.wrong = count_wrong(comm, a, dtype, op, count, in_place, options, device)
                 if memory:
