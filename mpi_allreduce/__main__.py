@@ -24,8 +24,10 @@ def _hierarchy_args(parser: argparse.ArgumentParser) -> None:
                         help="hierarchical: emulate nodes of this many consecutive ranks")
     parser.add_argument("--inner", default=None,
                         help="hierarchical: algorithm across node leaders (default auto)")
-    parser.add_argument("--segment-bytes", type=int, default=None,
-                        help="bytes per ring message (default 1 MiB)")
+    from .bench import parse_size
+
+    parser.add_argument("--segment-bytes", type=parse_size, default=None,
+                        help="bytes per ring message, e.g. 256K (default 1 MiB)")
 
 
 def _options(args) -> dict:
@@ -219,6 +221,19 @@ def cmd_verify(args) -> int:
     return 1 if wrong else 0
 
 
+def _trials_line() -> str:
+    from .api import trial_rounds
+    from .registry import TRIAL_CANDIDATES
+    from .trial import TRIAL_MIN_BYTES
+
+    rounds = trial_rounds()
+    if not rounds:
+        return "off (MPI_ALLREDUCE_AUTO_TRIALS=0): the table alone"
+    return (f"from {TRIAL_MIN_BYTES // 1024} KiB, the first {rounds} x "
+            f"{len(TRIAL_CANDIDATES)} calls of each shape try {', '.join(TRIAL_CANDIDATES)} "
+            f"and keep the fastest (MPI_ALLREDUCE_AUTO_TRIALS=0: off)")
+
+
 def cmd_info(args) -> int:
     from . import ALGORITHMS
     from .backend import cuda_aware_support
@@ -248,6 +263,7 @@ def cmd_info(args) -> int:
         print(f"algorithms  : {', '.join(ALGORITHMS)}")
         state = "oversubscribed: more ranks than CPUs on a node" if over else "not oversubscribed"
         print(f"auto        : {auto_table} ({state})")
+        print(f"auto trials : {_trials_line()}")
         print(f"GPU buffers : {'direct to MPI (CUDA-aware)' if aware else 'staged through host memory'}"
               f" -- {why}")
         if args.device != "cpu":

@@ -14,6 +14,7 @@ from .algorithms.hierarchical import inner_setting, ranks_per_node_setting
 from .backend import as_array, backend_for
 from .ops import Op, check_dtype, resolve_op
 from .plan import ON_FREE, Plan, context_for
+from .trial import DEFAULT_ROUNDS, TRIAL_MIN_BYTES, Trial
 
 __all__ = ["allreduce", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES"]
 
@@ -175,22 +176,61 @@ def _prepare(comm, call: _Call) -> _Prepared:
     copy_send = call.send is not None and (size == 1 or not backend.is_contiguous(call.send))
     runner = None
     if count and size > 1:
-        context = context_for(comm)
-        name = registry.resolve(call.algorithm, count * dtype.itemsize, size, call.tuning,
-                                context.oversubscribed)
+        runner = _runner(context_for(comm), call, count, dtype)
+    return _Prepared(runner, backend, size, call.send is None, copy_send, call.op.finalize)
+
+
+def _runner(context, call: _Call, count: int, dtype):
+    """The plan's runner from the context's cache; for ``auto`` on a long
+    vector not decided yet, a :class:`~.trial.Trial` of the candidates."""
+    nbytes = count * dtype.itemsize
+    name = registry.resolve(call.algorithm, nbytes, context.comm.Get_size(), call.tuning,
+                            context.oversubscribed)
+
+    def key(name):
+        return (count, dtype.str, call.op.name, name, call.backend, call.segment_size,
+                call.ranks_per_node, call.inner)
+
+    def build(name):
         options = {}
         if name == "hierarchical":
             options = {"ranks_per_node": call.ranks_per_node, "inner": call.inner}
-        plan_key = (count, dtype.str, call.op.name, name, backend, call.segment_size,
-                    call.ranks_per_node, call.inner)
+        plan = Plan(context, context.comm, count, dtype, call.op, call.backend,
+                    call.segment_size, options)
+        return registry.get(name)(plan)
 
-        def build():
-            plan = Plan(context, context.comm, count, dtype, call.op, backend,
-                        call.segment_size, options)
-            return registry.get(name)(plan)
+    rounds = trial_rounds()
+    if call.algorithm != "auto" or nbytes < TRIAL_MIN_BYTES or not rounds:
+        return context.get_plan(key(name), lambda: build(name))
+    decided = context.decisions.get(key("auto"))
+    if decided is not None:
+        return context.get_plan(key(decided), lambda: build(decided))
 
-        runner = context.get_plan(plan_key, build)
-    return _Prepared(runner, backend, size, call.send is None, copy_send, call.op.finalize)
+    # the candidates are built for the trial alone and dropped after it,
+    # unless they win (or were in the cache already)
+    built = {}
+
+    def runner_for(name):
+        runner = built.get(name)
+        if runner is None:
+            runner = context.plans.get(key(name))
+            built[name] = runner = build(name) if runner is None else runner
+        return runner
+
+    def keep(winner):
+        context.decisions[key("auto")] = winner
+        context.get_plan(key(winner), lambda: built[winner])
+        built.clear()
+
+    candidates = [name] + [a for a in registry.TRIAL_CANDIDATES if a != name]
+    return context.get_plan(key("auto"), lambda: Trial(context.comm, candidates, runner_for,
+                                                       call.backend, rounds, keep))
+
+
+def trial_rounds() -> int:
+    """Trial calls per candidate for ``auto`` (``MPI_ALLREDUCE_AUTO_TRIALS``; 0: none)."""
+    rounds = environment().auto_trials
+    return DEFAULT_ROUNDS if rounds is None else rounds
 
 
 #: calls seen lately, by the identity of their arguments (see _Prepared)

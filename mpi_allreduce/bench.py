@@ -30,7 +30,9 @@ from . import ALGORITHMS, allreduce
 from .backend import backend_for, to_device, to_host
 from .ops import resolve_op
 from .plan import context_for
-from .registry import resolve
+from .api import trial_rounds
+from .registry import TRIAL_CANDIDATES, resolve
+from .trial import TRIAL_MIN_BYTES
 from .verify import make_data, reference
 
 VENDOR = "mpi"
@@ -176,6 +178,24 @@ def scratch_of(comm, algorithm, count) -> Optional[int]:
     return comm.allreduce(most, op=MPI.MAX)
 
 
+def trial_calls(nbytes: int) -> int:
+    """Calls ``auto`` spends on its trial at this size (the benchmark warms
+    up through them, so only the winner is timed)."""
+    if nbytes < TRIAL_MIN_BYTES:
+        return 0
+    return trial_rounds() * len(TRIAL_CANDIDATES)
+
+
+def auto_ran(comm, count, dtype) -> str:
+    """What ``auto`` runs for ``count`` elements: its trial's winner, else the table's choice."""
+    context = context_for(comm)
+    for key, name in context.decisions.items():
+        if key[0] == count and key[1] == dtype.str:
+            return name
+    return resolve("auto", count * dtype.itemsize, comm.Get_size(),
+                   oversubscribed=context.oversubscribed)
+
+
 def peak_traced_bytes(comm, run) -> int:
     """Peak bytes allocated (numpy reports to tracemalloc) during one call, max over ranks."""
     tracemalloc.start()
@@ -205,9 +225,10 @@ def bench(comm, sizes, algorithms, dtype="float32", op="sum", iters=20, warmup=5
             runners = {a: Runner(comm, a, send, recv, op, in_place, options) for a in algorithms}
             per_repeat = {a: [] for a in algorithms}
             samples = {a: [] for a in algorithms}
-            for _ in range(repeats):
+            for repeat in range(repeats):
                 for a in algorithms:
-                    t = time_runner(comm, runners[a], n_iter, n_warm)
+                    warm = n_warm + (trial_calls(nbytes) if a == "auto" and not repeat else 0)
+                    t = time_runner(comm, runners[a], n_iter, warm)
                     per_repeat[a].append(float(t.mean()))
                     samples[a].append(t)
             for a in algorithms:
@@ -219,8 +240,7 @@ def bench(comm, sizes, algorithms, dtype="float32", op="sum", iters=20, warmup=5
                              algbw * (2 * (p - 1) / p if p > 1 else 1.0), iters=n_iter,
                              repeats_avg_us=[t * 1e6 for t in per_repeat[a]])
                 if a == "auto" and p > 1:
-                    over = context_for(comm).oversubscribed
-                    res.runs = resolve(a, nbytes, p, oversubscribed=over)
+                    res.runs = auto_ran(comm, count, dtype)
                 if check:
                     res.wrong = count_wrong(comm, a, dtype, op, count, in_place, options, device)
                 if memory:

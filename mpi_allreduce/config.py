@@ -6,6 +6,8 @@ MPI_ALLREDUCE_SEGMENT_BYTES=N   bytes per ring message (default 1 MiB)
 MPI_ALLREDUCE_RANKS_PER_NODE=N  hierarchical: emulate nodes of N consecutive ranks
 MPI_ALLREDUCE_INNER=NAME        hierarchical: algorithm across node leaders
 MPI_ALLREDUCE_TUNING=PATH       decision table for algorithm="auto"
+MPI_ALLREDUCE_AUTO_TRIALS=N     auto: trial calls per candidate on long vectors
+                                (default 3; 0: the table alone)
 MPI_ALLREDUCE_CUDA_AWARE=0|1    force the GPU path (direct or staged)
 =============================== ==============================================
 
@@ -23,6 +25,7 @@ SEGMENT_ENV = "MPI_ALLREDUCE_SEGMENT_BYTES"
 RANKS_PER_NODE_ENV = "MPI_ALLREDUCE_RANKS_PER_NODE"
 INNER_ENV = "MPI_ALLREDUCE_INNER"
 TUNING_ENV = "MPI_ALLREDUCE_TUNING"
+AUTO_TRIALS_ENV = "MPI_ALLREDUCE_AUTO_TRIALS"
 CUDA_AWARE_ENV = "MPI_ALLREDUCE_CUDA_AWARE"
 
 _TRUE = ("1", "yes", "true", "on")
@@ -34,6 +37,7 @@ class Environment(NamedTuple):
     ranks_per_node: Optional[int]
     inner: Optional[str]
     tuning: Optional[str]
+    auto_trials: Optional[int]
     cuda_aware: Optional[str]
 
 
@@ -52,6 +56,13 @@ def _int(name: str) -> Optional[int]:
         raise ValueError(f"{name}={value!r} is not an integer") from None
 
 
+def _count(name: str) -> Optional[int]:
+    value = _int(name)
+    if value is not None and value < 0:
+        raise ValueError(f"{name}={value} is negative")
+    return value
+
+
 @functools.lru_cache(maxsize=1)
 def environment() -> Environment:
     return Environment(
@@ -60,6 +71,7 @@ def environment() -> Environment:
         ranks_per_node=_int(RANKS_PER_NODE_ENV),
         inner=_get(INNER_ENV),
         tuning=_get(TUNING_ENV),
+        auto_trials=_count(AUTO_TRIALS_ENV),
         cuda_aware=_get(CUDA_AWARE_ENV),
     )
 

@@ -132,6 +132,8 @@ class Context:
         self.oversubscribed = oversubscribed(self.comm)
         self.plans: "OrderedDict[tuple, Callable]" = OrderedDict()
         self.subcomms: dict[tuple, tuple] = {}
+        #: plan key of an ``auto`` call -> the algorithm its trial chose
+        self.decisions: dict[tuple, str] = {}
         self.alive = True  # False once freed: prepared calls that hold it are stale
 
     def get_plan(self, key: tuple, build: Callable[[], Callable]) -> Callable:
@@ -173,6 +175,7 @@ class Context:
         for hook in ON_FREE:
             hook(self)
         self.plans.clear()
+        self.decisions.clear()
         for node, leaders in self.subcomms.values():
             node.Free()
             if leaders is not None:

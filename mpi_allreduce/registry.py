@@ -29,6 +29,10 @@ _ALGORITHMS = {
 #: the names ``algorithm=`` accepts besides "auto"
 ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)
 
+#: what ``auto`` may try on a long vector (see trial.py): the flat
+#: algorithms; ``hierarchical`` is chosen by name, for its node layout
+TRIAL_CANDIDATES: tuple[str, ...] = tuple(a for a in ALGORITHMS if a != "hierarchical")
+
 #: the built-in decision table (same format as ``python -m mpi_allreduce tune``
 #: writes): for the largest listed comm_size <= p, the first row whose
 #: max_bytes (None = no limit) is >= the message size names the algorithm.

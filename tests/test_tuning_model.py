@@ -142,3 +142,22 @@ def test_pick_winners_does_not_flip_between_equals():
                (64, "a", 10.4), (64, "b", 10.0),   # b faster by < 5%: a stays
                (512, "a", 20.0), (512, "b", 10.0)]  # b clearly faster: b wins
     assert pick_winners(timings) == [(8, "a"), (64, "a"), (512, "b")]
+
+
+@pytest.mark.parametrize("seconds,expected", [
+    ([1.0, 0.97, 2.0], "ring"),            # 3% faster: within the margin, the table's choice stays
+    ([1.0, 0.90, 0.94], "driver"),         # 10% faster: the fastest other wins
+    ([1.0, 2.0, 0.5], "recursive_doubling"),
+    ([1.0, 1.0, 1.0], "ring"),
+])
+def test_trial_decision(seconds, expected):
+    from mpi_allreduce.trial import decide
+
+    assert decide(["ring", "driver", "recursive_doubling"], seconds, margin=0.05) == expected
+
+
+def test_trial_decision_needs_a_time_per_candidate():
+    from mpi_allreduce.trial import decide
+
+    with pytest.raises(ValueError, match="one time per candidate"):
+        decide(["ring", "driver"], [1.0])
