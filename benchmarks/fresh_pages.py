@@ -26,6 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpi_allreduce.bench import parse_size
+from mpi_allreduce.verify import mpi_library
 
 
 def mean_us(comm, call, iters=30):
@@ -65,7 +66,7 @@ def main() -> int:
 
         rows.append([mean_us(comm, f) for f in (untouched, fresh, write_only)])
     if comm.Get_rank() == 0:
-        print(f"# {args.bytes} B per message, 2 ranks, {MPI.Get_library_version().splitlines()[0]}")
+        print(f"# {args.bytes} B per message, 2 ranks, {mpi_library()}")
         print(f"{'run':>4} {'untouched':>10} {'fresh':>10} {'write only':>11} {'fresh/(untouched+write)':>24}")
         for i, (u, f, w) in enumerate(rows):
             print(f"{i:>4} {u:>10.1f} {f:>10.1f} {w:>11.1f} {f / (u + w):>24.2f}")

@@ -229,9 +229,9 @@ def _trials_line() -> str:
     rounds = trial_rounds()
     if not rounds:
         return "off (MPI_ALLREDUCE_AUTO_TRIALS=0): the table alone"
-    return (f"from {TRIAL_MIN_BYTES // 1024} KiB, the first {rounds} x "
-            f"{len(TRIAL_CANDIDATES)} calls of each shape try {', '.join(TRIAL_CANDIDATES)} "
-            f"and keep the fastest (MPI_ALLREDUCE_AUTO_TRIALS=0: off)")
+    return (f"from {TRIAL_MIN_BYTES // 1024} KiB, the first calls of each shape try "
+            f"{', '.join(TRIAL_CANDIDATES)} ({rounds} calls each from 512 KiB, up to "
+            f"{8 * rounds} below) and keep the fastest (MPI_ALLREDUCE_AUTO_TRIALS=0: off)")
 
 
 def cmd_info(args) -> int:
@@ -239,6 +239,7 @@ def cmd_info(args) -> int:
     from .backend import cuda_aware_support
     from .plan import oversubscribed
     from .registry import describe_choices
+    from .verify import mpi_library
 
     comm = MPI.COMM_WORLD
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
@@ -253,7 +254,7 @@ def cmd_info(args) -> int:
     over = oversubscribed(comm)
     auto_table = describe_choices(comm.Get_size(), over)
     if comm.Get_rank() == 0:
-        print(f"MPI library : {MPI.Get_library_version().splitlines()[0].strip()}")
+        print(f"MPI library : {mpi_library()}")
         print(f"MPI standard: {'.'.join(map(str, MPI.Get_version()))}")
         print(f"ranks       : {comm.Get_size()} on {len(set(hosts))} host(s): "
               f"{', '.join(sorted(set(hosts)))}")

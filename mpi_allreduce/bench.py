@@ -32,8 +32,8 @@ from .ops import resolve_op
 from .plan import context_for
 from .api import trial_rounds
 from .registry import TRIAL_CANDIDATES, resolve
-from .trial import TRIAL_MIN_BYTES
-from .verify import make_data, reference
+from .trial import TRIAL_MIN_BYTES, samples_per_candidate
+from .verify import make_data, mpi_library, reference
 
 VENDOR = "mpi"
 BUSBW_NOTE = "busbw = algbw * 2(p-1)/p; GB/s are decimal (1e9 bytes/s); times are microseconds, max over ranks"
@@ -183,7 +183,7 @@ def trial_calls(nbytes: int) -> int:
     up through them, so only the winner is timed)."""
     if nbytes < TRIAL_MIN_BYTES:
         return 0
-    return trial_rounds() * len(TRIAL_CANDIDATES)
+    return samples_per_candidate(nbytes, trial_rounds()) * len(TRIAL_CANDIDATES)
 
 
 def auto_ran(comm, count, dtype) -> str:
@@ -320,7 +320,7 @@ def metadata(comm, args_line: str, iters: int, warmup: int, repeats: int) -> dic
         "ranks_per_node": sorted(set(locals_)),
         "hostnames": sorted(set(hosts)),
         "slurm_nodes": sorted({n for n in slurm_nodes if n}) or None,
-        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+        "mpi_library": mpi_library(),
         "mpi_standard": ".".join(map(str, MPI.Get_version())),
         "python": platform.python_version(),
         "numpy": np.__version__,

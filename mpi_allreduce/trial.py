@@ -4,20 +4,23 @@ A decision table is a guess made on another day: which algorithm wins at a
 given size also depends on things a table cannot see -- whether the data
 was just written (fresh pages cost more to read across processes), the
 placement of the buffers, what else runs on the node.  So for vectors of
-:data:`TRIAL_MIN_BYTES` or more, ``auto`` spends its first calls on a
-*trial*:
+:data:`TRIAL_MIN_BYTES` or more, ``auto`` spends its first calls of each
+shape on a *trial*, round robin over the candidates:
 
-    call        0      1      2      3      4      5     ...  rounds*k-1
-    runs        c0     c1     c2     c3     c4     c0    ...  c4
-                `-------- round 1 ---------'  `--- round 2 ...
+    call        0    1    2    3    4    5    6   ...   n*k-1
+    runs        c0   c1   c2   c3   c4   c0   c1  ...   c4
 
-c0 is the table's choice, c1.. the other flat algorithms.  Each call is a
-complete, correct all-reduce; only its time is recorded (the best of the
-rounds, so the first call's page faults do not count).  After the last
-trial call the ranks agree on the slowest rank's time per candidate (one
-small ``Allreduce`` of the timings, the only collective here, and not on
-the data) and every rank keeps the same winner: the table's choice unless
-another candidate is more than :data:`MARGIN` faster.  The decision is
+c0 is the table's choice, c1.. the other flat algorithms; each runs ``n``
+times (:func:`samples_per_candidate`: ``rounds`` for long vectors, up to 8x
+that for shorter, noisier ones).  Every trial call is a complete, correct
+all-reduce that starts with a Barrier, so that all ranks start together and
+no candidate pays for the previous one's stragglers.  A candidate's time
+on a rank is the median of its calls (the first call's page faults and a
+lucky call both fall outside it).  After the last trial call the ranks
+agree on the slowest rank's time per candidate (one small ``Allreduce`` of
+the timings; it and the barriers are the only collectives here, and neither
+touches the data) and every rank keeps the same winner: the table's choice
+unless another candidate is more than :data:`MARGIN` faster.  The decision is
 remembered per plan key (count, dtype, op, segment, ...) on the
 communicator, so later calls with other buffer objects of that shape run
 the winner at once.
@@ -36,13 +39,16 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["Trial", "decide", "TRIAL_MIN_BYTES", "DEFAULT_ROUNDS", "MARGIN"]
+__all__ = ["Trial", "decide", "samples_per_candidate", "TRIAL_MIN_BYTES", "DEFAULT_ROUNDS",
+           "MARGIN"]
 
 #: vectors this long and longer are measured (below, the table decides:
 #: latency-bound calls are too short to time one by one)
 TRIAL_MIN_BYTES = 64 * 1024
-#: calls per candidate, the best one counts
+#: calls per candidate for long vectors (MPI_ALLREDUCE_AUTO_TRIALS)
 DEFAULT_ROUNDS = 3
+#: shorter vectors than this take more calls per candidate (up to 8x)
+LONG_BYTES = 512 * 1024
 #: another candidate must beat the table's choice by this fraction
 MARGIN = 0.05
 
@@ -57,6 +63,11 @@ def decide(names: Sequence[str], seconds: Sequence[float], margin: float = MARGI
     if seconds[fastest] < seconds[0] * (1.0 - margin):
         return names[fastest]
     return names[0]
+
+
+def samples_per_candidate(nbytes: int, rounds: int) -> int:
+    """Trial calls of each candidate for a vector of ``nbytes`` (the same on every rank)."""
+    return rounds * max(1, min(8, LONG_BYTES // max(nbytes, 1)))
 
 
 def _elapsed(runner: Callable, send, recv, backend) -> float:
@@ -74,17 +85,18 @@ class Trial:
     ``candidates`` are algorithm names, the table's choice first;
     ``runner_for(name)`` builds (or finds) that algorithm's runner for this
     plan, lazily, so a call shape seen once costs no more than the table's
-    choice.  ``decided(name)`` is called once, with the winner.
+    choice.  Each runs ``samples`` times; ``decided(name)`` is called once,
+    with the winner.
     """
 
     def __init__(self, comm: MPI.Intracomm, candidates: Sequence[str],
-                 runner_for: Callable[[str], Callable], backend, rounds: int,
+                 runner_for: Callable[[str], Callable], backend, samples: int,
                  decided: Callable[[str], None]):
-        if rounds < 1:
-            raise ValueError(f"a trial needs at least one round, got {rounds}")
+        if samples < 1:
+            raise ValueError(f"a trial needs at least one call per candidate, got {samples}")
         self.comm, self.names, self.backend = comm, tuple(candidates), backend
-        self.runner_for, self.rounds, self.decided = runner_for, rounds, decided
-        self.best = np.full(len(self.names), np.inf)
+        self.runner_for, self.decided = runner_for, decided
+        self.times = np.empty((samples, len(self.names)))
         self.calls = 0
         self.chosen: Optional[str] = None
         self.runner: Optional[Callable] = None
@@ -93,16 +105,17 @@ class Trial:
         if self.runner is not None:
             self.runner(send, recv)
             return
-        which = self.calls % len(self.names)
-        seconds = _elapsed(self.runner_for(self.names[which]), send, recv, self.backend)
-        self.best[which] = min(self.best[which], seconds)
+        sample, which = divmod(self.calls, len(self.names))
+        self.comm.Barrier()
+        self.times[sample, which] = _elapsed(self.runner_for(self.names[which]), send, recv,
+                                             self.backend)
         self.calls += 1
-        if self.calls == self.rounds * len(self.names):
+        if self.calls == self.times.size:
             self._finish()
 
     def _finish(self) -> None:
-        slowest = np.empty_like(self.best)
-        self.comm.Allreduce(self.best, slowest, MPI.MAX)
+        slowest = np.empty(len(self.names))
+        self.comm.Allreduce(np.median(self.times, axis=0), slowest, MPI.MAX)
         self.seconds = dict(zip(self.names, slowest.tolist()))
         self.chosen = decide(self.names, slowest)
         self.runner = self.runner_for(self.chosen)

@@ -35,6 +35,11 @@ LARGE_COUNT = (1 << 20) + 3
 LARGE_CASES = (("float32", "sum"), ("int32", "max"), ("float64", "avg"))
 
 
+def mpi_library() -> str:
+    """The first line of the MPI library's version string (Open MPI ends it with a NUL)."""
+    return MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip()
+
+
 def counts_for(size: int) -> list[int]:
     """0, 1, p-1, p, p+1, small primes, 2^k +- 1."""
     counts = {0, 1, size - 1, size, size + 1, 2, 3, 7, 13, 31, 97}
@@ -217,7 +222,7 @@ def verify(
 def print_table(rows, comm, counts, elapsed, out, device="cpu") -> None:
     size = comm.Get_size()
     print(f"# mpi_allreduce verify: {size} ranks, {device} buffers, "
-          f"{MPI.Get_library_version().splitlines()[0].strip()}", file=out)
+          f"{mpi_library()}", file=out)
     print(f"# counts: {', '.join(map(str, counts))} (+{LARGE_COUNT} for "
           f"{', '.join('/'.join(c) for c in LARGE_CASES)}); in place and out of place", file=out)
     print("# exact data must match MPI.Allreduce bit for bit; random float data within "

@@ -19,6 +19,10 @@ pytestmark = pytest.mark.mpi
 LONG = trial.TRIAL_MIN_BYTES // 8 + 3
 
 
+def trial_calls(count, rounds=trial.DEFAULT_ROUNDS):
+    return trial.samples_per_candidate(count * 8, rounds) * len(registry.TRIAL_CANDIDATES)
+
+
 def plan_names(comm, count):
     return sorted(key[3] for key in context_for(comm).plans if key[0] == count)
 
@@ -50,8 +54,7 @@ def trials(monkeypatch):
 @pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
 def test_every_trial_call_is_right_and_every_rank_keeps_the_same_winner(comm, in_place):
     count = LONG + (1 if in_place else 0)
-    calls = trial.DEFAULT_ROUNDS * len(registry.TRIAL_CANDIDATES)
-    for step in range(calls + 2):  # new buffers each call: the decision is by shape
+    for step in range(trial_calls(count) + 2):  # new buffers each call: the decision is by shape
         call_and_check(comm, count, step, in_place)
     if comm.Get_size() == 1:
         assert decision(comm, count) == []  # nothing to measure on one rank
@@ -77,7 +80,7 @@ def test_the_winner_is_fastest_on_the_slowest_rank(comm, monkeypatch):
         return 0.5 if runner.name == "ring_pipelined" else 1.0
 
     monkeypatch.setattr(trial, "_elapsed", fake_elapsed)
-    for step in range(trial.DEFAULT_ROUNDS * len(registry.TRIAL_CANDIDATES)):
+    for step in range(trial_calls(count)):
         call_and_check(comm, count, step)
     if comm.Get_size() > 1:
         assert decision(comm, count) == ["ring_pipelined"]
@@ -86,7 +89,7 @@ def test_the_winner_is_fastest_on_the_slowest_rank(comm, monkeypatch):
 def test_trials_turned_off_leave_auto_to_the_table(comm, trials):
     count = LONG + 3
     trials(0)
-    for step in range(2 * len(registry.TRIAL_CANDIDATES)):
+    for step in range(trial_calls(count)):
         call_and_check(comm, count, step)
     assert decision(comm, count) == []
     if comm.Get_size() > 1:
@@ -98,7 +101,7 @@ def test_trials_turned_off_leave_auto_to_the_table(comm, trials):
 def test_fewer_rounds_decide_sooner(comm, trials):
     count = LONG + 4
     trials(1)
-    for step in range(len(registry.TRIAL_CANDIDATES) - 1):
+    for step in range(trial_calls(count, rounds=1) - 1):
         call_and_check(comm, count, step)
     assert decision(comm, count) == []
     call_and_check(comm, count, 99)
@@ -107,7 +110,7 @@ def test_fewer_rounds_decide_sooner(comm, trials):
 
 def test_short_vectors_follow_the_table(comm):
     count = trial.TRIAL_MIN_BYTES // 8 - 1
-    for step in range(trial.DEFAULT_ROUNDS * len(registry.TRIAL_CANDIDATES) + 1):
+    for step in range(trial_calls(count) + 1):
         call_and_check(comm, count, step)
     assert decision(comm, count) == []
     assert "auto" not in plan_names(comm, count)

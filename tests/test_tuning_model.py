@@ -161,3 +161,12 @@ def test_trial_decision_needs_a_time_per_candidate():
 
     with pytest.raises(ValueError, match="one time per candidate"):
         decide(["ring", "driver"], [1.0])
+
+
+@pytest.mark.parametrize("nbytes,rounds,expected", [
+    (64 * 1024, 3, 24), (128 * 1024, 3, 12), (512 * 1024, 3, 3), (1 << 30, 3, 3), (600_000, 2, 2),
+])
+def test_trial_samples_per_candidate(nbytes, rounds, expected):
+    from mpi_allreduce.trial import samples_per_candidate
+
+    assert samples_per_candidate(nbytes, rounds) == expected
