@@ -230,8 +230,8 @@ def _trials_line() -> str:
     if not rounds:
         return "off (MPI_ALLREDUCE_AUTO_TRIALS=0): the table alone"
     return (f"from {TRIAL_MIN_BYTES // 1024} KiB, the first calls of each shape try "
-            f"{', '.join(TRIAL_CANDIDATES)} ({rounds} calls each from 512 KiB, up to "
-            f"{8 * rounds} below) and keep the fastest (MPI_ALLREDUCE_AUTO_TRIALS=0: off)")
+            f"{', '.join(TRIAL_CANDIDATES)} ({rounds} blocks of 3 to 17 calls each) and "
+            f"keep the fastest (MPI_ALLREDUCE_AUTO_TRIALS=0: off)")
 
 
 def cmd_info(args) -> int:

@@ -14,7 +14,7 @@ from .algorithms.hierarchical import inner_setting, ranks_per_node_setting
 from .backend import as_array, backend_for
 from .ops import Op, check_dtype, resolve_op
 from .plan import ON_FREE, Plan, context_for
-from .trial import DEFAULT_ROUNDS, TRIAL_MIN_BYTES, Trial, samples_per_candidate
+from .trial import DEFAULT_ROUNDS, TRIAL_MIN_BYTES, Trial, block_length
 
 __all__ = ["allreduce", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES"]
 
@@ -223,14 +223,12 @@ def _runner(context, call: _Call, count: int, dtype):
         built.clear()
 
     candidates = [name] + [a for a in registry.TRIAL_CANDIDATES if a != name]
-    samples = samples_per_candidate(nbytes, rounds)
-    return context.get_plan(key("auto"), lambda: Trial(context.comm, candidates, runner_for,
-                                                       call.backend, samples, keep))
+    return context.get_plan(key("auto"), lambda: Trial(
+        context.comm, candidates, runner_for, call.backend, rounds, block_length(nbytes), keep))
 
 
 def trial_rounds() -> int:
-    """Trial calls per candidate for ``auto`` on long vectors
-    (``MPI_ALLREDUCE_AUTO_TRIALS``; 0: no trial)."""
+    """Blocks per candidate in ``auto``'s trial (``MPI_ALLREDUCE_AUTO_TRIALS``; 0: no trial)."""
     rounds = environment().auto_trials
     return DEFAULT_ROUNDS if rounds is None else rounds
 

@@ -32,7 +32,7 @@ from .ops import resolve_op
 from .plan import context_for
 from .api import trial_rounds
 from .registry import TRIAL_CANDIDATES, resolve
-from .trial import TRIAL_MIN_BYTES, samples_per_candidate
+from .trial import TRIAL_MIN_BYTES, trial_length
 from .verify import make_data, mpi_library, reference
 
 VENDOR = "mpi"
@@ -183,7 +183,7 @@ def trial_calls(nbytes: int) -> int:
     up through them, so only the winner is timed)."""
     if nbytes < TRIAL_MIN_BYTES:
         return 0
-    return samples_per_candidate(nbytes, trial_rounds()) * len(TRIAL_CANDIDATES)
+    return trial_length(nbytes, trial_rounds(), len(TRIAL_CANDIDATES))
 
 
 def auto_ran(comm, count, dtype) -> str:

@@ -5,22 +5,23 @@ given size also depends on things a table cannot see -- whether the data
 was just written (fresh pages cost more to read across processes), the
 placement of the buffers, what else runs on the node.  So for vectors of
 :data:`TRIAL_MIN_BYTES` or more, ``auto`` spends its first calls of each
-shape on a *trial*, round robin over the candidates:
+shape on a *trial*: blocks of consecutive calls of one candidate, round
+robin over the candidates, ``rounds`` times:
 
-    call        0    1    2    3    4    5    6   ...   n*k-1
-    runs        c0   c1   c2   c3   c4   c0   c1  ...   c4
+    block       0          1          2     ...  k-1        k          ...
+    runs        c0 c0 c0   c1 c1 c1   c2 ...     c4 c4 c4   c0 c0 c0   ...
+    timed       -  x  x    -  x  x    -  ...     -  x  x    -  x  x
 
-c0 is the table's choice, c1.. the other flat algorithms; each runs ``n``
-times (:func:`samples_per_candidate`: ``rounds`` for long vectors, up to 8x
-that for shorter, noisier ones).  Every trial call is a complete, correct
-all-reduce that starts with a Barrier, so that all ranks start together and
-no candidate pays for the previous one's stragglers.  A candidate's time
-on a rank is the median of its calls (the first call's page faults and a
-lucky call both fall outside it).  After the last trial call the ranks
-agree on the slowest rank's time per candidate (one small ``Allreduce`` of
-the timings; it and the barriers are the only collectives here, and neither
-touches the data) and every rank keeps the same winner: the table's choice
-unless another candidate is more than :data:`MARGIN` faster.  The decision is
+c0 is the table's choice, c1.. the other flat algorithms.  Every call is a
+complete, correct all-reduce.  The first call of a block is not timed: it
+absorbs the switch from the previous candidate (its stragglers, its cache
+footprint, a first call's page faults); the others are timed back to back
+as a loop runs them (:func:`block_length`: blocks are longer for shorter,
+noisier vectors).  After the last block the ranks take, for every timed
+call, its slowest rank (one small ``Allreduce`` of the timings, the only
+collective here, and not on the data), and every rank keeps the same
+winner by the median of those: the table's choice unless another candidate
+is more than :data:`MARGIN` faster.  The decision is
 remembered per plan key (count, dtype, op, segment, ...) on the
 communicator, so later calls with other buffer objects of that shape run
 the winner at once.
@@ -39,16 +40,16 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["Trial", "decide", "samples_per_candidate", "TRIAL_MIN_BYTES", "DEFAULT_ROUNDS",
-           "MARGIN"]
+__all__ = ["Trial", "decide", "block_length", "trial_length", "TRIAL_MIN_BYTES",
+           "DEFAULT_ROUNDS", "MARGIN"]
 
 #: vectors this long and longer are measured (below, the table decides:
 #: latency-bound calls are too short to time one by one)
 TRIAL_MIN_BYTES = 64 * 1024
-#: calls per candidate for long vectors (MPI_ALLREDUCE_AUTO_TRIALS)
+#: blocks per candidate (MPI_ALLREDUCE_AUTO_TRIALS)
 DEFAULT_ROUNDS = 3
-#: shorter vectors than this take more calls per candidate (up to 8x)
-LONG_BYTES = 512 * 1024
+#: a block times calls that move about this many bytes together (2 to 16 calls)
+BLOCK_BYTES = 1 << 20
 #: another candidate must beat the table's choice by this fraction
 MARGIN = 0.05
 
@@ -65,9 +66,14 @@ def decide(names: Sequence[str], seconds: Sequence[float], margin: float = MARGI
     return names[0]
 
 
-def samples_per_candidate(nbytes: int, rounds: int) -> int:
-    """Trial calls of each candidate for a vector of ``nbytes`` (the same on every rank)."""
-    return rounds * max(1, min(8, LONG_BYTES // max(nbytes, 1)))
+def block_length(nbytes: int) -> int:
+    """Calls in one block for a vector of ``nbytes``: one untimed, then 2 to 16 timed."""
+    return 1 + max(2, min(16, BLOCK_BYTES // max(nbytes, 1)))
+
+
+def trial_length(nbytes: int, rounds: int, candidates: int) -> int:
+    """Calls a trial takes (the same on every rank)."""
+    return rounds * candidates * block_length(nbytes)
 
 
 def _elapsed(runner: Callable, send, recv, backend) -> float:
@@ -85,19 +91,19 @@ class Trial:
     ``candidates`` are algorithm names, the table's choice first;
     ``runner_for(name)`` builds (or finds) that algorithm's runner for this
     plan, lazily, so a call shape seen once costs no more than the table's
-    choice.  Each runs ``samples`` times; ``decided(name)`` is called once,
-    with the winner.
+    choice.  ``decided(name)`` is called once, with the winner.
     """
 
     def __init__(self, comm: MPI.Intracomm, candidates: Sequence[str],
-                 runner_for: Callable[[str], Callable], backend, samples: int,
+                 runner_for: Callable[[str], Callable], backend, rounds: int, block: int,
                  decided: Callable[[str], None]):
-        if samples < 1:
-            raise ValueError(f"a trial needs at least one call per candidate, got {samples}")
+        if rounds < 1 or block < 2:
+            raise ValueError(f"a trial needs a round of blocks of 2 calls or more, got "
+                             f"{rounds} rounds of {block}")
         self.comm, self.names, self.backend = comm, tuple(candidates), backend
-        self.runner_for, self.decided = runner_for, decided
-        self.times = np.empty((samples, len(self.names)))
-        self.calls = 0
+        self.runner_for, self.decided, self.block = runner_for, decided, block
+        self.times = np.empty((rounds * (block - 1), len(self.names)))
+        self.calls, self.length = 0, rounds * len(self.names) * block
         self.chosen: Optional[str] = None
         self.runner: Optional[Callable] = None
 
@@ -105,19 +111,24 @@ class Trial:
         if self.runner is not None:
             self.runner(send, recv)
             return
-        sample, which = divmod(self.calls, len(self.names))
-        self.comm.Barrier()
-        self.times[sample, which] = _elapsed(self.runner_for(self.names[which]), send, recv,
-                                             self.backend)
+        blocks, position = divmod(self.calls, self.block)
+        round_, which = divmod(blocks, len(self.names))
+        runner = self.runner_for(self.names[which])
+        if position == 0:
+            runner(send, recv)
+        else:
+            self.times[round_ * (self.block - 1) + position - 1, which] = _elapsed(
+                runner, send, recv, self.backend)
         self.calls += 1
-        if self.calls == self.times.size:
+        if self.calls == self.length:
             self._finish()
 
     def _finish(self) -> None:
-        slowest = np.empty(len(self.names))
-        self.comm.Allreduce(np.median(self.times, axis=0), slowest, MPI.MAX)
-        self.seconds = dict(zip(self.names, slowest.tolist()))
-        self.chosen = decide(self.names, slowest)
+        slowest = np.empty_like(self.times)
+        self.comm.Allreduce(self.times, slowest, MPI.MAX)
+        seconds = np.median(slowest, axis=0)
+        self.seconds = dict(zip(self.names, seconds.tolist()))
+        self.chosen = decide(self.names, seconds)
         self.runner = self.runner_for(self.chosen)
         self.runner_for = None  # the losers' runners (and scratch) may go
         self.decided(self.chosen)

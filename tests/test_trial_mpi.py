@@ -20,7 +20,7 @@ LONG = trial.TRIAL_MIN_BYTES // 8 + 3
 
 
 def trial_calls(count, rounds=trial.DEFAULT_ROUNDS):
-    return trial.samples_per_candidate(count * 8, rounds) * len(registry.TRIAL_CANDIDATES)
+    return trial.trial_length(count * 8, rounds, len(registry.TRIAL_CANDIDATES))
 
 
 def plan_names(comm, count):

@@ -163,10 +163,12 @@ def test_trial_decision_needs_a_time_per_candidate():
         decide(["ring", "driver"], [1.0])
 
 
-@pytest.mark.parametrize("nbytes,rounds,expected", [
-    (64 * 1024, 3, 24), (128 * 1024, 3, 12), (512 * 1024, 3, 3), (1 << 30, 3, 3), (600_000, 2, 2),
+@pytest.mark.parametrize("nbytes,block", [
+    (64 * 1024, 17), (128 * 1024, 9), (512 * 1024, 3), (1 << 20, 3), (1 << 30, 3), (600_000, 3),
 ])
-def test_trial_samples_per_candidate(nbytes, rounds, expected):
-    from mpi_allreduce.trial import samples_per_candidate
+def test_trial_blocks(nbytes, block):
+    """One untimed call, then 2 to 16 timed ones moving about 1 MiB together."""
+    from mpi_allreduce.trial import block_length, trial_length
 
-    assert samples_per_candidate(nbytes, rounds) == expected
+    assert block_length(nbytes) == block
+    assert trial_length(nbytes, 3, 5) == 15 * block
