@@ -224,12 +224,11 @@ def cmd_verify(args) -> int:
 def _trials_line() -> str:
     from .api import trial_rounds
     from .registry import TRIAL_CANDIDATES
-    from .trial import TRIAL_MIN_BYTES
 
     rounds = trial_rounds()
     if not rounds:
         return "off (MPI_ALLREDUCE_AUTO_TRIALS=0): the table alone"
-    return (f"from {TRIAL_MIN_BYTES // 1024} KiB, the first calls of each shape try "
+    return (f"the first calls of each shape try "
             f"{', '.join(TRIAL_CANDIDATES)} ({rounds} blocks of 3 to 17 calls each) and "
             f"keep the fastest (MPI_ALLREDUCE_AUTO_TRIALS=0: off)")
 

@@ -14,7 +14,7 @@ from .algorithms.hierarchical import inner_setting, ranks_per_node_setting
 from .backend import as_array, backend_for
 from .ops import Op, check_dtype, resolve_op
 from .plan import ON_FREE, Plan, context_for
-from .trial import DEFAULT_ROUNDS, TRIAL_MIN_BYTES, Trial, block_length
+from .trial import DEFAULT_ROUNDS, Trial, block_length
 
 __all__ = ["allreduce", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES"]
 
@@ -181,8 +181,8 @@ def _prepare(comm, call: _Call) -> _Prepared:
 
 
 def _runner(context, call: _Call, count: int, dtype):
-    """The plan's runner from the context's cache; for ``auto`` on a long
-    vector not decided yet, a :class:`~.trial.Trial` of the candidates."""
+    """The plan's runner from the context's cache; for ``auto`` on a call
+    shape not decided yet, a :class:`~.trial.Trial` of the candidates."""
     nbytes = count * dtype.itemsize
     name = registry.resolve(call.algorithm, nbytes, context.comm.Get_size(), call.tuning,
                             context.oversubscribed)
@@ -200,7 +200,7 @@ def _runner(context, call: _Call, count: int, dtype):
         return registry.get(name)(plan)
 
     rounds = trial_rounds()
-    if call.algorithm != "auto" or nbytes < TRIAL_MIN_BYTES or not rounds:
+    if call.algorithm != "auto" or not rounds:
         return context.get_plan(key(name), lambda: build(name))
     decided = context.decisions.get(key("auto"))
     if decided is not None:
@@ -263,6 +263,8 @@ def _remember(key, prepared: _Prepared, comm, sendbuf, recvbuf, op, call: _Call)
     prepared.recv_state = backend.state(recvbuf)
     prepared.send_state = backend.state(sendbuf) if call.send is not None else None
     _PREPARED[key] = prepared
+    if isinstance(prepared.runner, Trial):
+        prepared.runner.adopt(prepared)
     if len(_PREPARED) > MAX_PREPARED:
         del _PREPARED[next(iter(_PREPARED))]
 

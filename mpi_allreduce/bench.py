@@ -32,7 +32,7 @@ from .ops import resolve_op
 from .plan import context_for
 from .api import trial_rounds
 from .registry import TRIAL_CANDIDATES, resolve
-from .trial import TRIAL_MIN_BYTES, trial_length
+from .trial import trial_length
 from .verify import make_data, mpi_library, reference
 
 VENDOR = "mpi"
@@ -181,8 +181,6 @@ def scratch_of(comm, algorithm, count) -> Optional[int]:
 def trial_calls(nbytes: int) -> int:
     """Calls ``auto`` spends on its trial at this size (the benchmark warms
     up through them, so only the winner is timed)."""
-    if nbytes < TRIAL_MIN_BYTES:
-        return 0
     return trial_length(nbytes, trial_rounds(), len(TRIAL_CANDIDATES))
 
 

@@ -1,11 +1,10 @@
-"""``auto`` measured: for long vectors, try the candidates on the live call and keep the fastest.
+"""``auto`` measured: try the candidates on the live call and keep the fastest.
 
 A decision table is a guess made on another day: which algorithm wins at a
 given size also depends on things a table cannot see -- whether the data
 was just written (fresh pages cost more to read across processes), the
-placement of the buffers, what else runs on the node.  So for vectors of
-:data:`TRIAL_MIN_BYTES` or more, ``auto`` spends its first calls of each
-shape on a *trial*: blocks of consecutive calls of one candidate, round
+placement of the buffers, what else runs on the node.  So ``auto``
+spends its first calls of each shape on a *trial*: blocks of consecutive calls of one candidate, round
 robin over the candidates, ``rounds`` times:
 
     block       0          1          2     ...  k-1        k          ...
@@ -17,7 +16,7 @@ complete, correct all-reduce.  The first call of a block is not timed: it
 absorbs the switch from the previous candidate (its stragglers, its cache
 footprint, a first call's page faults); the others are timed back to back
 as a loop runs them (:func:`block_length`: blocks are longer for shorter,
-noisier vectors).  After the last block the ranks take, for every timed
+noisier calls, up to 16 timed).  After the last block the ranks take, for every timed
 call, its slowest rank (one small ``Allreduce`` of the timings, the only
 collective here, and not on the data), and every rank keeps the same
 winner by the median of those: the table's choice unless another candidate
@@ -40,12 +39,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["Trial", "decide", "block_length", "trial_length", "TRIAL_MIN_BYTES",
-           "DEFAULT_ROUNDS", "MARGIN"]
+__all__ = ["Trial", "decide", "block_length", "trial_length", "DEFAULT_ROUNDS", "MARGIN"]
 
-#: vectors this long and longer are measured (below, the table decides:
-#: latency-bound calls are too short to time one by one)
-TRIAL_MIN_BYTES = 64 * 1024
 #: blocks per candidate (MPI_ALLREDUCE_AUTO_TRIALS)
 DEFAULT_ROUNDS = 3
 #: a block times calls that move about this many bytes together (2 to 16 calls)
@@ -86,7 +81,7 @@ def _elapsed(runner: Callable, send, recv, backend) -> float:
 
 
 class Trial:
-    """The runner ``auto`` gets for a long vector until its trial is over.
+    """The runner ``auto`` gets for a call shape until its trial is over.
 
     ``candidates`` are algorithm names, the table's choice first;
     ``runner_for(name)`` builds (or finds) that algorithm's runner for this
@@ -106,6 +101,15 @@ class Trial:
         self.calls, self.length = 0, rounds * len(self.names) * block
         self.chosen: Optional[str] = None
         self.runner: Optional[Callable] = None
+        self.holders: list = []
+
+    def adopt(self, holder) -> None:
+        """``holder.runner`` is this trial; set it to the winner once there is one
+        (so a kept call runs the winner without this trial in between)."""
+        if self.runner is None:
+            self.holders.append(holder)
+        else:
+            holder.runner = self.runner
 
     def __call__(self, send, recv) -> None:
         if self.runner is not None:
@@ -131,4 +135,7 @@ class Trial:
         self.chosen = decide(self.names, seconds)
         self.runner = self.runner_for(self.chosen)
         self.runner_for = None  # the losers' runners (and scratch) may go
+        for holder in self.holders:
+            holder.runner = self.runner
+        self.holders.clear()
         self.decided(self.chosen)

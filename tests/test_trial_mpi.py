@@ -1,4 +1,4 @@
-"""``auto`` on long vectors: the trial of the candidates (mpi_allreduce/trial.py).
+"""``auto``: the trial of the candidates (mpi_allreduce/trial.py).
 
 Each test uses its own count, because decisions last as long as the
 communicator (the sub-communicators here live for the whole session)."""
@@ -15,8 +15,8 @@ from mpi_allreduce.plan import context_for
 
 pytestmark = pytest.mark.mpi
 
-#: float64 elements just over the size where trials start
-LONG = trial.TRIAL_MIN_BYTES // 8 + 3
+#: float64 elements: 64 KiB and a bit (a prime number of them)
+LONG = 8209
 
 
 def trial_calls(count, rounds=trial.DEFAULT_ROUNDS):
@@ -108,12 +108,29 @@ def test_fewer_rounds_decide_sooner(comm, trials):
     assert len(decision(comm, count)) == (1 if comm.Get_size() > 1 else 0)
 
 
-def test_short_vectors_follow_the_table(comm):
-    count = trial.TRIAL_MIN_BYTES // 8 - 1
+@pytest.mark.parametrize("count", [1, 7, 1031])
+def test_short_vectors_are_measured_too(comm, count):
+    """Short vectors (latency-bound, one element fewer than ranks) have their
+    trial as well, with longer blocks; every call is right."""
     for step in range(trial_calls(count) + 1):
         call_and_check(comm, count, step)
-    assert decision(comm, count) == []
-    assert "auto" not in plan_names(comm, count)
+    assert len(decision(comm, count)) == (1 if comm.Get_size() > 1 else 0)
+
+
+def test_a_kept_call_runs_the_winner_directly(comm):
+    """The same buffers called again (the prepared-call path) run the winner
+    itself once the trial is over, not the trial in between."""
+    from mpi_allreduce import api
+
+    count, size = LONG + 5, comm.Get_size()
+    send, recv = np.ones(count), np.empty(count)
+    for _ in range(trial_calls(count)):
+        mar.allreduce(send, recv, comm=comm)
+        np.testing.assert_array_equal(recv, np.full(count, size))
+    if size > 1:
+        (kept,) = [p for k, p in api._PREPARED.items() if k[1] == id(send)]
+        assert not isinstance(kept.runner, trial.Trial)
+        assert kept.runner.name == decision(comm, count)[0]
 
 
 def test_a_bad_trials_setting_is_refused(comm, trials):
@@ -127,7 +144,7 @@ def test_the_benchmark_times_auto_after_its_trial(comm):
     winner, and it reports the winner as what auto ran."""
     from mpi_allreduce.bench import bench
 
-    nbytes = trial.TRIAL_MIN_BYTES + 4 * 5
+    nbytes = 4 * 16411
     results = bench(comm, [nbytes], ["mpi", "auto"], dtype="float32", iters=2, warmup=1,
                     check=True, progress=False)
     auto = next(r for r in results if r.algorithm == "auto")
