@@ -3,9 +3,11 @@
 A decision table is a guess made on another day: which algorithm wins at a
 given size also depends on things a table cannot see -- whether the data
 was just written (fresh pages cost more to read across processes), the
-placement of the buffers, what else runs on the node.  So ``auto``
-spends its first calls of each shape on a *trial*: blocks of consecutive calls of one candidate, round
-robin over the candidates, ``rounds`` times:
+placement of the buffers, what else runs on the node, and on a busy node
+an algorithm's time can switch between two levels from one second to the
+next.  So ``auto`` spends its first calls of each shape on a *trial*:
+blocks of consecutive calls of one candidate, round robin over the
+candidates, ``rounds`` times:
 
     block       0          1          2     ...  k-1        k          ...
     runs        c0 c0 c0   c1 c1 c1   c2 ...     c4 c4 c4   c0 c0 c0   ...
@@ -16,11 +18,14 @@ complete, correct all-reduce.  The first call of a block is not timed: it
 absorbs the switch from the previous candidate (its stragglers, its cache
 footprint, a first call's page faults); the others are timed back to back
 as a loop runs them (:func:`block_length`: blocks are longer for shorter,
-noisier calls, up to 16 timed).  After the last block the ranks take, for every timed
-call, its slowest rank (one small ``Allreduce`` of the timings, the only
-collective here, and not on the data), and every rank keeps the same
-winner by the median of those: the table's choice unless another candidate
-is more than :data:`MARGIN` faster.  The decision is
+noisier calls, up to 16 timed).  After the last block the ranks take, for
+every timed call, its slowest rank (one small ``Allreduce`` of the timings,
+the only collective here, and not on the data), and every rank keeps the
+same winner by the mean of those without the highest and lowest tenth (the
+mean, because a loop pays the mean; trimmed, because one preempted call
+must not decide): the table's choice unless another candidate is more than
+:data:`MARGIN` faster.  Eight rounds spread the trial over time, so that
+a candidate is seen at both levels if it switches.  The decision is
 remembered per plan key (count, dtype, op, segment, ...) on the
 communicator, so later calls with other buffer objects of that shape run
 the winner at once.
@@ -42,7 +47,9 @@ from mpi4py import MPI
 __all__ = ["Trial", "decide", "block_length", "trial_length", "DEFAULT_ROUNDS", "MARGIN"]
 
 #: blocks per candidate (MPI_ALLREDUCE_AUTO_TRIALS)
-DEFAULT_ROUNDS = 3
+DEFAULT_ROUNDS = 8
+#: the fraction of the slowest and of the fastest calls a candidate's time leaves out
+TRIM = 0.1
 #: a block times calls that move about this many bytes together (2 to 16 calls)
 BLOCK_BYTES = 1 << 20
 #: another candidate must beat the table's choice by this fraction
@@ -69,6 +76,13 @@ def block_length(nbytes: int) -> int:
 def trial_length(nbytes: int, rounds: int, candidates: int) -> int:
     """Calls a trial takes (the same on every rank)."""
     return rounds * candidates * block_length(nbytes)
+
+
+def trimmed_mean(samples: np.ndarray, trim: float) -> np.ndarray:
+    """Per column, the mean without the ``trim`` fraction of highest and of lowest values."""
+    cut = int(samples.shape[0] * trim)
+    ordered = np.sort(samples, axis=0)
+    return ordered[cut:samples.shape[0] - cut].mean(axis=0)
 
 
 def _elapsed(runner: Callable, send, recv, backend) -> float:
@@ -130,7 +144,7 @@ class Trial:
     def _finish(self) -> None:
         slowest = np.empty_like(self.times)
         self.comm.Allreduce(self.times, slowest, MPI.MAX)
-        seconds = np.median(slowest, axis=0)
+        seconds = trimmed_mean(slowest, TRIM)
         self.seconds = dict(zip(self.names, seconds.tolist()))
         self.chosen = decide(self.names, seconds)
         self.runner = self.runner_for(self.chosen)

@@ -172,3 +172,14 @@ def test_trial_blocks(nbytes, block):
 
     assert block_length(nbytes) == block
     assert trial_length(nbytes, 3, 5) == 15 * block
+
+
+def test_trial_time_is_a_trimmed_mean():
+    """One preempted call (or one lucky one) in ten does not move a candidate's time."""
+    import numpy as np
+
+    from mpi_allreduce.trial import trimmed_mean
+
+    samples = np.array([[1.0, 5.0]] * 8 + [[100.0, 5.0], [0.001, 5.0]])
+    np.testing.assert_allclose(trimmed_mean(samples, 0.1), [1.0, 5.0])
+    np.testing.assert_allclose(trimmed_mean(samples[:9], 0.0), [(8 + 100) / 9, 5.0])
