@@ -45,7 +45,8 @@ DEFAULT_TUNING = {
               "on 2 to 4 ranks (benchmarks/results/): recursive doubling for short vectors "
               "(fewest messages); on 3+ ranks Rabenseifner for medium ones (the ring's "
               "bandwidth with 2 lg p messages); the ring for long ones; on oversubscribed "
-              "nodes the driver up to 256 KiB (benchmarks/results/tuning-oversubscribed.json)",
+              "nodes the driver up to 256 KiB but recursive doubling from 512 B to 8 KiB "
+              "(benchmarks/results/tuning-oversubscribed.json, benchmarks/results/bench-np4.json)",
     "rules": [
         {"comm_size": 1, "table": [
             {"max_bytes": 1 << 20, "algorithm": "recursive_doubling"},
@@ -58,8 +59,12 @@ DEFAULT_TUNING = {
         ]},
         # more ranks than CPUs: a blocked rank must wait until its peer is
         # scheduled, so the fewest rendezvous win -- the driver's eager sends
-        # to the root complete without one (tuned on 3 and 4 ranks on 2 cores)
+        # to the root complete without one (tuned on 3 and 4 ranks on 2 cores);
+        # from 512 B to 8 KiB recursive doubling's lg p exchanges won in 4 of
+        # 5 runs of benchmarks/run_targets.py on 4 ranks
         {"comm_size": 3, "oversubscribed": True, "table": [
+            {"max_bytes": 256, "algorithm": "driver"},
+            {"max_bytes": 8 * 1024, "algorithm": "recursive_doubling"},
             {"max_bytes": 256 * 1024, "algorithm": "driver"},
             {"max_bytes": 1 << 20, "algorithm": "rabenseifner"},
             {"max_bytes": None, "algorithm": "ring"},
