@@ -44,13 +44,17 @@ DEFAULT_TUNING = {
     "source": "built-in default, from `python -m mpi_allreduce tune` and benchmarks/run_targets.py "
               "on 2 to 4 ranks (benchmarks/results/): recursive doubling for short vectors "
               "(fewest messages); on 3+ ranks Rabenseifner for medium ones (the ring's "
-              "bandwidth with 2 lg p messages); the ring for long ones; on oversubscribed "
+              "bandwidth with 2 lg p messages), on 2 ranks for long ones too; the ring "
+              "for long ones; on oversubscribed "
               "nodes the driver up to 256 KiB but recursive doubling from 512 B to 8 KiB "
               "(benchmarks/results/tuning-oversubscribed.json, benchmarks/results/bench-np4.json)",
     "rules": [
+        # 2 ranks: Rabenseifner is one exchange of n/2 each way, the ring the
+        # same data in 1 MiB segments; the fewer rendezvous won at 8 MiB in 5
+        # of 6 runs of benchmarks/run_targets.py
         {"comm_size": 1, "table": [
             {"max_bytes": 1 << 20, "algorithm": "recursive_doubling"},
-            {"max_bytes": None, "algorithm": "ring"},
+            {"max_bytes": None, "algorithm": "rabenseifner"},
         ]},
         {"comm_size": 3, "table": [
             {"max_bytes": 64 * 1024, "algorithm": "recursive_doubling"},
