@@ -7,7 +7,7 @@ MPI_ALLREDUCE_RANKS_PER_NODE=N  hierarchical: emulate nodes of N consecutive ran
 MPI_ALLREDUCE_INNER=NAME        hierarchical: algorithm across node leaders
 MPI_ALLREDUCE_TUNING=PATH       decision table for algorithm="auto"
 MPI_ALLREDUCE_AUTO_TRIALS=N     auto: blocks of trial calls per candidate
-                                (default 3; 0: the table alone)
+                                (default 8; 0: the table alone)
 MPI_ALLREDUCE_CUDA_AWARE=0|1    force the GPU path (direct or staged)
 =============================== ==============================================
 

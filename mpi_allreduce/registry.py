@@ -29,8 +29,8 @@ _ALGORITHMS = {
 #: the names ``algorithm=`` accepts besides "auto"
 ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)
 
-#: what ``auto`` may try on a long vector (see trial.py): the flat
-#: algorithms; ``hierarchical`` is chosen by name, for its node layout
+#: what ``auto`` tries on its first calls of a shape (see trial.py): the
+#: flat algorithms; ``hierarchical`` is chosen by name, for its node layout
 TRIAL_CANDIDATES: tuple[str, ...] = tuple(a for a in ALGORITHMS if a != "hierarchical")
 
 #: the built-in decision table (same format as ``python -m mpi_allreduce tune``
@@ -45,13 +45,13 @@ DEFAULT_TUNING = {
               "on 2 to 4 ranks (benchmarks/results/): recursive doubling for short vectors "
               "(fewest messages); on 3+ ranks Rabenseifner for medium ones (the ring's "
               "bandwidth with 2 lg p messages), on 2 ranks for long ones too; the ring "
-              "for long ones; on oversubscribed "
-              "nodes the driver up to 256 KiB but recursive doubling from 512 B to 8 KiB "
+              "for long ones; on oversubscribed nodes the driver up to 256 KiB but "
+              "recursive doubling from 512 B to 8 KiB "
               "(benchmarks/results/tuning-oversubscribed.json, benchmarks/results/bench-np4.json)",
     "rules": [
         # 2 ranks: Rabenseifner is one exchange of n/2 each way, the ring the
-        # same data in 1 MiB segments; the fewer rendezvous won at 8 MiB in 5
-        # of 6 runs of benchmarks/run_targets.py
+        # same data in 1 MiB segments; the fewer rendezvous won at 8 MiB in 6
+        # of 7 runs of benchmarks/run_targets.py
         {"comm_size": 1, "table": [
             {"max_bytes": 1 << 20, "algorithm": "recursive_doubling"},
             {"max_bytes": None, "algorithm": "rabenseifner"},
@@ -64,8 +64,9 @@ DEFAULT_TUNING = {
         # more ranks than CPUs: a blocked rank must wait until its peer is
         # scheduled, so the fewest rendezvous win -- the driver's eager sends
         # to the root complete without one (tuned on 3 and 4 ranks on 2 cores);
-        # from 512 B to 8 KiB recursive doubling's lg p exchanges won in 4 of
-        # 5 runs of benchmarks/run_targets.py on 4 ranks
+        # but recursive doubling's lg p exchanges were fastest at 2 KiB in all
+        # 6 runs of benchmarks/run_targets.py on 4 ranks before this row, at
+        # 8 KiB in 4 and at 512 B in 3 (the driver in the others)
         {"comm_size": 3, "oversubscribed": True, "table": [
             {"max_bytes": 256, "algorithm": "driver"},
             {"max_bytes": 8 * 1024, "algorithm": "recursive_doubling"},

@@ -117,6 +117,7 @@ class Trial:
         self.times = np.empty((rounds * (block - 1), len(self.names)))
         self.calls, self.length = 0, rounds * len(self.names) * block
         self.chosen: Optional[str] = None
+        self.seconds: dict = {}  # each candidate's time, once decided
         self.runner: Optional[Callable] = None
         self.holders: list = []
 
