@@ -1,7 +1,9 @@
 """``auto``: the trial of the candidates (mpi_allreduce/trial.py).
 
-Each test uses its own count, because decisions last as long as the
-communicator (the sub-communicators here live for the whole session)."""
+Trials and decisions last as long as the communicator, and the
+sub-communicators of conftest.py live for the whole session, so each test
+here runs on its own duplicate of one: no trial of another test's calls is
+under way on it."""
 
 from __future__ import annotations
 
@@ -14,6 +16,13 @@ from mpi_allreduce import config, registry, trial
 from mpi_allreduce.plan import context_for
 
 pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture
+def comm(comm):
+    fresh = comm.Dup()
+    yield fresh
+    fresh.Free()
 
 #: float64 elements: 64 KiB and a bit (a prime number of them)
 LONG = 8209
