@@ -223,13 +223,15 @@ def cmd_verify(args) -> int:
 
 def _trials_line() -> str:
     from .api import trial_rounds
-    from .registry import TRIAL_CANDIDATES
+    from .registry import FLAT_ALGORITHMS
+    from .trial import block_length
 
     rounds = trial_rounds()
     if not rounds:
         return "off (MPI_ALLREDUCE_AUTO_TRIALS=0): the table alone"
     return (f"the first calls of each shape try "
-            f"{', '.join(TRIAL_CANDIDATES)} ({rounds} blocks of 3 to 17 calls each) and "
+            f"{', '.join(FLAT_ALGORITHMS)} ({rounds} blocks of "
+            f"{block_length(1 << 30)} to {block_length(1)} calls each) and "
             f"keep the fastest (MPI_ALLREDUCE_AUTO_TRIALS=0: off)")
 
 

@@ -222,7 +222,7 @@ def _runner(context, call: _Call, count: int, dtype):
         context.get_plan(key(winner), lambda: built[winner])
         built.clear()
 
-    candidates = [name] + [a for a in registry.TRIAL_CANDIDATES if a != name]
+    candidates = [name] + [a for a in registry.FLAT_ALGORITHMS if a != name]
     return context.get_plan(key("auto"), lambda: Trial(
         context.comm, candidates, runner_for, call.backend, rounds, block_length(nbytes), keep))
 

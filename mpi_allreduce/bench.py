@@ -31,7 +31,7 @@ from .backend import backend_for, to_device, to_host
 from .ops import resolve_op
 from .plan import context_for
 from .api import trial_rounds
-from .registry import TRIAL_CANDIDATES, resolve
+from .registry import FLAT_ALGORITHMS, resolve
 from .trial import trial_length
 from .verify import make_data, mpi_library, reference
 
@@ -181,7 +181,7 @@ def scratch_of(comm, algorithm, count) -> Optional[int]:
 def trial_calls(nbytes: int) -> int:
     """Calls ``auto`` spends on its trial at this size (the benchmark warms
     up through them, so only the winner is timed)."""
-    return trial_length(nbytes, trial_rounds(), len(TRIAL_CANDIDATES))
+    return trial_length(nbytes, trial_rounds(), len(FLAT_ALGORITHMS))
 
 
 def auto_ran(comm, count, dtype) -> str:

@@ -28,7 +28,8 @@ TUNING_ENV = "MPI_ALLREDUCE_TUNING"
 AUTO_TRIALS_ENV = "MPI_ALLREDUCE_AUTO_TRIALS"
 CUDA_AWARE_ENV = "MPI_ALLREDUCE_CUDA_AWARE"
 
-_TRUE = ("1", "yes", "true", "on")
+#: values of a yes/no variable that mean yes
+TRUE_WORDS = ("1", "yes", "true", "on")
 
 
 class Environment(NamedTuple):
@@ -66,7 +67,7 @@ def _count(name: str) -> Optional[int]:
 @functools.lru_cache(maxsize=1)
 def environment() -> Environment:
     return Environment(
-        check=(_get(CHECK_ENV) or "").lower() in _TRUE,
+        check=(_get(CHECK_ENV) or "").lower() in TRUE_WORDS,
         segment_bytes=_int(SEGMENT_ENV),
         ranks_per_node=_int(RANKS_PER_NODE_ENV),
         inner=_get(INNER_ENV),

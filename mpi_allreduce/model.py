@@ -183,7 +183,6 @@ def report(comm, sizes, iters: int = 10, json_path: Optional[str] = None,
     with both."""
     import json
 
-    from . import ALGORITHMS
     from .api import DEFAULT_SEGMENT_BYTES
     from .bench import bench
 
@@ -193,7 +192,9 @@ def report(comm, sizes, iters: int = 10, json_path: Optional[str] = None,
     flat = params
     if params.alpha_inter is not None:
         flat = Params(params.alpha_inter, params.beta_inter, params.gamma)
-    algorithms = [a for a in ALGORITHMS if two_level or a != "hierarchical"]
+    from .registry import ALGORITHMS, FLAT_ALGORITHMS
+
+    algorithms = list(ALGORITHMS if two_level else FLAT_ALGORITHMS)
     results = bench(comm, sizes, algorithms, iters=iters, warmup=2, progress=False)
     rows = []
     for r in results:

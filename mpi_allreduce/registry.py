@@ -29,9 +29,10 @@ _ALGORITHMS = {
 #: the names ``algorithm=`` accepts besides "auto"
 ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)
 
-#: what ``auto`` tries on its first calls of a shape (see trial.py): the
-#: flat algorithms; ``hierarchical`` is chosen by name, for its node layout
-TRIAL_CANDIDATES: tuple[str, ...] = tuple(a for a in ALGORITHMS if a != "hierarchical")
+#: the flat algorithms: what ``auto`` tries on its first calls of a shape
+#: (see trial.py) and ``tune`` measures; ``hierarchical`` is chosen by name,
+#: for its node layout
+FLAT_ALGORITHMS: tuple[str, ...] = tuple(a for a in ALGORITHMS if a != "hierarchical")
 
 #: the built-in decision table (same format as ``python -m mpi_allreduce tune``
 #: writes): for the largest listed comm_size <= p, the first row whose

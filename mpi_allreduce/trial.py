@@ -116,9 +116,7 @@ class Trial:
         self.runner_for, self.decided, self.block = runner_for, decided, block
         self.times = np.empty((rounds * (block - 1), len(self.names)))
         self.calls, self.length = 0, rounds * len(self.names) * block
-        self.chosen: Optional[str] = None
-        self.seconds: dict = {}  # each candidate's time, once decided
-        self.runner: Optional[Callable] = None
+        self.runner: Optional[Callable] = None  # the winner's, once decided
         self.holders: list = []
 
     def adopt(self, holder) -> None:
@@ -148,12 +146,10 @@ class Trial:
     def _finish(self) -> None:
         slowest = np.empty_like(self.times)
         self.comm.Allreduce(self.times, slowest, MPI.MAX)
-        seconds = trimmed_mean(slowest, TRIM)
-        self.seconds = dict(zip(self.names, seconds.tolist()))
-        self.chosen = decide(self.names, seconds)
-        self.runner = self.runner_for(self.chosen)
+        chosen = decide(self.names, trimmed_mean(slowest, TRIM))
+        self.runner = self.runner_for(chosen)
         self.runner_for = None  # the losers' runners (and scratch) may go
         for holder in self.holders:
             holder.runner = self.runner
         self.holders.clear()
-        self.decided(self.chosen)
+        self.decided(chosen)

@@ -16,10 +16,9 @@ import json
 import math
 import os
 
-from . import ALGORITHMS
 from .bench import bench, metadata
 from .plan import context_for
-from .registry import check_tuning
+from .registry import FLAT_ALGORITHMS, check_tuning
 
 
 def decision_rows(winners: list[tuple[int, str]]) -> list[dict]:
@@ -51,8 +50,7 @@ def pick_winners(timings: list[tuple[int, str, float]], tolerance: float = 0.05)
 
 
 def tune(comm, sizes, iters: int, repeats: int, output: str, merge: bool) -> int:
-    candidates = [a for a in ALGORITHMS if a != "hierarchical"]
-    results = bench(comm, sizes, candidates, iters=iters, warmup=2, repeats=repeats,
+    results = bench(comm, sizes, list(FLAT_ALGORITHMS), iters=iters, warmup=2, repeats=repeats,
                     progress=comm.Get_rank() == 0)
     p = comm.Get_size()
     winners = pick_winners([(r.size, r.algorithm, r.time_avg_us) for r in results])

@@ -29,7 +29,7 @@ LONG = 8209
 
 
 def trial_calls(count, rounds=trial.DEFAULT_ROUNDS):
-    return trial.trial_length(count * 8, rounds, len(registry.TRIAL_CANDIDATES))
+    return trial.trial_length(count * 8, rounds, len(registry.FLAT_ALGORITHMS))
 
 
 def plan_names(comm, count):
@@ -69,7 +69,7 @@ def test_every_trial_call_is_right_and_every_rank_keeps_the_same_winner(comm, in
         assert decision(comm, count) == []  # nothing to measure on one rank
         return
     (winner,) = decision(comm, count)
-    assert winner in registry.TRIAL_CANDIDATES
+    assert winner in registry.FLAT_ALGORITHMS
     assert len(set(comm.allgather(winner))) == 1
     # the losers built for the trial are gone; the winner is cached
     assert plan_names(comm, count) == sorted({"auto", winner})
