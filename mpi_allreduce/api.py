@@ -14,7 +14,7 @@ from .algorithms.hierarchical import inner_setting, ranks_per_node_setting
 from .backend import as_array, backend_for
 from .ops import Op, check_dtype, resolve_op
 from .plan import ON_FREE, Plan, context_for
-from .trial import DEFAULT_ROUNDS, Trial, block_length
+from .trial import DEFAULT_ROUNDS, Trial, block_length, watched
 
 __all__ = ["allreduce", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES"]
 
@@ -181,8 +181,9 @@ def _prepare(comm, call: _Call) -> _Prepared:
 
 
 def _runner(context, call: _Call, count: int, dtype):
-    """The plan's runner from the context's cache; for ``auto`` on a call
-    shape not decided yet, a :class:`~.trial.Trial` of the candidates."""
+    """The plan's runner from the context's cache; for ``auto``, the
+    :class:`~.trial.Trial` of the candidates, or once it is over the winner
+    (or the :class:`~.trial.Watch` that keeps measuring it)."""
     nbytes = count * dtype.itemsize
     name = registry.resolve(call.algorithm, nbytes, context.comm.Get_size(), call.tuning,
                             context.oversubscribed)
@@ -191,40 +192,56 @@ def _runner(context, call: _Call, count: int, dtype):
         return (count, dtype.str, call.op.name, name, call.backend, call.segment_size,
                 call.ranks_per_node, call.inner)
 
-    def build(name):
+    def new_plan(name=None):
         options = {}
         if name == "hierarchical":
             options = {"ranks_per_node": call.ranks_per_node, "inner": call.inner}
-        plan = Plan(context, context.comm, count, dtype, call.op, call.backend,
+        return Plan(context, context.comm, count, dtype, call.op, call.backend,
                     call.segment_size, options)
-        return registry.get(name)(plan)
+
+    def build(name, plan=None):
+        return registry.get(name)(plan or new_plan(name))
 
     rounds = trial_rounds()
     if call.algorithm != "auto" or not rounds:
         return context.get_plan(key(name), lambda: build(name))
-    decided = context.decisions.get(key("auto"))
-    if decided is not None:
-        return context.get_plan(key(decided), lambda: build(decided))
+    trial = context.get_plan(key("auto"), lambda: _trial(context, call, name, nbytes, rounds,
+                                                          key, build, new_plan))
+    return trial.runner or trial
 
-    # the candidates are built for the trial alone and dropped after it,
-    # unless they win (or were in the cache already)
+
+def _trial(context, call: _Call, name: str, nbytes: int, rounds: int, key, build,
+           new_plan) -> Trial:
+    """``auto``'s trial for one call shape, the table's choice ``name`` first.
+
+    Unwatched (long vectors), the candidates are built for the trial alone
+    and dropped after it unless they win (or were in the cache already);
+    watched, they live on in the watch and share one plan (and its scratch:
+    they never run at the same time)."""
+    watch = watched(nbytes)
     built = {}
+    shared = []
 
     def runner_for(name):
         runner = built.get(name)
         if runner is None:
             runner = context.plans.get(key(name))
+            if runner is None and watch:
+                if not shared:
+                    shared.append(new_plan())
+                runner = build(name, shared[0])
             built[name] = runner = build(name) if runner is None else runner
         return runner
 
-    def keep(winner):
+    def decided(winner):
         context.decisions[key("auto")] = winner
-        context.get_plan(key(winner), lambda: built[winner])
-        built.clear()
+        if not watch:
+            context.get_plan(key(winner), lambda: built[winner])
+            built.clear()
 
     candidates = [name] + [a for a in registry.FLAT_ALGORITHMS if a != name]
-    return context.get_plan(key("auto"), lambda: Trial(
-        context.comm, candidates, runner_for, call.backend, rounds, block_length(nbytes), keep))
+    return Trial(context.comm, candidates, runner_for, call.backend, rounds,
+                 block_length(nbytes), decided, watch)
 
 
 def trial_rounds() -> int:

@@ -32,7 +32,7 @@ from .ops import resolve_op
 from .plan import context_for
 from .api import trial_rounds
 from .registry import FLAT_ALGORITHMS, resolve
-from .trial import trial_length
+from .trial import Trial, Watch, trial_length
 from .verify import make_data, mpi_library, reference
 
 VENDOR = "mpi"
@@ -92,7 +92,8 @@ class Result:
     repeats_avg_us: list = field(default_factory=list)
     scratch_bytes: Optional[int] = None
     steady_alloc_bytes: Optional[int] = None
-    runs: Optional[str] = None  # the algorithm "auto" ran at this size
+    runs: Optional[str] = None  # the algorithm "auto" ran at this size (at the end)
+    moves: Optional[int] = None  # how often "auto"'s watch moved to another algorithm
 
 
 class Runner:
@@ -154,25 +155,35 @@ def count_wrong(comm, algorithm, dtype, op, count, in_place, options, device="cp
     return comm.allreduce(int(np.count_nonzero(got != expected)), op=MPI.SUM)
 
 
-def plans_of(algorithm_instance) -> list:
-    """The plans an algorithm instance holds: its own, the node plan of
-    ``hierarchical`` and the plan of its inner algorithm."""
-    plans = [algorithm_instance.plan]
-    node_plan = getattr(algorithm_instance, "node_plan", None)
+def plans_of(instance) -> list:
+    """The plans a runner holds: an algorithm's own, the node plan of
+    ``hierarchical`` and the plan of its inner algorithm; for ``auto``,
+    those of its winner, or of every candidate while it watches them."""
+    if isinstance(instance, Trial):
+        return plans_of(instance.runner) if instance.runner is not None else []
+    if isinstance(instance, Watch):
+        unique = {id(p): p for runner in instance.runners.values() for p in plans_of(runner)}
+        return list(unique.values())
+    plans = [instance.plan]
+    node_plan = getattr(instance, "node_plan", None)
     if node_plan is not None:
         plans.append(node_plan)
-    inner = getattr(algorithm_instance, "inner", None)
+    inner = getattr(instance, "inner", None)
     if inner is not None:
         plans.extend(plans_of(inner))
     return plans
 
 
-def scratch_of(comm, algorithm, count) -> Optional[int]:
-    """Bytes of scratch the algorithm's cached plan holds (max over ranks)."""
+def scratch_of(comm, algorithm, count, dtype) -> Optional[int]:
+    """Bytes of scratch the algorithm's cached plan holds (max over ranks);
+    for ``auto``, what its trial kept (or the table's choice, trials off)."""
     if algorithm == VENDOR or comm.Get_size() == 1:
         return None
+    plans = context_for(comm).plans
+    if algorithm == "auto" and not any(k[0] == count and k[3] == "auto" for k in plans):
+        algorithm = auto_ran(comm, count, dtype)
     most = 0
-    for key, instance in context_for(comm).plans.items():
+    for key, instance in plans.items():
         if key[0] == count and key[3] == algorithm:
             most = max(most, sum(p.scratch_bytes for p in plans_of(instance)))
     return comm.allreduce(most, op=MPI.MAX)
@@ -192,6 +203,16 @@ def auto_ran(comm, count, dtype) -> str:
             return name
     return resolve("auto", count * dtype.itemsize, comm.Get_size(),
                    oversubscribed=context.oversubscribed)
+
+
+def auto_moves(comm, count, dtype) -> Optional[int]:
+    """How often ``auto``'s watch moved for ``count`` elements (None: not watched)."""
+    for key, runner in context_for(comm).plans.items():
+        if key[0] == count and key[1] == dtype.str and key[3] == "auto":
+            watch = getattr(runner, "runner", None)
+            if isinstance(watch, Watch):
+                return watch.switches
+    return None
 
 
 def peak_traced_bytes(comm, run) -> int:
@@ -239,10 +260,11 @@ def bench(comm, sizes, algorithms, dtype="float32", op="sum", iters=20, warmup=5
                              repeats_avg_us=[t * 1e6 for t in per_repeat[a]])
                 if a == "auto" and p > 1:
                     res.runs = auto_ran(comm, count, dtype)
+                    res.moves = auto_moves(comm, count, dtype)
                 if check:
                     res.wrong = count_wrong(comm, a, dtype, op, count, in_place, options, device)
                 if memory:
-                    res.scratch_bytes = scratch_of(comm, res.runs or a, count)
+                    res.scratch_bytes = scratch_of(comm, a, count, dtype)
                     res.steady_alloc_bytes = peak_traced_bytes(comm, runners[a])
                 results.append(res)
             vendor = next((r for r in results[-len(algorithms):] if r.algorithm == VENDOR), None)

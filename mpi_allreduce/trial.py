@@ -30,21 +30,43 @@ remembered per plan key (count, dtype, op, segment, ...) on the
 communicator, so later calls with other buffer objects of that shape run
 the winner at once.
 
+On a busy node the winner of the moment is not the winner of the next
+minute, so for vectors up to :data:`WATCH_MAX_BYTES` the trial hands over to a
+:class:`Watch`: the winner runs, and now and then one *audit* times a block
+of the winner against a block of one other candidate, side by side:
+
+    calls       w w w ... w   w  w  w   c  c  c   w w w ... w   w  w  w   c' ...
+    timed                     x  x  x   -  x  x                 x  x  x   -  ...
+                plain calls   an audit of c       plain calls   an audit of c'
+
+Each candidate keeps a running ratio of its time to the winner's (the
+trial's ratio first, then each audit weighted :data:`AUDIT_WEIGHT`); when
+one is more than :data:`WATCH_MARGIN` faster, it becomes the winner.  The
+plain calls after an audit are as many as make its extra cost (the
+candidate's calls beyond what the winner's would have cost) the share
+:data:`AUDIT_SHARE` of the time: a close candidate is audited again soon, a
+far one seldom, and when the winner turns slow every candidate is soon
+seen again.  The candidates share one plan, so the scratch of a watched shape is the largest
+candidate's (one vector at most), not their sum.
+
 Every rank must make the same calls in the same order (as for any MPI
 collective), so every rank is in the same trial call: the schedule needs no
-messages.  ``MPI_ALLREDUCE_AUTO_TRIALS=0`` turns trials off (``auto`` is
+messages, and the watch's decisions come from the same agreed timings on
+every rank.  ``MPI_ALLREDUCE_AUTO_TRIALS=0`` turns trials off (``auto`` is
 then the table alone, reproducible from run to run); naming an algorithm
 always does.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["Trial", "decide", "block_length", "trial_length", "DEFAULT_ROUNDS", "MARGIN"]
+__all__ = ["Trial", "Watch", "decide", "block_length", "trial_length", "watched",
+           "DEFAULT_ROUNDS", "MARGIN"]
 
 #: blocks per candidate (MPI_ALLREDUCE_AUTO_TRIALS)
 DEFAULT_ROUNDS = 8
@@ -57,6 +79,21 @@ BLOCK_BYTES = 1 << 20
 #: between algorithms within the noise of each other (which would flip
 #: from run to run, and at times to one only lucky in the trial)
 MARGIN = 0.2
+#: vectors from this many bytes are watched after their trial: below it a
+#: call is latency, the candidates' order follows their message counts and
+#: does not change with the day, and an audit would cost without paying back
+WATCH_MIN_BYTES = 64 << 10
+#: vectors up to this many bytes are watched after their trial, and hold one
+#: vector of scratch for it (as the vendor's recursive doubling allocates one
+#: per call); above it the trial decides once and only the winner's scratch
+#: is kept (32 MiB: a data-parallel gradient bucket fits)
+WATCH_MAX_BYTES = 32 << 20
+#: the watch moves to a candidate whose running ratio is below 1 - this
+WATCH_MARGIN = 0.05
+#: the weight of one audit in a candidate's running ratio
+AUDIT_WEIGHT = 0.25
+#: the share of a watched shape's time its audits' candidate blocks may take
+AUDIT_SHARE = 0.05
 
 
 def decide(names: Sequence[str], seconds: Sequence[float], margin: float = MARGIN) -> str:
@@ -81,6 +118,11 @@ def trial_length(nbytes: int, rounds: int, candidates: int) -> int:
     return rounds * candidates * block_length(nbytes)
 
 
+def watched(nbytes: int) -> bool:
+    """Whether ``auto`` keeps watching a vector of ``nbytes`` after its trial."""
+    return WATCH_MIN_BYTES <= nbytes <= WATCH_MAX_BYTES
+
+
 def trimmed_mean(samples: np.ndarray, trim: float) -> np.ndarray:
     """Per column, the mean without the ``trim`` fraction of highest and of lowest values."""
     cut = int(samples.shape[0] * trim)
@@ -103,17 +145,20 @@ class Trial:
     ``candidates`` are algorithm names, the table's choice first;
     ``runner_for(name)`` builds (or finds) that algorithm's runner for this
     plan, lazily, so a call shape seen once costs no more than the table's
-    choice.  ``decided(name)`` is called once, with the winner.
+    choice.  ``decided(name)`` is called with the winner, and again by the
+    :class:`Watch` (with ``watch=True``) whenever it moves to another.
+    Once decided, ``runner`` is the winner's runner, or the watch.
     """
 
     def __init__(self, comm: MPI.Intracomm, candidates: Sequence[str],
                  runner_for: Callable[[str], Callable], backend, rounds: int, block: int,
-                 decided: Callable[[str], None]):
+                 decided: Callable[[str], None], watch: bool = False):
         if rounds < 1 or block < 2:
             raise ValueError(f"a trial needs a round of blocks of 2 calls or more, got "
                              f"{rounds} rounds of {block}")
         self.comm, self.names, self.backend = comm, tuple(candidates), backend
         self.runner_for, self.decided, self.block = runner_for, decided, block
+        self.watch = watch
         self.times = np.empty((rounds * (block - 1), len(self.names)))
         self.calls, self.length = 0, rounds * len(self.names) * block
         self.runner: Optional[Callable] = None  # the winner's, once decided
@@ -146,10 +191,93 @@ class Trial:
     def _finish(self) -> None:
         slowest = np.empty_like(self.times)
         self.comm.Allreduce(self.times, slowest, MPI.MAX)
-        chosen = decide(self.names, trimmed_mean(slowest, TRIM))
-        self.runner = self.runner_for(chosen)
-        self.runner_for = None  # the losers' runners (and scratch) may go
+        seconds = trimmed_mean(slowest, TRIM)
+        # watched, the trial need not guard the table: the watch follows up
+        chosen = decide(self.names, seconds, WATCH_MARGIN if self.watch else MARGIN)
+        if self.watch:
+            self.runner = Watch(self.comm, {n: self.runner_for(n) for n in self.names},
+                                seconds, chosen, self.backend, self.block, self.decided)
+        else:
+            self.runner = self.runner_for(chosen)
+        self.runner_for = None  # unwatched, the losers' runners (and scratch) may go
         for holder in self.holders:
             holder.runner = self.runner
         self.holders.clear()
         self.decided(chosen)
+
+
+class Watch:
+    """``auto`` after its trial, for a watched shape: the winner runs, with
+    an audit of one other candidate now and then (see the module docstring).
+
+    ``runners`` maps every candidate to its runner, ``seconds`` are their
+    times in the trial (same order), ``current`` the trial's winner.
+    """
+
+    def __init__(self, comm: MPI.Intracomm, runners: dict, seconds: Sequence[float],
+                 current: str, backend, block: int, decided: Callable[[str], None]):
+        self.comm, self.runners, self.backend, self.decided = comm, runners, backend, decided
+        self.names = tuple(runners)
+        base = _positive(seconds[self.names.index(current)])
+        #: log(time of the candidate / time of the current winner); 0 for the winner
+        self.ratio = {n: math.log(_positive(s) / base) for n, s in zip(self.names, seconds)}
+        self.current, self.runner = current, runners[current]
+        self.timed = block - 1
+        self.times = np.empty((2, self.timed))  # the winner's row, the candidate's
+        self.slowest = np.empty_like(self.times)
+        self.turn = 0
+        self.switches = 0
+        self._schedule()
+
+    def __call__(self, send, recv) -> None:
+        if self.plain:
+            self.plain -= 1
+            self.runner(send, recv)
+        else:
+            self._audit(send, recv)
+
+    def _schedule(self, audited: float = 0.0) -> None:
+        """The next candidate in turn, and the plain calls before its audit:
+        enough that the last audit's candidate block, ``audited`` calls of
+        the winner long, is :data:`AUDIT_SHARE` of the time (a block at least)."""
+        while True:
+            self.candidate = self.names[self.turn % len(self.names)]
+            self.turn += 1
+            if self.candidate != self.current:
+                break
+        self.plain = max(self.timed + 1, math.ceil(audited / AUDIT_SHARE))
+        self.position = 0
+
+    def _audit(self, send, recv) -> None:
+        position, timed = self.position, self.timed
+        self.position += 1
+        if position < timed:
+            self.times[0, position] = _elapsed(self.runner, send, recv, self.backend)
+        elif position == timed:  # the candidate's first call absorbs the switch: untimed
+            self.runners[self.candidate](send, recv)
+        else:
+            self.times[1, position - timed - 1] = _elapsed(self.runners[self.candidate], send,
+                                                           recv, self.backend)
+            if position == 2 * timed:
+                self._judge()
+
+    def _judge(self) -> None:
+        self.comm.Allreduce(self.times, self.slowest, MPI.MAX)
+        current, candidate = trimmed_mean(self.slowest.T, TRIM)
+        current, candidate = _positive(current), _positive(candidate)
+        name = self.candidate
+        self.ratio[name] += AUDIT_WEIGHT * (math.log(candidate / current) - self.ratio[name])
+        audited = (self.timed + 1) * candidate / current
+        if self.ratio[name] < math.log(1.0 - WATCH_MARGIN):
+            shift = self.ratio[name]
+            for other in self.names:
+                self.ratio[other] -= shift
+            self.current, self.runner = name, self.runners[name]
+            self.switches += 1
+            self.decided(name)
+        self._schedule(audited)
+
+
+def _positive(seconds: float) -> float:
+    """A time to take a ratio of (a timer may read 0 for a very short call)."""
+    return max(float(seconds), 1e-9)

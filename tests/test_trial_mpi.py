@@ -1,4 +1,5 @@
-"""``auto``: the trial of the candidates (mpi_allreduce/trial.py).
+"""``auto``: the trial of the candidates and the watch after it
+(mpi_allreduce/trial.py).
 
 Trials and decisions last as long as the communicator, and the
 sub-communicators of conftest.py live for the whole session, so each test
@@ -30,6 +31,26 @@ LONG = 8209
 
 def trial_calls(count, rounds=trial.DEFAULT_ROUNDS):
     return trial.trial_length(count * 8, rounds, len(registry.FLAT_ALGORITHMS))
+
+
+@pytest.fixture
+def unwatched(monkeypatch):
+    """Every vector is past the watch: the trial decides once."""
+    monkeypatch.setattr(trial, "WATCH_MAX_BYTES", 0)
+
+
+def watch_of(comm, count):
+    """The watch ``auto`` runs for ``count`` elements (None before or without one)."""
+    for key, runner in context_for(comm).plans.items():
+        if key[0] == count and key[3] == "auto" and isinstance(runner.runner, trial.Watch):
+            return runner.runner
+    return None
+
+
+def timed_in_trial(count):
+    """Calls of a trial that are timed (every block's first is not)."""
+    block = trial.block_length(count * 8)
+    return trial_calls(count) // block * (block - 1)
 
 
 def plan_names(comm, count):
@@ -71,8 +92,21 @@ def test_every_trial_call_is_right_and_every_rank_keeps_the_same_winner(comm, in
     (winner,) = decision(comm, count)
     assert winner in registry.FLAT_ALGORITHMS
     assert len(set(comm.allgather(winner))) == 1
-    # the losers built for the trial are gone; the winner is cached
-    assert plan_names(comm, count) == sorted({"auto", winner})
+    # the candidates live on in the watch, on one plan (one scratch), not in the cache
+    watch = watch_of(comm, count)
+    assert watch.current == winner and sorted(watch.runners) == sorted(registry.FLAT_ALGORITHMS)
+    assert len({id(r.plan) for r in watch.runners.values()}) == 1
+    assert plan_names(comm, count) == ["auto"]
+
+
+def test_unwatched_the_losers_go_and_the_winner_is_cached(comm, unwatched):
+    count = LONG + 9
+    for step in range(trial_calls(count) + 2):
+        call_and_check(comm, count, step)
+    if comm.Get_size() > 1:
+        (winner,) = decision(comm, count)
+        assert watch_of(comm, count) is None
+        assert plan_names(comm, count) == sorted({"auto", winner})
 
 
 def test_the_winner_is_fastest_on_the_slowest_rank(comm, monkeypatch):
@@ -127,9 +161,10 @@ def test_short_vectors_are_measured_too(comm, count, trials):
     assert len(decision(comm, count)) == (1 if comm.Get_size() > 1 else 0)
 
 
-def test_a_kept_call_runs_the_winner_directly(comm):
+def test_a_kept_call_runs_the_winner_directly(comm, unwatched):
     """The same buffers called again (the prepared-call path) run the winner
-    itself once the trial is over, not the trial in between."""
+    itself once the trial is over, not the trial in between (unwatched; a
+    watched one runs the watch, test below)."""
     from mpi_allreduce import api
 
     count, size = LONG + 5, comm.Get_size()
@@ -140,8 +175,62 @@ def test_a_kept_call_runs_the_winner_directly(comm):
     if size > 1:
         (kept,) = [p for k, p in api._PREPARED.items()
                    if k[1] == id(send) and p.send_ref() is send]
-        assert not isinstance(kept.runner, trial.Trial)
+        assert not isinstance(kept.runner, (trial.Trial, trial.Watch))
         assert kept.runner.name == decision(comm, count)[0]
+
+
+class Switching:
+    """Fake timings, the same on every rank, that change at call ``when``:
+    ``before`` and ``after`` map algorithm -> seconds (1.0 if not named)."""
+
+    def __init__(self, before, after, when):
+        self.before, self.after, self.when, self.calls = before, after, when, 0
+
+    def __call__(self, runner, send, recv, backend):
+        runner(send, recv)  # still a real all-reduce, so results stay right
+        self.calls += 1
+        return (self.before if self.calls <= self.when else self.after).get(runner.name, 1.0)
+
+
+def test_the_watch_follows_a_switch_and_every_call_stays_right(comm, monkeypatch):
+    """The trial's winner (the driver) turns slow after the trial; the
+    watch moves to the one fast now (recursive doubling), on every rank,
+    and a kept call follows it; no call is wrong on the way."""
+    from mpi_allreduce import api
+
+    count, size = LONG + 6, comm.Get_size()
+    fake = Switching({"driver": 0.5}, {"driver": 2.0, "recursive_doubling": 0.5},
+                     when=timed_in_trial(count))
+    monkeypatch.setattr(trial, "_elapsed", fake)
+    send = np.arange(count, dtype=np.float64)
+    recv = np.empty(count)
+    for step in range(trial_calls(count) + 1200):
+        mar.allreduce(send, recv, comm=comm)
+        np.testing.assert_array_equal(recv, send * size)
+        if step == trial_calls(count) and size > 1:
+            assert decision(comm, count) == ["driver"]
+    if size > 1:
+        watch = watch_of(comm, count)
+        assert watch.current == "recursive_doubling" and watch.switches == 1
+        assert decision(comm, count) == ["recursive_doubling"]
+        assert len(set(comm.allgather((watch.current, watch.turn, watch.plain)))) == 1
+        (kept,) = [p for k, p in api._PREPARED.items() if k[1] == id(send)]
+        assert kept.runner is watch
+
+
+def test_the_watch_judges_by_the_slowest_rank(comm, monkeypatch):
+    """A candidate that turns fast on every rank but the last is no faster
+    for the job: the watch stays with the winner."""
+    count, size = LONG + 7, comm.Get_size()
+    last = size - 1
+    slow_on_last = {"recursive_doubling": 0.5 if comm.Get_rank() != last else 3.0}
+    fake = Switching({"driver": 0.5}, dict(slow_on_last, driver=1.0),
+                     when=timed_in_trial(count))
+    monkeypatch.setattr(trial, "_elapsed", fake)
+    for step in range(trial_calls(count) + 400):
+        call_and_check(comm, count, step)
+    if size > 1:
+        assert watch_of(comm, count).current == "driver"
 
 
 def test_a_bad_trials_setting_is_refused(comm, trials):
