@@ -56,6 +56,8 @@ def summary(path: Path, ranks: int) -> str:
         mpi, auto = at["mpi"]["time_avg_us"], at["auto"]["time_avg_us"]
         b = best["time_avg_us"]
         picks = at["auto"].get("runs") or choose(size, ranks)
+        if at["auto"].get("moves"):
+            picks += f" ({at['auto']['moves']} moves)"
         lines.append(f"| {size} | {mpi:.1f} | {best['algorithm']} | {b:.1f} | {b / mpi:.2f} | "
                      f"{picks} | {auto:.1f} | {auto / b:.2f} |")
         if size >= 1 << 20:

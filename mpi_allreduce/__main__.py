@@ -224,7 +224,8 @@ def cmd_verify(args) -> int:
 def _trials_line() -> str:
     from .api import trial_rounds
     from .registry import FLAT_ALGORITHMS
-    from .trial import block_length
+    from .bench import human
+    from .trial import WATCH_MAX_BYTES, WATCH_MIN_BYTES, block_length
 
     rounds = trial_rounds()
     if not rounds:
@@ -232,7 +233,8 @@ def _trials_line() -> str:
     return (f"the first calls of each shape try "
             f"{', '.join(FLAT_ALGORITHMS)} ({rounds} blocks of "
             f"{block_length(1 << 30)} to {block_length(1)} calls each) and "
-            f"keep the fastest (MPI_ALLREDUCE_AUTO_TRIALS=0: off)")
+            f"keep the fastest, watched from {human(WATCH_MIN_BYTES)} to "
+            f"{human(WATCH_MAX_BYTES)} (MPI_ALLREDUCE_AUTO_TRIALS=0: off)")
 
 
 def cmd_info(args) -> int:

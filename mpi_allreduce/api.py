@@ -207,17 +207,18 @@ def _runner(context, call: _Call, count: int, dtype):
         return context.get_plan(key(name), lambda: build(name))
     trial = context.get_plan(key("auto"), lambda: _trial(context, call, name, nbytes, rounds,
                                                           key, build, new_plan))
-    return trial.runner or trial
+    return trial if trial.runner is None else trial.runner
 
 
 def _trial(context, call: _Call, name: str, nbytes: int, rounds: int, key, build,
            new_plan) -> Trial:
     """``auto``'s trial for one call shape, the table's choice ``name`` first.
 
-    Unwatched (long vectors), the candidates are built for the trial alone
-    and dropped after it unless they win (or were in the cache already);
-    watched, they live on in the watch and share one plan (and its scratch:
-    they never run at the same time)."""
+    Unwatched, the candidates are built for the trial alone and dropped
+    after it unless they win (or were in the cache already); watched, they
+    live on in the watch, built on one plan of their own whose scratch they
+    share (they never run at the same time), so that a watched shape holds
+    one vector of scratch at most, whatever else is cached."""
     watch = watched(nbytes)
     built = {}
     shared = []
@@ -225,12 +226,19 @@ def _trial(context, call: _Call, name: str, nbytes: int, rounds: int, key, build
     def runner_for(name):
         runner = built.get(name)
         if runner is None:
-            runner = context.plans.get(key(name))
-            if runner is None and watch:
+            if watch:
                 if not shared:
-                    shared.append(new_plan())
+                    plan = new_plan()
+                    # every candidate's "incoming" fits in one vector and an
+                    # element (the pipelined ring's two half-blocks of an odd
+                    # count on 2 ranks): allocated first, it is never regrown,
+                    # so all hold views of this one buffer
+                    plan.scratch("incoming", plan.count + 1)
+                    shared.append(plan)
                 runner = build(name, shared[0])
-            built[name] = runner = build(name) if runner is None else runner
+            else:
+                runner = context.plans.get(key(name)) or build(name)
+            built[name] = runner
         return runner
 
     def decided(winner):

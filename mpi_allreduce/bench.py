@@ -211,7 +211,7 @@ def auto_moves(comm, count, dtype) -> Optional[int]:
         if key[0] == count and key[1] == dtype.str and key[3] == "auto":
             watch = getattr(runner, "runner", None)
             if isinstance(watch, Watch):
-                return watch.switches
+                return watch.moves
     return None
 
 

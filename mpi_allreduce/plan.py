@@ -132,7 +132,8 @@ class Context:
         self.oversubscribed = oversubscribed(self.comm)
         self.plans: "OrderedDict[tuple, Callable]" = OrderedDict()
         self.subcomms: dict[tuple, tuple] = {}
-        #: plan key of an ``auto`` call -> the algorithm its trial chose
+        #: plan key of an ``auto`` call -> what it runs: its trial's winner, or
+        #: the algorithm its watch moved to since
         self.decisions: dict[tuple, str] = {}
         self.alive = True  # False once freed: prepared calls that hold it are stale
 

@@ -24,15 +24,15 @@ the only collective here, and not on the data), and every rank keeps the
 same winner by the mean of those without the highest and lowest tenth (the
 mean, because a loop pays the mean; trimmed, because one preempted call
 must not decide): the table's choice unless another candidate is more than
-:data:`MARGIN` faster.  Eight rounds spread the trial over time, so that
+:data:`MARGIN` faster (:data:`WATCH_MARGIN` where a watch follows).  Eight rounds spread the trial over time, so that
 a candidate is seen at both levels if it switches.  The decision is
 remembered per plan key (count, dtype, op, segment, ...) on the
 communicator, so later calls with other buffer objects of that shape run
 the winner at once.
 
 On a busy node the winner of the moment is not the winner of the next
-minute, so for vectors up to :data:`WATCH_MAX_BYTES` the trial hands over to a
-:class:`Watch`: the winner runs, and now and then one *audit* times a block
+minute, so for vectors of :data:`WATCH_MIN_BYTES` to :data:`WATCH_MAX_BYTES`
+the trial hands over to a :class:`Watch`: the winner runs, and now and then one *audit* times a block
 of the winner against a block of one other candidate, side by side:
 
     calls       w w w ... w   w  w  w   c  c  c   w w w ... w   w  w  w   c' ...
@@ -42,19 +42,18 @@ of the winner against a block of one other candidate, side by side:
 Each candidate keeps a running ratio of its time to the winner's (the
 trial's ratio first, then each audit weighted :data:`AUDIT_WEIGHT`); when
 one is more than :data:`WATCH_MARGIN` faster, it becomes the winner.  The
-plain calls after an audit are as many as make its extra cost (the
-candidate's calls beyond what the winner's would have cost) the share
-:data:`AUDIT_SHARE` of the time: a close candidate is audited again soon, a
-far one seldom, and when the winner turns slow every candidate is soon
-seen again.  The candidates share one plan, so the scratch of a watched shape is the largest
-candidate's (one vector at most), not their sum.
+plain calls after an audit take as long as make the candidate's block the
+share :data:`AUDIT_SHARE` of the time (so audits cost at most that share,
+and a slow candidate is seen seldom in calls).  The candidates share one
+plan, so the scratch of a watched shape is the largest candidate's (one
+vector at most), not their sum.
 
 Every rank must make the same calls in the same order (as for any MPI
 collective), so every rank is in the same trial call: the schedule needs no
 messages, and the watch's decisions come from the same agreed timings on
-every rank.  ``MPI_ALLREDUCE_AUTO_TRIALS=0`` turns trials off (``auto`` is
-then the table alone, reproducible from run to run); naming an algorithm
-always does.
+every rank.  ``MPI_ALLREDUCE_AUTO_TRIALS=0`` turns trials (and the watch)
+off (``auto`` is then the table alone, reproducible from run to run);
+naming an algorithm always does.
 """
 
 from __future__ import annotations
@@ -82,7 +81,7 @@ MARGIN = 0.2
 #: vectors from this many bytes are watched after their trial: below it a
 #: call is latency, the candidates' order follows their message counts and
 #: does not change with the day, and an audit would cost without paying back
-WATCH_MIN_BYTES = 64 << 10
+WATCH_MIN_BYTES = 16 << 10
 #: vectors up to this many bytes are watched after their trial, and hold one
 #: vector of scratch for it (as the vendor's recursive doubling allocates one
 #: per call); above it the trial decides once and only the winner's scratch
@@ -93,7 +92,7 @@ WATCH_MARGIN = 0.05
 #: the weight of one audit in a candidate's running ratio
 AUDIT_WEIGHT = 0.25
 #: the share of a watched shape's time its audits' candidate blocks may take
-AUDIT_SHARE = 0.05
+AUDIT_SHARE = 0.02
 
 
 def decide(names: Sequence[str], seconds: Sequence[float], margin: float = MARGIN) -> str:
@@ -226,7 +225,7 @@ class Watch:
         self.times = np.empty((2, self.timed))  # the winner's row, the candidate's
         self.slowest = np.empty_like(self.times)
         self.turn = 0
-        self.switches = 0
+        self.moves = 0
         self._schedule()
 
     def __call__(self, send, recv) -> None:
@@ -273,7 +272,7 @@ class Watch:
             for other in self.names:
                 self.ratio[other] -= shift
             self.current, self.runner = name, self.runners[name]
-            self.switches += 1
+            self.moves += 1
             self.decided(name)
         self._schedule(audited)
 

@@ -99,6 +99,29 @@ def test_every_trial_call_is_right_and_every_rank_keeps_the_same_winner(comm, in
     assert plan_names(comm, count) == ["auto"]
 
 
+def test_a_watched_shape_holds_one_vector_of_scratch(comm):
+    """The watch's candidates share one plan of their own, even where named
+    algorithms of that shape are cached already: its scratch is the largest
+    candidate's (one vector), not their sum."""
+    from mpi_allreduce.bench import plans_of
+
+    count = LONG + 8
+    for name in registry.FLAT_ALGORITHMS:
+        mar.allreduce(np.ones(count), comm=comm, algorithm=name)
+    for step in range(trial_calls(count) + 1):
+        call_and_check(comm, count, step)
+    if comm.Get_size() > 1:
+        (plan,) = plans_of(watch_of(comm, count))
+        assert plan.scratch_bytes == (count + 1) * 8  # one vector (and an element)
+        buffer = plan.scratch("incoming", count + 1)
+        for runner in watch_of(comm, count).runners.values():
+            views = [getattr(runner, "incoming", None)] + list(getattr(runner, "halves", ()))
+            assert all(np.shares_memory(v, buffer) for v in views if v is not None)
+        named = [r.plan for k, r in context_for(comm).plans.items()
+                 if k[0] == count and k[3] != "auto"]
+        assert len(named) == len(registry.FLAT_ALGORITHMS) and plan not in named
+
+
 def test_unwatched_the_losers_go_and_the_winner_is_cached(comm, unwatched):
     count = LONG + 9
     for step in range(trial_calls(count) + 2):
@@ -202,16 +225,17 @@ def test_the_watch_follows_a_switch_and_every_call_stays_right(comm, monkeypatch
     fake = Switching({"driver": 0.5}, {"driver": 2.0, "recursive_doubling": 0.5},
                      when=timed_in_trial(count))
     monkeypatch.setattr(trial, "_elapsed", fake)
+    monkeypatch.setattr(trial, "AUDIT_SHARE", 0.5)  # frequent audits: a short test
     send = np.arange(count, dtype=np.float64)
     recv = np.empty(count)
-    for step in range(trial_calls(count) + 1200):
+    for step in range(trial_calls(count) + 600):
         mar.allreduce(send, recv, comm=comm)
         np.testing.assert_array_equal(recv, send * size)
         if step == trial_calls(count) and size > 1:
             assert decision(comm, count) == ["driver"]
     if size > 1:
         watch = watch_of(comm, count)
-        assert watch.current == "recursive_doubling" and watch.switches == 1
+        assert watch.current == "recursive_doubling" and watch.moves == 1
         assert decision(comm, count) == ["recursive_doubling"]
         assert len(set(comm.allgather((watch.current, watch.turn, watch.plain)))) == 1
         (kept,) = [p for k, p in api._PREPARED.items() if k[1] == id(send)]
@@ -227,6 +251,7 @@ def test_the_watch_judges_by_the_slowest_rank(comm, monkeypatch):
     fake = Switching({"driver": 0.5}, dict(slow_on_last, driver=1.0),
                      when=timed_in_trial(count))
     monkeypatch.setattr(trial, "_elapsed", fake)
+    monkeypatch.setattr(trial, "AUDIT_SHARE", 0.5)
     for step in range(trial_calls(count) + 400):
         call_and_check(comm, count, step)
     if size > 1:

@@ -110,8 +110,8 @@ def test_a_candidate_that_turns_faster_takes_over_and_ratios_move_with_it(clock)
     run(watch, fake, 1000)
     assert watch.current == "w" and decided == []
     fake.seconds["x"] = 0.5
-    run(watch, fake, 1000)
-    assert watch.current == "x" and decided == ["x"] and watch.switches == 1
+    run(watch, fake, 5000)
+    assert watch.current == "x" and decided == ["x"] and watch.moves == 1
     # ratios are now to x: w is slower than x, y slower still
     assert watch.ratio["x"] == 0.0
     assert 0.0 < watch.ratio["w"] < watch.ratio["y"]
