@@ -242,8 +242,7 @@ def _trial(context, call: _Call, name: str, nbytes: int, rounds: int, key, build
         return runner
 
     def decided(winner):
-        context.decisions[key("auto")] = winner
-        if not watch:
+        if not watch:  # the winner is cached, the losers go
             context.get_plan(key(winner), lambda: built[winner])
             built.clear()
 

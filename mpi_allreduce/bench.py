@@ -179,11 +179,10 @@ def scratch_of(comm, algorithm, count, dtype) -> Optional[int]:
     for ``auto``, what its trial kept (or the table's choice, trials off)."""
     if algorithm == VENDOR or comm.Get_size() == 1:
         return None
-    plans = context_for(comm).plans
-    if algorithm == "auto" and not any(k[0] == count and k[3] == "auto" for k in plans):
+    if algorithm == "auto" and auto_trial(comm, count, dtype) is None:
         algorithm = auto_ran(comm, count, dtype)
     most = 0
-    for key, instance in plans.items():
+    for key, instance in context_for(comm).plans.items():
         if key[0] == count and key[3] == algorithm:
             most = max(most, sum(p.scratch_bytes for p in plans_of(instance)))
     return comm.allreduce(most, op=MPI.MAX)
@@ -195,23 +194,29 @@ def trial_calls(nbytes: int) -> int:
     return trial_length(nbytes, trial_rounds(), len(FLAT_ALGORITHMS))
 
 
+def auto_trial(comm, count, dtype) -> Optional[Trial]:
+    """``auto``'s trial (and watch) for ``count`` elements, if it has one."""
+    for key, runner in context_for(comm).plans.items():
+        if key[0] == count and key[1] == dtype.str and key[3] == "auto":
+            return runner
+    return None
+
+
 def auto_ran(comm, count, dtype) -> str:
-    """What ``auto`` runs for ``count`` elements: its trial's winner, else the table's choice."""
-    context = context_for(comm)
-    for key, name in context.decisions.items():
-        if key[0] == count and key[1] == dtype.str:
-            return name
+    """What ``auto`` runs for ``count`` elements: its trial's winner (or its
+    watch's since), else the table's choice."""
+    trial = auto_trial(comm, count, dtype)
+    if trial is not None and trial.winner is not None:
+        return trial.winner
     return resolve("auto", count * dtype.itemsize, comm.Get_size(),
-                   oversubscribed=context.oversubscribed)
+                   oversubscribed=context_for(comm).oversubscribed)
 
 
 def auto_moves(comm, count, dtype) -> Optional[int]:
     """How often ``auto``'s watch moved for ``count`` elements (None: not watched)."""
-    for key, runner in context_for(comm).plans.items():
-        if key[0] == count and key[1] == dtype.str and key[3] == "auto":
-            watch = getattr(runner, "runner", None)
-            if isinstance(watch, Watch):
-                return watch.moves
+    trial = auto_trial(comm, count, dtype)
+    if trial is not None and isinstance(trial.runner, Watch):
+        return trial.runner.moves
     return None
 
 

@@ -132,9 +132,6 @@ class Context:
         self.oversubscribed = oversubscribed(self.comm)
         self.plans: "OrderedDict[tuple, Callable]" = OrderedDict()
         self.subcomms: dict[tuple, tuple] = {}
-        #: plan key of an ``auto`` call -> what it runs: its trial's winner, or
-        #: the algorithm its watch moved to since
-        self.decisions: dict[tuple, str] = {}
         self.alive = True  # False once freed: prepared calls that hold it are stale
 
     def get_plan(self, key: tuple, build: Callable[[], Callable]) -> Callable:
@@ -176,7 +173,6 @@ class Context:
         for hook in ON_FREE:
             hook(self)
         self.plans.clear()
-        self.decisions.clear()
         for node, leaders in self.subcomms.values():
             node.Free()
             if leaders is not None:

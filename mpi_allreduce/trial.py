@@ -144,9 +144,9 @@ class Trial:
     ``candidates`` are algorithm names, the table's choice first;
     ``runner_for(name)`` builds (or finds) that algorithm's runner for this
     plan, lazily, so a call shape seen once costs no more than the table's
-    choice.  ``decided(name)`` is called with the winner, and again by the
-    :class:`Watch` (with ``watch=True``) whenever it moves to another.
-    Once decided, ``runner`` is the winner's runner, or the watch.
+    choice.  ``decided(name)`` is called once, with the winner.  Once
+    decided, ``runner`` is the winner's runner, or (``watch=True``) the
+    :class:`Watch` that keeps measuring it.
     """
 
     def __init__(self, comm: MPI.Intracomm, candidates: Sequence[str],
@@ -162,6 +162,15 @@ class Trial:
         self.calls, self.length = 0, rounds * len(self.names) * block
         self.runner: Optional[Callable] = None  # the winner's, once decided
         self.holders: list = []
+
+    @property
+    def winner(self) -> Optional[str]:
+        """What ``auto`` runs for this shape: None during the trial, then its
+        winner, or the algorithm its watch has moved to since."""
+        runner = self.runner
+        if runner is None:
+            return None
+        return runner.current if isinstance(runner, Watch) else runner.name
 
     def adopt(self, holder) -> None:
         """``holder.runner`` is this trial; set it to the winner once there is one
@@ -195,7 +204,7 @@ class Trial:
         chosen = decide(self.names, seconds, WATCH_MARGIN if self.watch else MARGIN)
         if self.watch:
             self.runner = Watch(self.comm, {n: self.runner_for(n) for n in self.names},
-                                seconds, chosen, self.backend, self.block, self.decided)
+                                seconds, chosen, self.backend, self.block)
         else:
             self.runner = self.runner_for(chosen)
         self.runner_for = None  # unwatched, the losers' runners (and scratch) may go
@@ -214,8 +223,8 @@ class Watch:
     """
 
     def __init__(self, comm: MPI.Intracomm, runners: dict, seconds: Sequence[float],
-                 current: str, backend, block: int, decided: Callable[[str], None]):
-        self.comm, self.runners, self.backend, self.decided = comm, runners, backend, decided
+                 current: str, backend, block: int):
+        self.comm, self.runners, self.backend = comm, runners, backend
         self.names = tuple(runners)
         base = _positive(seconds[self.names.index(current)])
         #: log(time of the candidate / time of the current winner); 0 for the winner
@@ -273,7 +282,6 @@ class Watch:
                 self.ratio[other] -= shift
             self.current, self.runner = name, self.runners[name]
             self.moves += 1
-            self.decided(name)
         self._schedule(audited)
 
 

@@ -58,7 +58,8 @@ def plan_names(comm, count):
 
 
 def decision(comm, count):
-    return [name for key, name in context_for(comm).decisions.items() if key[0] == count]
+    return [trial.winner for key, trial in context_for(comm).plans.items()
+            if key[0] == count and key[3] == "auto" and trial.winner is not None]
 
 
 def call_and_check(comm, count, step, in_place=False):

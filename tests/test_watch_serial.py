@@ -40,11 +40,10 @@ class NoDevice:
 
 def make_watch(seconds, current, block=5):
     """A watch over candidates named as in ``seconds`` (their trial times)."""
-    decided = []
     runners = {name: Candidate(name) for name in seconds}
     watch = trial.Watch(MPI.COMM_SELF, runners, list(seconds.values()), current, NoDevice(),
-                        block, decided.append)
-    return watch, runners, decided
+                        block)
+    return watch, runners
 
 
 def run(watch, clock, calls):
@@ -71,7 +70,7 @@ def clock(monkeypatch):
 def test_audits_go_round_the_other_candidates_in_turn(clock):
     times = {"a": 1.0, "b": 1.0, "c": 1.0}
     fake = clock(times)
-    watch, _, _ = make_watch(times, "b")
+    watch, _ = make_watch(times, "b")
     seen = []
     for _ in range(4):
         seen.append(watch.candidate)
@@ -85,7 +84,7 @@ def test_the_pause_after_an_audit_pays_for_it(clock, slower):
     calls are enough that the candidate's block is AUDIT_SHARE of the time."""
     times = {"w": 1.0, "x": slower}
     fake = clock(times)
-    watch, _, _ = make_watch(times, "w", block=5)
+    watch, _ = make_watch(times, "w", block=5)
     run(watch, fake, watch.plain + 2 * watch.timed + 1)  # up to the end of one audit
     assert watch.plain == math.ceil(5 * slower / trial.AUDIT_SHARE)
 
@@ -95,7 +94,7 @@ def test_audits_cost_at_most_their_share_however_slow_the_others(clock):
     winner's own time, however slow the other candidates are."""
     times = {"w": 1.0, "close": 1.05, "slow": 3.0, "slower": 30.0}
     fake = clock(times)
-    watch, _, _ = make_watch(times, "w", block=9)
+    watch, _ = make_watch(times, "w", block=9)
     calls = 200_000
     spent = run(watch, fake, calls)
     assert watch.current == "w"
@@ -106,12 +105,12 @@ def test_audits_cost_at_most_their_share_however_slow_the_others(clock):
 def test_a_candidate_that_turns_faster_takes_over_and_ratios_move_with_it(clock):
     times = {"w": 1.0, "x": 1.5, "y": 2.0}
     fake = clock(times)
-    watch, runners, decided = make_watch(times, "w")
+    watch, runners = make_watch(times, "w")
     run(watch, fake, 1000)
-    assert watch.current == "w" and decided == []
+    assert watch.current == "w" and watch.moves == 0
     fake.seconds["x"] = 0.5
     run(watch, fake, 5000)
-    assert watch.current == "x" and decided == ["x"] and watch.moves == 1
+    assert watch.current == "x" and watch.moves == 1
     # ratios are now to x: w is slower than x, y slower still
     assert watch.ratio["x"] == 0.0
     assert 0.0 < watch.ratio["w"] < watch.ratio["y"]
@@ -123,9 +122,9 @@ def test_a_candidate_that_turns_faster_takes_over_and_ratios_move_with_it(clock)
 def test_a_candidate_within_the_margin_does_not_take_over(clock):
     times = {"w": 1.0, "x": 1.0 - trial.WATCH_MARGIN / 2}
     fake = clock(times)
-    watch, _, decided = make_watch(times, "w")
+    watch, _ = make_watch(times, "w")
     run(watch, fake, 5000)
-    assert watch.current == "w" and decided == []
+    assert watch.current == "w" and watch.moves == 0
 
 
 def test_one_lucky_audit_is_not_enough(clock):
@@ -133,7 +132,7 @@ def test_one_lucky_audit_is_not_enough(clock):
     it part of the way, not past the margin."""
     times = {"w": 1.0, "x": 1.3}
     fake = clock(times)
-    watch, _, decided = make_watch(times, "w", block=3)
+    watch, _ = make_watch(times, "w", block=3)
     fake.seconds["x"] = 0.5
     run(watch, fake, watch.plain + 2 * watch.timed + 1)  # exactly one audit of x
     assert watch.current == "w"
