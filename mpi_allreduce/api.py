@@ -143,9 +143,10 @@ class _Prepared:
     def matches(self, sendbuf, recvbuf) -> bool:
         """Whether a call with the same key may run this.  The key holds the
         ids of comm and op, and this holds those objects, so they are the
-        same; the buffers are held weakly, and rechecked."""
+        same (and the comm is not freed: freeing it drops its entries); the
+        buffers are held weakly, and rechecked."""
         state = self.backend.state
-        return (self.context.alive and self.recv_ref() is recvbuf
+        return (self.recv_ref() is recvbuf
                 and self.send_ref() is sendbuf and state(recvbuf) == self.recv_state
                 and (self.send_state is None or state(sendbuf) == self.send_state))
 

@@ -84,15 +84,12 @@ class Backend:
         return np.asarray(array)
 
     # --- messaging --------------------------------------------------------
-    def sendrecv(self, comm, send, dest, recv, source, mpitype, tag) -> None:
-        """One point-to-point exchange; ``send``/``recv`` are 1-D views or None."""
-        if self.device:
-            self.synchronize()
-        comm.Sendrecv(
-            [send, mpitype] if send is not None else None, dest, tag,
-            [recv, mpitype] if recv is not None else None, source, tag,
-        )
-
+    def channel(self, comm, mpitype, tag):
+        """``sendrecv(send, dest, recv, source)``: one point-to-point exchange
+        on ``comm`` of 1-D views, bound once per plan (the hot path of every
+        algorithm).  A side that is None has nothing to move; its peer
+        becomes ``MPI.PROC_NULL``."""
+        return _direct(comm, mpitype, tag, self.synchronize if self.device else None)
 
     def post(self, comm, send, dest, recv, source, mpitype, tag, slot: int) -> "Pending":
         """Start a send and a receive without waiting (``slot`` numbers the
@@ -114,6 +111,20 @@ class Pending:
         MPI.Request.Waitall(self.requests)
         if self.after is not None:
             self.after()
+
+
+def _direct(comm, mpitype, tag, synchronize=None):
+    """:meth:`Backend.channel` for buffers MPI can read as they are."""
+    exchange = comm.Sendrecv
+
+    def sendrecv(send, dest, recv, source):
+        if synchronize is not None:
+            synchronize()
+        exchange([send, mpitype] if send is not None else None,
+                 dest if send is not None else MPI.PROC_NULL, tag,
+                 [recv, mpitype] if recv is not None else None,
+                 source if recv is not None else MPI.PROC_NULL, tag)
+    return sendrecv
 
 
 def _start(comm, send, dest, recv, source, mpitype, tag) -> list:
@@ -175,15 +186,16 @@ class StagedBackend(Backend):
             hrecv = self.staging_buffer(f"recv{slot}", recv.nbytes).view(recv.dtype)
         return hsend, hrecv
 
-    def sendrecv(self, comm, send, dest, recv, source, mpitype, tag) -> None:
-        hsend, hrecv = self._stage(send, recv, "")
-        self.synchronize()
-        comm.Sendrecv(
-            [hsend, mpitype] if hsend is not None else None, dest, tag,
-            [hrecv, mpitype] if hrecv is not None else None, source, tag,
-        )
-        if recv is not None:
-            self._from_host(recv, hrecv)
+    def channel(self, comm, mpitype, tag):
+        direct = _direct(comm, mpitype, tag)
+
+        def sendrecv(send, dest, recv, source):
+            hsend, hrecv = self._stage(send, recv, "")
+            self.synchronize()
+            direct(hsend, dest, hrecv, source)
+            if recv is not None:
+                self._from_host(recv, hrecv)
+        return sendrecv
 
     def post(self, comm, send, dest, recv, source, mpitype, tag, slot: int) -> Pending:
         hsend, hrecv = self._stage(send, recv, str(slot))

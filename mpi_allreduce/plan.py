@@ -70,7 +70,10 @@ class Plan:
         #: ``combine(first, second, out=out)``: ``out = first OP second`` in place,
         #: ``first`` from the lower rank; the op's ufunc itself, called directly
         self.combine = backend.ufunc(op.ufunc)
-        self._sendrecv = backend.sendrecv
+        #: ``sendrecv(send, dest, recv, source)``: send ``send`` to ``dest``
+        #: while receiving ``recv`` from ``source``; either side may be None
+        #: (nothing to send or receive this step)
+        self.sendrecv = backend.channel(comm, self.mpitype, TAG)
         self._scratch: dict[str, object] = {}
 
     # --- memory -----------------------------------------------------------
@@ -88,34 +91,14 @@ class Plan:
         return sum(b.nbytes for b in self._scratch.values())
 
     # --- messaging and reduction -----------------------------------------
-    def sendrecv(self, send, dest: int, recv, source: int) -> None:
-        """Send ``send`` to ``dest`` while receiving ``recv`` from ``source``.
-
-        Either side may be None (nothing to send or receive this step); the
-        matching rank is then ``MPI.PROC_NULL``.
-        """
-        # the hot path of every algorithm: no helper calls here
-        if send is None:
-            dest = MPI.PROC_NULL
-        if recv is None:
-            source = MPI.PROC_NULL
-        self._sendrecv(self.comm, send, dest, recv, source, self.mpitype, TAG)
-
     def post(self, send, dest: int, recv, source: int, slot: int = 0):
-        """Nonblocking :meth:`sendrecv`; returns a handle with ``wait()``."""
-        dest, source = _peers(send, dest, recv, source)
+        """Nonblocking ``sendrecv``; returns a handle with ``wait()``."""
         return self.backend.post(self.comm, send, dest, recv, source, self.mpitype, TAG, slot)
 
     def derive(self, comm: MPI.Intracomm, **options) -> "Plan":
         """The same call on another (sub-)communicator."""
         return Plan(self.context, comm, self.count, self.dtype, self.op, self.backend,
                     self.segment_size, options)
-
-
-def _peers(send, dest: int, recv, source: int) -> tuple[int, int]:
-    """MPI.PROC_NULL for the side of an exchange that has no buffer."""
-    return (MPI.PROC_NULL if send is None else dest,
-            MPI.PROC_NULL if recv is None else source)
 
 
 #: called with a context when it is freed (to drop what refers to its plans)
@@ -132,7 +115,6 @@ class Context:
         self.oversubscribed = oversubscribed(self.comm)
         self.plans: "OrderedDict[tuple, Callable]" = OrderedDict()
         self.subcomms: dict[tuple, tuple] = {}
-        self.alive = True  # False once freed: prepared calls that hold it are stale
 
     def get_plan(self, key: tuple, build: Callable[[], Callable]) -> Callable:
         runner = self.plans.get(key)
@@ -169,7 +151,6 @@ class Context:
         return comms
 
     def free(self) -> None:
-        self.alive = False
         for hook in ON_FREE:
             hook(self)
         self.plans.clear()
