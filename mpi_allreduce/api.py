@@ -219,7 +219,8 @@ def _trial(context, call: _Call, name: str, nbytes: int, rounds: int, key, build
     after it unless they win (or were in the cache already); watched, they
     live on in the watch, built on one plan of their own whose scratch they
     share (they never run at the same time), so that a watched shape holds
-    one vector of scratch at most, whatever else is cached."""
+    the largest candidate's scratch (two segments at most), whatever else
+    is cached."""
     watch = watched(nbytes)
     built = {}
     shared = []
@@ -230,11 +231,11 @@ def _trial(context, call: _Call, name: str, nbytes: int, rounds: int, key, build
             if watch:
                 if not shared:
                     plan = new_plan()
-                    # every candidate's "incoming" fits in one vector and an
-                    # element (the pipelined ring's two half-blocks of an odd
-                    # count on 2 ranks): allocated first, it is never regrown,
-                    # so all hold views of this one buffer
-                    plan.scratch("incoming", plan.count + 1)
+                    # every candidate's "incoming" is a segment, or the
+                    # pipelined ring's two (two half-blocks of an odd count
+                    # on 2 ranks: a vector and an element): allocated first,
+                    # it is never regrown, so all hold views of this buffer
+                    plan.scratch("incoming", min(plan.count + 1, 2 * plan.segment_size))
                     shared.append(plan)
                 runner = build(name, shared[0])
             else:

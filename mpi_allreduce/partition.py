@@ -41,6 +41,7 @@ result back to the even rank below it.
 
 from __future__ import annotations
 
+from itertools import zip_longest
 from typing import NamedTuple, Optional
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "ring_allgather_steps",
     "ring_owned_block",
     "segments",
+    "exchange_pairs",
     "pow2_floor",
     "Fold",
     "fold",
@@ -141,6 +143,24 @@ def segments(block: Block, segment_size: int) -> list[Block]:
         Block(off, min(segment_size, block.stop - off))
         for off in range(block.offset, block.stop, segment_size)
     ]
+
+
+def exchange_pairs(sent: list[Block], kept: list[Block]) -> list[tuple]:
+    """The messages of one step with one peer, as slices: ``(sent, kept,
+    into)`` per message, where ``sent`` is the range this rank sends,
+    ``kept`` the range whose peer copy it receives and combines (None when
+    it receives nothing, or nothing but an empty message) and ``into`` the
+    part of the incoming scratch that copy lands in (None: no receive).
+    The i-th segment sent pairs with the i-th kept; either list may be the
+    shorter (or empty: a step that only sends, or only receives)."""
+    pairs = []
+    for send, keep in zip_longest(sent, kept):
+        pairs.append((
+            None if send is None else slice(send.offset, send.stop),
+            None if keep is None or not keep.length else slice(keep.offset, keep.stop),
+            None if keep is None else slice(0, keep.length),
+        ))
+    return pairs
 
 
 def pow2_floor(n: int) -> int:

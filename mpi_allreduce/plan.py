@@ -91,6 +91,27 @@ class Plan:
         return sum(b.nbytes for b in self._scratch.values())
 
     # --- messaging and reduction -----------------------------------------
+    def exchange(self, peer: int, pairs: list, src, buf, incoming) -> None:
+        """One step's messages with ``peer``, a segment at a time.
+
+        Per message of ``pairs`` (:func:`~mpi_allreduce.partition.exchange_pairs`)
+        the ``sent`` range of ``src`` goes to the peer while the peer's copy
+        of the ``kept`` one arrives in ``incoming`` and is combined with this
+        rank's (from ``src``) into ``buf``, the lower rank's operand first.
+        Sent and kept ranges do not overlap, or are the same one (sent
+        before it is overwritten).  So the scratch is one segment.
+        """
+        lower, combine, sendrecv = peer < self.rank, self.combine, self.sendrecv
+        for sent, kept, into in pairs:
+            arrived = incoming[into] if into is not None else None
+            sendrecv(src[sent] if sent is not None else None, peer, arrived, peer)
+            if kept is None:
+                continue
+            if lower:
+                combine(arrived, src[kept], out=buf[kept])
+            else:
+                combine(src[kept], arrived, out=buf[kept])
+
     def post(self, send, dest: int, recv, source: int, slot: int = 0):
         """Nonblocking ``sendrecv``; returns a handle with ``wait()``."""
         return self.backend.post(self.comm, send, dest, recv, source, self.mpitype, TAG, slot)

@@ -83,12 +83,47 @@ def test_mpi_op_objects(comm, variant, op):
     np.testing.assert_array_equal(out, expected(comm, "int64", op, 11))
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
 @pytest.mark.parametrize("segment_size", [1, 2, 3])
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
-def test_multi_segment_paths(comm, variant, segment_size):
-    """Tiny segments reach the multi-segment ring paths with tiny arrays."""
+def test_multi_segment_paths(comm, variant, segment_size, in_place):
+    """Tiny segments reach the multi-segment paths (ring, pipelined ring,
+    recursive doubling and its fold, Rabenseifner) with tiny arrays."""
     for count in (comm.Get_size() + 1, 29):
-        run(comm, variant, "int32", "sum", count, in_place=False, segment_size=segment_size)
+        run(comm, variant, "int32", "sum", count, in_place, segment_size=segment_size)
+
+
+#: scratch each algorithm may hold, in elements, for a vector of n on p ranks
+#: cut into segments of s
+SCRATCH_BOUND = {
+    "ring": lambda n, p, s: min(-(-n // p), s),
+    "ring_pipelined": lambda n, p, s: 2 * min(-(-n // p), s),
+    "recursive_doubling": lambda n, p, s: min(n, s),
+    "rabenseifner": lambda n, p, s: min(n, s),
+    "driver": lambda n, p, s: min(n, s),
+}
+
+
+@pytest.mark.parametrize("segment_size", [5, 64, 4096])
+@pytest.mark.parametrize("algorithm", list(SCRATCH_BOUND))
+def test_scratch_is_bounded_by_a_segment(comm, algorithm, segment_size):
+    """A plan's scratch is what its algorithm needs at most: one segment (two
+    for the pipelined ring), never a copy of the vector, on any rank."""
+    from mpi_allreduce import api
+    from mpi_allreduce.plan import context_for
+
+    n, p = 1000, comm.Get_size()
+    if p == 1:
+        pytest.skip("one rank: nothing is planned")
+    send = np.arange(n, dtype=np.float64)
+    out = mar.allreduce(send, comm=comm, algorithm=algorithm, segment_size=segment_size)
+    np.testing.assert_array_equal(out, send * p)
+    # the cached runner of that call
+    call = api._validate(send, None, "sum", algorithm, segment_size, None, None, None)
+    runner = api._runner(context_for(comm), call, n, send.dtype)
+    held = runner.plan.scratch_bytes // send.itemsize
+    bound = max(1, SCRATCH_BOUND[algorithm](n, p, segment_size))
+    assert held <= bound, f"{algorithm} holds {held} elements of scratch, bound {bound}"
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)

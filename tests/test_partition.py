@@ -137,3 +137,25 @@ def test_halving_steps(pof2):
             assert {step.keep, step.send} == {(lo, lo + (hi - lo) // 2), (lo + (hi - lo) // 2, hi)}
             lo, hi = step.keep
         assert (lo, hi) == (nr, nr + 1)
+
+
+@pytest.mark.parametrize("segment_size", [1, 3, 100])
+def test_exchange_pairs_cover_both_ranges(segment_size):
+    """Per message: the slice sent, the slice kept (combined) and where the
+    peer's copy of it lands; together they cover both ranges exactly once,
+    an empty kept segment is received (so the peer's empty send matches)
+    but not combined, and a side with no segments only sends or receives."""
+    for sent_len, kept_len in [(0, 0), (0, 5), (5, 0), (7, 7), (7, 6), (1, 9)]:
+        sent = pt.segments(pt.Block(10, sent_len), segment_size) if sent_len else []
+        kept = pt.segments(pt.Block(30, kept_len), segment_size) if kept_len else []
+        pairs = pt.exchange_pairs(sent, kept)
+        assert len(pairs) == max(len(sent), len(kept))
+        sent_idx = [i for s, _, _ in pairs if s is not None for i in range(s.start, s.stop)]
+        kept_idx = [i for _, k, _ in pairs if k is not None for i in range(k.start, k.stop)]
+        assert sent_idx == list(range(10, 10 + sent_len))
+        assert kept_idx == list(range(30, 30 + kept_len))
+        for _, k, into in pairs:
+            if k is not None:
+                assert into == slice(0, k.stop - k.start) and into.stop <= segment_size
+    empty = pt.exchange_pairs(pt.segments(pt.Block(4, 0), 3), pt.segments(pt.Block(4, 0), 3))
+    assert empty == [(slice(4, 4), None, slice(0, 0))]

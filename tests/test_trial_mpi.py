@@ -103,7 +103,8 @@ def test_every_trial_call_is_right_and_every_rank_keeps_the_same_winner(comm, in
 def test_a_watched_shape_holds_one_vector_of_scratch(comm):
     """The watch's candidates share one plan of their own, even where named
     algorithms of that shape are cached already: its scratch is the largest
-    candidate's (one vector), not their sum."""
+    candidate's (here one vector: two half-blocks of the pipelined ring on
+    2 ranks, two segments if that were less), not their sum."""
     from mpi_allreduce.bench import plans_of
 
     count = LONG + 8

@@ -8,9 +8,13 @@
 
 Cost (alpha-beta-gamma): 2(p-1)(alpha + n beta) + (p-1) n gamma, all of it
 serialised at the root.  The classic baseline; needs no commutativity.
+A vector longer than one segment is gathered in segments, each reduced as
+it arrives, so the root's scratch is one segment.
 """
 
 from __future__ import annotations
+
+from ..partition import Block, exchange_pairs, segments
 
 ROOT = 0
 
@@ -20,21 +24,36 @@ class Driver:
 
     def __init__(self, plan):
         self.plan = plan
-        self.incoming = plan.scratch("incoming", plan.count) if plan.rank == ROOT else None
+        pieces = segments(Block(0, plan.count), plan.segment_size)
+        # a vector of one segment travels whole, without views (the latency
+        # path); a longer one segment by segment, reduced as it arrives
+        self.pairs = None
+        if len(pieces) > 1:
+            self.pairs = exchange_pairs([], pieces) if plan.rank == ROOT else \
+                exchange_pairs(pieces, [])
+        self.incoming = None
+        if plan.rank == ROOT:
+            self.incoming = plan.scratch("incoming", min(plan.count, plan.segment_size))
 
     def __call__(self, send, buf) -> None:
         self._gather_reduce(send, buf)
         self._return(buf)
 
     def _gather_reduce(self, send, buf) -> None:
-        plan = self.plan
+        plan, pairs = self.plan, self.pairs
         if plan.rank != ROOT:
-            plan.sendrecv(send, ROOT, None, ROOT)
+            if pairs is None:
+                plan.sendrecv(send, ROOT, None, ROOT)
+            else:
+                plan.exchange(ROOT, pairs, send, buf, None)
             return
         acc = send
         for source in range(1, plan.size):
-            plan.sendrecv(None, source, self.incoming, source)
-            plan.combine(acc, self.incoming, out=buf)
+            if pairs is None:
+                plan.sendrecv(None, source, self.incoming, source)
+                plan.combine(acc, self.incoming, out=buf)
+            else:
+                plan.exchange(source, pairs, acc, buf, self.incoming)
             acc = buf
 
     def _return(self, buf) -> None:

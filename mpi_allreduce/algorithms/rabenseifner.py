@@ -15,14 +15,23 @@ hands the reduced halves over, so every rank ends with every block::
 
 Cost: 2 lg p alpha + 2 n (p-1)/p beta + n (p-1)/p gamma (plus the fold when
 p is not a power of two): the ring's bandwidth with lg p latency terms,
-which is why vendors choose it for long vectors.  Scratch: n/2 elements.
+which is why vendors choose it for long vectors.  Messages travel in
+segments, so scratch is one segment at most (min(n, segment) elements).
 Operands are combined lower rank first, so it needs associativity only.
 """
 
 from __future__ import annotations
 
-from ..partition import block_bounds, fold, halving_steps, real_rank
-from .recursive_doubling import fold_in, fold_out
+from ..partition import (
+    Block,
+    block_bounds,
+    exchange_pairs,
+    fold,
+    halving_steps,
+    real_rank,
+    segments,
+)
+from .recursive_doubling import fold_in, fold_out, fold_pairs
 
 
 class Rabenseifner:
@@ -32,23 +41,28 @@ class Rabenseifner:
         self.plan = plan
         self.fold = fold(plan.rank, plan.size)
         blocks = block_bounds(plan.count, self.fold.pof2)
+        cut = plan.segment_size
 
         def span(rng):
             first, last = rng
-            return blocks[first].offset, blocks[last - 1].stop
+            return Block(blocks[first].offset, blocks[last - 1].stop - blocks[first].offset)
 
+        # per halving step: (peer, kept range, sent range, their messages)
         self.steps = []
         if self.fold.newrank is not None:
             for step in halving_steps(self.fold.newrank, self.fold.pof2):
-                self.steps.append((real_rank(step.peer, self.fold.rem), span(step.keep),
-                                   span(step.send)))
-        widest = max((hi - lo for _, (lo, hi), _ in self.steps), default=0)
-        # the fold-in needs the whole vector; the halving at most half of it
-        self.incoming = plan.scratch("incoming", plan.count if self.fold.partner is not None
-                                     else widest)
+                keep, send = span(step.keep), span(step.send)
+                pairs = exchange_pairs(segments(send, cut), segments(keep, cut))
+                self.steps.append((real_rank(step.peer, self.fold.rem), keep, send, pairs))
+        self.folding = fold_pairs(self.fold, plan.count, cut)
+        widest = max((keep.length for _, keep, _, _ in self.steps), default=0)
+        # the fold-in moves the whole vector, the halving half of it at most:
+        # both in segments
+        self.incoming = plan.scratch("incoming", min(plan.count if self.folding else widest,
+                                                     cut))
 
     def __call__(self, send, buf) -> None:
-        src = fold_in(self.plan, self.fold, send, buf, self.incoming)
+        src = fold_in(self.plan, self.fold, self.folding, send, buf, self.incoming)
         self._reduce_scatter(src, buf)
         self._allgather(buf)
         fold_out(self.plan, self.fold, buf)
@@ -56,17 +70,11 @@ class Rabenseifner:
     def _reduce_scatter(self, src, buf) -> None:
         """Each kept range lies inside the one before, so after the first step
         the rank's operand is in ``buf``; before it, in ``src``."""
-        plan = self.plan
-        for peer, (klo, khi), (slo, shi) in self.steps:
-            incoming = self.incoming[: khi - klo]
-            plan.sendrecv(src[slo:shi], peer, incoming, peer)
-            if peer < plan.rank:
-                plan.combine(incoming, src[klo:khi], out=buf[klo:khi])
-            else:
-                plan.combine(src[klo:khi], incoming, out=buf[klo:khi])
+        for peer, _, _, pairs in self.steps:
+            self.plan.exchange(peer, pairs, src, buf, self.incoming)
             src = buf
 
     def _allgather(self, buf) -> None:
         plan = self.plan
-        for peer, (klo, khi), (slo, shi) in reversed(self.steps):
-            plan.sendrecv(buf[klo:khi], peer, buf[slo:shi], peer)
+        for peer, keep, send, _ in reversed(self.steps):
+            plan.sendrecv(buf[keep.offset:keep.stop], peer, buf[send.offset:send.stop], peer)

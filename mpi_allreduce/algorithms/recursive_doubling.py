@@ -14,13 +14,14 @@ same bits).  For other p the extra ranks fold in first and out last
 
 Cost: lg p (alpha + n beta + n gamma), plus 2 (alpha + n beta) + n gamma
 when p is not a power of two.  Latency-optimal for short vectors, moves the
-whole vector every step.  The operand order is fixed by rank, so it needs
+whole vector every step.  A vector longer than one segment travels in
+segments, so the incoming copy (the scratch) is one segment at most.  The operand order is fixed by rank, so it needs
 an associative op but not a commutative one.
 """
 
 from __future__ import annotations
 
-from ..partition import doubling_peers, fold, real_rank
+from ..partition import Block, doubling_peers, exchange_pairs, fold, real_rank, segments
 
 
 class RecursiveDoubling:
@@ -34,29 +35,48 @@ class RecursiveDoubling:
         else:
             self.peers = [real_rank(p, self.fold.rem)
                           for p in doubling_peers(self.fold.newrank, self.fold.pof2)]
-        self.incoming = plan.scratch("incoming", plan.count)
+        pieces = segments(Block(0, plan.count), plan.segment_size)
+        # a vector of one segment is exchanged whole, without views (the
+        # latency path); a longer one segment by segment
+        self.pairs = None if len(pieces) == 1 else exchange_pairs(pieces, pieces)
+        self.folding = fold_pairs(self.fold, plan.count, plan.segment_size)
+        self.incoming = plan.scratch("incoming", min(plan.count, plan.segment_size))
 
     def __call__(self, send, buf) -> None:
         if self.fold.partner is None:  # p a power of two, or a rank above 2*rem
             self._exchange(send, buf)
             return
-        src = fold_in(self.plan, self.fold, send, buf, self.incoming)
+        src = fold_in(self.plan, self.fold, self.folding, send, buf, self.incoming)
         self._exchange(src, buf)
         fold_out(self.plan, self.fold, buf)
 
     def _exchange(self, src, buf) -> None:
         """``src`` holds this rank's operand until the first step writes ``buf``."""
-        plan, incoming = self.plan, self.incoming
+        plan, incoming, pairs = self.plan, self.incoming, self.pairs
         for peer in self.peers:
-            plan.sendrecv(src, peer, incoming, peer)
-            if peer < plan.rank:
-                plan.combine(incoming, src, out=buf)
+            if pairs is not None:
+                plan.exchange(peer, pairs, src, buf, incoming)
             else:
-                plan.combine(src, incoming, out=buf)
+                plan.sendrecv(src, peer, incoming, peer)
+                if peer < plan.rank:
+                    plan.combine(incoming, src, out=buf)
+                else:
+                    plan.combine(src, incoming, out=buf)
             src = buf
 
 
-def fold_in(plan, role, send, buf, incoming):
+def fold_pairs(role, count: int, segment_size: int) -> list:
+    """The fold-in's messages for ``Plan.exchange``: the vector in
+    segments, sent by the even rank that sits out, kept by its partner."""
+    if role.partner is None:
+        return []
+    pieces = segments(Block(0, count), segment_size)
+    if role.newrank is None:
+        return exchange_pairs(pieces, [])
+    return exchange_pairs([], pieces)
+
+
+def fold_in(plan, role, pairs, send, buf, incoming):
     """Even ranks below 2*rem hand their vector to the odd rank above them.
 
     Returns where this rank's operand now is: ``buf`` once it has combined
@@ -64,12 +84,8 @@ def fold_in(plan, role, send, buf, incoming):
     """
     if role.partner is None:
         return send
-    if role.newrank is None:
-        plan.sendrecv(send, role.partner, None, role.partner)
-        return send
-    plan.sendrecv(None, role.partner, incoming, role.partner)
-    plan.combine(incoming, send, out=buf)
-    return buf
+    plan.exchange(role.partner, pairs, send, buf, incoming)
+    return send if role.newrank is None else buf
 
 
 def fold_out(plan, role, buf) -> None:
