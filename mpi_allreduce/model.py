@@ -8,13 +8,18 @@ between ranks 0 and 1 and gamma by timing the reduction ufunc.
 =================== ================================================================
 algorithm           time
 =================== ================================================================
-driver              2(p-1)(a + n b) + (p-1) n g
+driver              (p-1)(S + 1) a + 2 (p-1) n b + (p-1) n g
 ring                2(p-1) S a + 2 n (p-1)/p b + n (p-1)/p g      (S segments per block)
 ring_pipelined      2(p-1) S a + 2 n (p-1)/p b + (p-1) (n/p)/S g  (reduction overlapped)
-recursive_doubling  lg P (a + n b + n g) [+ 2(a + n b) + n g if p != P]   (P = 2^floor(lg p))
-rabenseifner        2 lg P a + 2 n (P-1)/P b + n (P-1)/P g [+ fold as above]
+recursive_doubling  lg P (S a + n b + n g) [+ (S + 1) a + 2 n b + n g if p != P]
+rabenseifner        (sum_k S_k + lg P) a + 2 n (P-1)/P b + n (P-1)/P g [+ fold as above]
 hierarchical        4(q-1) a_i + 4 n (q-1)/q b_i + n (q-1)/q g + T_inner(m, a_e, b_e)
 =================== ================================================================
+
+P = 2^floor(lg p).  S is the number of segments a message is cut into (of
+the vector, or of the ring's block; S_k: of the half that halving step k
+sends), 1 without segments: every message that carries data to be reduced
+travels in segments, each reduced as it arrives.
 """
 
 from __future__ import annotations
@@ -41,14 +46,17 @@ class Params:
         return asdict(self)
 
 
-def _segments(n: float, p: int, segment_bytes: Optional[int]) -> int:
+def _segments(n: float, segment_bytes: Optional[int]) -> int:
+    """Messages that ``n`` bytes travel as."""
     if not segment_bytes:
         return 1
-    return max(1, math.ceil(n / p / segment_bytes))
+    return max(1, math.ceil(n / segment_bytes))
 
 
-def _fold(n, p, a, b, g) -> float:
-    return 0.0 if p == pow2_floor(p) else 2 * (a + n * b) + n * g
+def _fold(n, p, a, b, g, segment_bytes) -> float:
+    if p == pow2_floor(p):
+        return 0.0
+    return (_segments(n, segment_bytes) + 1) * a + 2 * n * b + n * g
 
 
 def predict(algorithm: str, n: float, p: int, prm: Params, segment_bytes: Optional[int] = None,
@@ -57,21 +65,24 @@ def predict(algorithm: str, n: float, p: int, prm: Params, segment_bytes: Option
     a, b, g = prm.alpha, prm.beta, prm.gamma
     if p <= 1 or n <= 0:
         return 0.0
+    whole = _segments(n, segment_bytes)
     if algorithm == "driver":
-        return 2 * (p - 1) * (a + n * b) + (p - 1) * n * g
+        return (p - 1) * (whole + 1) * a + 2 * (p - 1) * n * b + (p - 1) * n * g
     if algorithm == "ring":
-        s = _segments(n, p, segment_bytes)
+        s = _segments(n / p, segment_bytes)
         return 2 * (p - 1) * s * a + 2 * n * (p - 1) / p * b + n * (p - 1) / p * g
     if algorithm == "ring_pipelined":
-        s = _segments(n, p, segment_bytes)
+        s = _segments(n / p, segment_bytes)
         return 2 * (p - 1) * s * a + 2 * n * (p - 1) / p * b + (p - 1) * (n / p) / s * g
     big = pow2_floor(p)
-    lg = math.log2(big)
+    lg = int(math.log2(big))
+    fold = _fold(n, p, a, b, g, segment_bytes)
     if algorithm == "recursive_doubling":
-        return lg * (a + n * b + n * g) + _fold(n, p, a, b, g)
+        return lg * (whole * a + n * b + n * g) + fold
     if algorithm == "rabenseifner":
-        return (2 * lg * a + 2 * n * (big - 1) / big * b + n * (big - 1) / big * g
-                + _fold(n, p, a, b, g))
+        halving = sum(_segments(n / 2 ** (k + 1), segment_bytes) for k in range(lg))
+        return ((halving + lg) * a + 2 * n * (big - 1) / big * b + n * (big - 1) / big * g
+                + fold)
     if algorithm == "hierarchical":
         q = min(ranks_per_node or p, p)
         m = math.ceil(p / q)

@@ -31,7 +31,7 @@ communicator, so later calls with other buffer objects of that shape run
 the winner at once.
 
 On a busy node the winner of the moment is not the winner of the next
-minute, so for vectors of :data:`WATCH_MIN_BYTES` to :data:`WATCH_MAX_BYTES`
+minute, so for vectors of :data:`WATCH_MIN_BYTES` and more
 the trial hands over to a :class:`Watch`: the winner runs, and now and then one *audit* times a block
 of the winner against a block of one other candidate, side by side:
 
@@ -45,8 +45,8 @@ one is more than :data:`WATCH_MARGIN` faster, it becomes the winner.  The
 plain calls after an audit take as long as make the candidate's block the
 share :data:`AUDIT_SHARE` of the time (so audits cost at most that share,
 and a slow candidate is seen seldom in calls).  The candidates share one
-plan, so the scratch of a watched shape is the largest candidate's (one
-vector at most), not their sum.
+plan, so the scratch of a watched shape is the largest candidate's (two
+segments at most), not their sum.
 
 Every rank must make the same calls in the same order (as for any MPI
 collective), so every rank is in the same trial call: the schedule needs no
@@ -82,11 +82,6 @@ MARGIN = 0.2
 #: call is latency, the candidates' order follows their message counts and
 #: does not change with the day, and an audit would cost without paying back
 WATCH_MIN_BYTES = 16 << 10
-#: vectors up to this many bytes are watched after their trial, and hold one
-#: vector of scratch for it (as the vendor's recursive doubling allocates one
-#: per call); above it the trial decides once and only the winner's scratch
-#: is kept (32 MiB: a data-parallel gradient bucket fits)
-WATCH_MAX_BYTES = 32 << 20
 #: the watch moves to a candidate whose running ratio is below 1 - this
 WATCH_MARGIN = 0.05
 #: the weight of one audit in a candidate's running ratio
@@ -119,7 +114,7 @@ def trial_length(nbytes: int, rounds: int, candidates: int) -> int:
 
 def watched(nbytes: int) -> bool:
     """Whether ``auto`` keeps watching a vector of ``nbytes`` after its trial."""
-    return WATCH_MIN_BYTES <= nbytes <= WATCH_MAX_BYTES
+    return nbytes >= WATCH_MIN_BYTES
 
 
 def trimmed_mean(samples: np.ndarray, trim: float) -> np.ndarray:

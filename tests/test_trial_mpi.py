@@ -35,8 +35,8 @@ def trial_calls(count, rounds=trial.DEFAULT_ROUNDS):
 
 @pytest.fixture
 def unwatched(monkeypatch):
-    """Every vector is past the watch: the trial decides once."""
-    monkeypatch.setattr(trial, "WATCH_MAX_BYTES", 0)
+    """No vector is long enough for the watch: the trial decides once."""
+    monkeypatch.setattr(trial, "WATCH_MIN_BYTES", 1 << 62)
 
 
 def watch_of(comm, count):
@@ -100,7 +100,7 @@ def test_every_trial_call_is_right_and_every_rank_keeps_the_same_winner(comm, in
     assert plan_names(comm, count) == ["auto"]
 
 
-def test_a_watched_shape_holds_one_vector_of_scratch(comm):
+def test_a_watched_shape_holds_one_candidates_scratch(comm):
     """The watch's candidates share one plan of their own, even where named
     algorithms of that shape are cached already: its scratch is the largest
     candidate's (here one vector: two half-blocks of the pipelined ring on

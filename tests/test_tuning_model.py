@@ -124,6 +124,21 @@ def test_model_formulas():
     assert predict("ring", 0, p, PRM) == 0.0
 
 
+def test_model_counts_a_message_per_segment():
+    """Cut into segments of a quarter of the vector, every message that
+    carries data to be reduced is four: only the alpha terms grow."""
+    a, b, g = PRM.alpha, PRM.beta, PRM.gamma
+    n, p, seg = 1 << 20, 4, 1 << 18
+    assert predict("recursive_doubling", n, p, PRM, seg) == pytest.approx(
+        2 * (4 * a + n * b + n * g))
+    assert predict("driver", n, p, PRM, seg) == pytest.approx(3 * 5 * a + 6 * n * b + 3 * n * g)
+    # halving sends n/2 (two segments), then n/4 (one); the allgather two whole halves
+    assert predict("rabenseifner", n, p, PRM, seg) == pytest.approx(
+        (2 + 1 + 2) * a + 2 * n * 3 / 4 * b + n * 3 / 4 * g)
+    # the ring's blocks are n/4: one segment each
+    assert predict("ring", n, p, PRM, seg) == predict("ring", n, p, PRM)
+
+
 def test_hierarchical_model_uses_the_slow_link_only_across_nodes():
     slow = Params(alpha=2e-6, beta=1e-10, gamma=2e-10, alpha_inter=50e-6, beta_inter=8e-10)
     flat = predict("ring", 1 << 24, 8, Params(50e-6, 8e-10, 2e-10))
