@@ -93,8 +93,11 @@ def allreduce(
         prepared = _PREPARED.get(key)
     except TypeError:  # an unhashable argument (a tuning dict): no fast path
         key = prepared = None
-    if prepared is not None and prepared.matches(sendbuf, recvbuf):
-        return prepared(sendbuf, recvbuf)
+    if prepared is not None:  # the same live objects (see _Prepared); recheck the arrays
+        state = prepared.state
+        if state(recvbuf) == prepared.recv_state and (
+                prepared.send_state is None or state(sendbuf) == prepared.send_state):
+            return prepared(sendbuf, recvbuf)
 
     checking = _check_enabled(check)
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
@@ -121,16 +124,17 @@ class _Prepared:
     buffers reach it.
 
     Repeating a call with the very same buffer objects and arguments (the
-    usual case in a training loop or a benchmark) finds it again by
-    identity and skips validation, planning and the table lookup.  It holds
-    weak references to the buffers and rechecks what may change on a live
-    array (size, dtype, contiguity, writeable), so a stale entry is never
-    used; it holds the comm and op objects themselves, so their ids in the
-    key cannot be reused while it lives.
+    usual case in a training loop or a benchmark) finds it again by the
+    ids of those objects and skips validation, planning and the table
+    lookup.  An id names one live object: this holds the comm and op
+    objects themselves, and weak references to the buffers whose death
+    drops the entry (before the id can be reused), as freeing the comm
+    does.  What may change on a live array (size, dtype, contiguity,
+    writeable) is rechecked on every call, so a stale entry is never used.
     """
 
-    __slots__ = ("runner", "backend", "size", "in_place", "copy_send", "finalize", "comm",
-                 "context", "op", "send_ref", "recv_ref", "send_state", "recv_state")
+    __slots__ = ("runner", "backend", "size", "in_place", "copy_send", "finalize", "plain",
+                 "comm", "context", "op", "refs", "state", "send_state", "recv_state")
 
     def __init__(self, runner, backend, size, in_place, copy_send, finalize):
         self.runner = runner  # None: nothing to communicate (count 0 or one rank)
@@ -139,19 +143,15 @@ class _Prepared:
         self.in_place = in_place
         self.copy_send = copy_send  # the send buffer is copied into recv first
         self.finalize = finalize
-
-    def matches(self, sendbuf, recvbuf) -> bool:
-        """Whether a call with the same key may run this.  The key holds the
-        ids of comm and op, and this holds those objects, so they are the
-        same (and the comm is not freed: freeing it drops its entries); the
-        buffers are held weakly, and rechecked."""
-        state = self.backend.state
-        return (self.recv_ref() is recvbuf
-                and self.send_ref() is sendbuf and state(recvbuf) == self.recv_state
-                and (self.send_state is None or state(sendbuf) == self.send_state))
+        #: host buffers handed to the runner as they are, when they are 1-D
+        self.plain = (runner is not None and not backend.device and not in_place
+                      and not copy_send and finalize is None)
 
     def __call__(self, send, recv):
         """All-reduce array ``send`` (ignored in place) into array ``recv``."""
+        if self.plain and recv.ndim == 1 and send.ndim == 1:  # the short way
+            self.runner(send, recv)
+            return recv
         backend = self.backend
         if backend.device:
             backend.device_synchronize()
@@ -186,6 +186,7 @@ def _runner(context, call: _Call, count: int, dtype):
     :class:`~.trial.Trial` of the candidates, or once it is over the winner
     (or the :class:`~.trial.Watch` that keeps measuring it)."""
     nbytes = count * dtype.itemsize
+    call = call._replace(send=None, recv=None)  # plans outlive the call: no buffers in them
     name = registry.resolve(call.algorithm, nbytes, context.comm.Get_size(), call.tuning,
                             context.oversubscribed)
 
@@ -280,12 +281,18 @@ def _remember(key, prepared: _Prepared, comm, sendbuf, recvbuf, op, call: _Call)
     backend = call.backend
     if recvbuf is not call.recv or (call.send is not None and sendbuf is not call.send):
         return  # converted on the way in (a list, a foreign device array): no identity
+    def forget(ref):  # a buffer dies: its entry goes before its id can be reused
+        entry = _PREPARED.get(key)
+        if entry is not None and ref in entry.refs:
+            del _PREPARED[key]
+
     try:
-        prepared.recv_ref = weakref.ref(recvbuf)
-        prepared.send_ref = weakref.ref(sendbuf) if call.send is not None else _Constant(sendbuf)
+        buffers = (recvbuf,) if call.send is None else (sendbuf, recvbuf)
+        prepared.refs = [weakref.ref(b, forget) for b in buffers]
     except TypeError:  # an array type without weak references
         return
     prepared.comm, prepared.context, prepared.op = comm, context_for(comm), op
+    prepared.state = backend.state
     prepared.recv_state = backend.state(recvbuf)
     prepared.send_state = backend.state(sendbuf) if call.send is not None else None
     _PREPARED[key] = prepared
@@ -293,18 +300,6 @@ def _remember(key, prepared: _Prepared, comm, sendbuf, recvbuf, op, call: _Call)
         prepared.runner.adopt(prepared)
     if len(_PREPARED) > MAX_PREPARED:
         del _PREPARED[next(iter(_PREPARED))]
-
-
-class _Constant:
-    """Stands in for a weak reference to an object that lives for ever (MPI.IN_PLACE)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value):
-        self.value = value
-
-    def __call__(self):
-        return self.value
 
 
 def _check_enabled(check: Optional[bool]) -> bool:

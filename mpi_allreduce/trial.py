@@ -31,9 +31,10 @@ communicator, so later calls with other buffer objects of that shape run
 the winner at once.
 
 On a busy node the winner of the moment is not the winner of the next
-minute, so for vectors of :data:`WATCH_MIN_BYTES` and more
-the trial hands over to a :class:`Watch`: the winner runs, and now and then one *audit* times a block
-of the winner against a block of one other candidate, side by side:
+minute, so for vectors of :data:`WATCH_MIN_BYTES` and more the trial hands
+over to a :class:`Watch`: the winner runs, and now and then one *audit*
+times a block of the winner against a block of one other candidate, side
+by side:
 
     calls       w w w ... w   w  w  w   c  c  c   w w w ... w   w  w  w   c' ...
     timed                     x  x  x   -  x  x                 x  x  x   -  ...

@@ -225,6 +225,30 @@ def test_a_changed_call_is_validated_again(comm, change, validations):
     assert len(validations) == before + 1
 
 
+@pytest.mark.parametrize("dies", ["send", "recv"])
+def test_a_dead_buffer_drops_its_prepared_call(comm, dies):
+    """A prepared call is found by the ids of its buffers; when one dies its
+    entry goes with it, before another object can get its id (CPython
+    reuses the memory at once, and the object there may be of any type)."""
+    from mpi_allreduce import api
+
+    if comm.Get_size() == 1:
+        pytest.skip("one rank: nothing is kept")
+    send, recv = np.ones(16), np.empty(16)
+    mar.allreduce(send, recv, comm=comm)
+    ids = (id(send), id(recv))
+    assert any(k[1:3] == ids for k in api._PREPARED)
+    if dies == "send":
+        del send
+        send = [2.0] * 16  # a list, converted on the way in
+    else:
+        del recv
+        recv = np.empty(16)
+    assert not any(k[1:3] == ids for k in api._PREPARED)
+    out = mar.allreduce(send, recv, comm=comm)
+    np.testing.assert_array_equal(out, np.full(16, (2.0 if dies == "send" else 1.0) * comm.Get_size()))
+
+
 def test_a_freed_communicator_is_not_reused(validations):
     """A prepared call dies with its communicator (its plan's scratch is not
     kept alive): the next call raises."""

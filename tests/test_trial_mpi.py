@@ -199,7 +199,7 @@ def test_a_kept_call_runs_the_winner_directly(comm, unwatched):
         np.testing.assert_array_equal(recv, np.full(count, size))
     if size > 1:
         (kept,) = [p for k, p in api._PREPARED.items()
-                   if k[1] == id(send) and p.send_ref() is send]
+                   if k[1] == id(send) and p.refs[0]() is send]
         assert not isinstance(kept.runner, (trial.Trial, trial.Watch))
         assert kept.runner.name == decision(comm, count)[0]
 

@@ -15,8 +15,9 @@ same bits).  For other p the extra ranks fold in first and out last
 Cost: lg p (alpha + n beta + n gamma), plus 2 (alpha + n beta) + n gamma
 when p is not a power of two.  Latency-optimal for short vectors, moves the
 whole vector every step.  A vector longer than one segment travels in
-segments, so the incoming copy (the scratch) is one segment at most.  The operand order is fixed by rank, so it needs
-an associative op but not a commutative one.
+segments, so the incoming copy (the scratch) is one segment at most.  The
+operand order is fixed by rank, so it needs an associative op but not a
+commutative one.
 """
 
 from __future__ import annotations
