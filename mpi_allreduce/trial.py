@@ -43,6 +43,9 @@ by side:
 Each candidate keeps a running ratio of its time to the winner's (the
 trial's ratio first, then each audit weighted :data:`AUDIT_WEIGHT`); when
 one is more than :data:`WATCH_MARGIN` faster, it becomes the winner.  The
+candidates are audited in turn, except that one faster than the winner in
+its audit is audited again next (:data:`AGAIN` times in a row at most), so
+that a change is followed within a few audits.  The
 plain calls after an audit take as long as make the candidate's block the
 share :data:`AUDIT_SHARE` of the time (so audits cost at most that share,
 and a slow candidate is seen seldom in calls).  The candidates share one
@@ -85,6 +88,11 @@ MARGIN = 0.2
 WATCH_MIN_BYTES = 16 << 10
 #: the watch moves to a candidate whose running ratio is below 1 - this
 WATCH_MARGIN = 0.05
+#: a candidate faster than the winner in its audit is audited again next
+#: (not after a round of the others), up to this many times in a row: a
+#: real change is followed within a few audits, and a candidate that is
+#: only a little faster, within the margin, does not keep the others unseen
+AGAIN = 3
 #: the weight of one audit in a candidate's running ratio
 AUDIT_WEIGHT = 0.25
 #: the share of a watched shape's time its audits' candidate blocks may take
@@ -230,6 +238,7 @@ class Watch:
         self.times = np.empty((2, self.timed))  # the winner's row, the candidate's
         self.slowest = np.empty_like(self.times)
         self.turn = 0
+        self.again = 0  # audits in a row of the present candidate beyond its turn
         self.moves = 0
         self._schedule()
 
@@ -240,11 +249,13 @@ class Watch:
         else:
             self._audit(send, recv)
 
-    def _schedule(self, audited: float = 0.0) -> None:
-        """The next candidate in turn, and the plain calls before its audit:
-        enough that the last audit's candidate block, ``audited`` calls of
-        the winner long, is :data:`AUDIT_SHARE` of the time (a block at least)."""
-        while True:
+    def _schedule(self, audited: float = 0.0, again: bool = False) -> None:
+        """The next candidate -- the same one ``again``, else the next in
+        turn -- and the plain calls before its audit: enough that the last
+        audit's candidate block, ``audited`` calls of the winner long, is
+        :data:`AUDIT_SHARE` of the time (a block at least)."""
+        self.again = self.again + 1 if again else 0
+        while not again:
             self.candidate = self.names[self.turn % len(self.names)]
             self.turn += 1
             if self.candidate != self.current:
@@ -269,8 +280,8 @@ class Watch:
         self.comm.Allreduce(self.times, self.slowest, MPI.MAX)
         current, candidate = trimmed_mean(self.slowest.T, TRIM)
         current, candidate = _positive(current), _positive(candidate)
-        name = self.candidate
-        self.ratio[name] += AUDIT_WEIGHT * (math.log(candidate / current) - self.ratio[name])
+        name, seen = self.candidate, math.log(candidate / current)
+        self.ratio[name] += AUDIT_WEIGHT * (seen - self.ratio[name])
         audited = (self.timed + 1) * candidate / current
         if self.ratio[name] < math.log(1.0 - WATCH_MARGIN):
             shift = self.ratio[name]
@@ -278,7 +289,9 @@ class Watch:
                 self.ratio[other] -= shift
             self.current, self.runner = name, self.runners[name]
             self.moves += 1
-        self._schedule(audited)
+            self._schedule(audited)
+        else:
+            self._schedule(audited, again=seen < 0.0 and self.again < AGAIN)
 
 
 def _positive(seconds: float) -> float:

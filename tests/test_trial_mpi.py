@@ -219,7 +219,7 @@ class Switching:
 
 def test_the_watch_follows_a_switch_and_every_call_stays_right(comm, monkeypatch):
     """The trial's winner (the driver) turns slow after the trial; the
-    watch moves to the one fast now (recursive doubling), on every rank,
+    watch moves to the one fastest now (recursive doubling), on every rank,
     and a kept call follows it; no call is wrong on the way."""
     from mpi_allreduce import api
 
@@ -237,7 +237,9 @@ def test_the_watch_follows_a_switch_and_every_call_stays_right(comm, monkeypatch
             assert decision(comm, count) == ["driver"]
     if size > 1:
         watch = watch_of(comm, count)
-        assert watch.current == "recursive_doubling" and watch.moves == 1
+        # the others turned 2x faster than the driver as well: the watch may
+        # stop at one of them on the way, not stay there
+        assert watch.current == "recursive_doubling" and watch.moves >= 1
         assert decision(comm, count) == ["recursive_doubling"]
         assert len(set(comm.allgather((watch.current, watch.turn, watch.plain)))) == 1
         (kept,) = [p for k, p in api._PREPARED.items() if k[1] == id(send)]

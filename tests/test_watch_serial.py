@@ -138,3 +138,39 @@ def test_one_lucky_audit_is_not_enough(clock):
     assert watch.current == "w"
     expected = math.log(1.3) + trial.AUDIT_WEIGHT * (math.log(0.5) - math.log(1.3))
     assert watch.ratio["x"] == pytest.approx(expected)
+
+
+def audits(watch, fake, count):
+    """The candidates of the next ``count`` audits, in order."""
+    seen = []
+    for _ in range(count):
+        seen.append(watch.candidate)
+        run(watch, fake, watch.plain + 2 * watch.timed + 1)
+    return seen
+
+
+def test_a_candidate_faster_in_its_audit_is_audited_again_next(clock):
+    """x lost the trial by far (1.5x) and is now twice as fast: its audits
+    follow each other until it takes over, instead of one per round."""
+    times = {"w": 1.0, "x": 1.5, "y": 1.2, "z": 1.3}
+    fake = clock(times)
+    watch, _ = make_watch(times, "w")
+    assert audits(watch, fake, 3) == ["x", "y", "z"]
+    fake.seconds["x"] = 0.5
+    # the next audit is x's in turn (the round starts again); its ratio goes
+    # from log 1.5 to 0.13, then to -0.08: past the margin, in two audits
+    assert audits(watch, fake, 2) == ["x", "x"]
+    assert watch.current == "x" and watch.moves == 1
+
+
+def test_a_candidate_a_little_faster_does_not_keep_the_others_unseen(clock):
+    """Within the margin, x stays faster in every audit: it is audited
+    again AGAIN times in a row at most, then the others get their turns."""
+    times = {"w": 1.0, "x": 1.0 - trial.WATCH_MARGIN / 2, "y": 1.2}
+    fake = clock(times)
+    watch, _ = make_watch(times, "w")
+    seen = audits(watch, fake, 40)
+    assert watch.current == "w"
+    assert seen.count("y") >= 40 // (trial.AGAIN + 2)
+    longest = max(len(run_) for run_ in "".join(seen).split("y"))
+    assert longest == trial.AGAIN + 1  # its turn, then AGAIN more
