@@ -281,6 +281,7 @@ def _remember(key, prepared: _Prepared, comm, sendbuf, recvbuf, op, call: _Call)
     backend = call.backend
     if recvbuf is not call.recv or (call.send is not None and sendbuf is not call.send):
         return  # converted on the way in (a list, a foreign device array): no identity
+
     def forget(ref):  # a buffer dies: its entry goes before its id can be reused
         entry = _PREPARED.get(key)
         if entry is not None and ref in entry.refs:

@@ -45,11 +45,11 @@ trial's ratio first, then each audit weighted :data:`AUDIT_WEIGHT`); when
 one is more than :data:`WATCH_MARGIN` faster, it becomes the winner.  The
 candidates are audited in turn, except that one faster than the winner in
 its audit is audited again next (:data:`AGAIN` times in a row at most), so
-that a change is followed within a few audits.  The
-plain calls after an audit take as long as make the candidate's block the
-share :data:`AUDIT_SHARE` of the time (so audits cost at most that share,
-and a slow candidate is seen seldom in calls).  The candidates share one
-plan, so the scratch of a watched shape is the largest candidate's (two
+that a change is followed within a few audits.  The plain calls after an
+audit take as long as make the candidate's block the share
+:data:`AUDIT_SHARE` of the time (so audits cost at most that share, and a
+slow candidate is seen seldom in calls).  The candidates share one plan,
+so the scratch of a watched shape is the largest candidate's (two
 segments at most), not their sum.
 
 Every rank must make the same calls in the same order (as for any MPI

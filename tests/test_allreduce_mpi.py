@@ -246,7 +246,8 @@ def test_a_dead_buffer_drops_its_prepared_call(comm, dies):
         recv = np.empty(16)
     assert not any(k[1:3] == ids for k in api._PREPARED)
     out = mar.allreduce(send, recv, comm=comm)
-    np.testing.assert_array_equal(out, np.full(16, (2.0 if dies == "send" else 1.0) * comm.Get_size()))
+    mine = 2.0 if dies == "send" else 1.0
+    np.testing.assert_array_equal(out, np.full(16, mine * comm.Get_size()))
 
 
 def test_a_freed_communicator_is_not_reused(validations):

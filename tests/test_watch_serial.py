@@ -58,6 +58,15 @@ def run(watch, clock, calls):
     return total
 
 
+def audits(watch, fake, count):
+    """The candidates of the next ``count`` audits, in order."""
+    seen = []
+    for _ in range(count):
+        seen.append(watch.candidate)
+        run(watch, fake, watch.plain + 2 * watch.timed + 1)
+    return seen
+
+
 @pytest.fixture
 def clock(monkeypatch):
     def install(seconds):
@@ -71,11 +80,7 @@ def test_audits_go_round_the_other_candidates_in_turn(clock):
     times = {"a": 1.0, "b": 1.0, "c": 1.0}
     fake = clock(times)
     watch, _ = make_watch(times, "b")
-    seen = []
-    for _ in range(4):
-        seen.append(watch.candidate)
-        run(watch, fake, watch.plain + 2 * watch.timed + 1)
-    assert seen == ["a", "c", "a", "c"]
+    assert audits(watch, fake, 4) == ["a", "c", "a", "c"]
 
 
 @pytest.mark.parametrize("slower", [1.0, 2.0, 5.0, 40.0])
@@ -138,15 +143,6 @@ def test_one_lucky_audit_is_not_enough(clock):
     assert watch.current == "w"
     expected = math.log(1.3) + trial.AUDIT_WEIGHT * (math.log(0.5) - math.log(1.3))
     assert watch.ratio["x"] == pytest.approx(expected)
-
-
-def audits(watch, fake, count):
-    """The candidates of the next ``count`` audits, in order."""
-    seen = []
-    for _ in range(count):
-        seen.append(watch.candidate)
-        run(watch, fake, watch.plain + 2 * watch.timed + 1)
-    return seen
 
 
 def test_a_candidate_faster_in_its_audit_is_audited_again_next(clock):
