@@ -27,7 +27,8 @@ def _hierarchy_args(parser: argparse.ArgumentParser) -> None:
     from .bench import parse_size
 
     parser.add_argument("--segment-bytes", type=parse_size, default=None,
-                        help="bytes per ring message, e.g. 256K (default 1 MiB)")
+                        help="bytes per message at most where the data is reduced, "
+                             "e.g. 256K (default 1 MiB)")
 
 
 def _options(args) -> dict:

@@ -18,7 +18,8 @@ from .trial import DEFAULT_ROUNDS, Trial, block_length, watched
 
 __all__ = ["allreduce", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES"]
 
-#: default segment: the unit of one ring message and of the ring's scratch
+#: default segment: the most one message carries when its data is to be
+#: reduced, and so the scratch of every algorithm
 DEFAULT_SEGMENT_BYTES = 1 << 20
 
 
@@ -75,7 +76,8 @@ def allreduce(
         (count, dtype, op, algorithm) or any rank rejected its input.
         Default: the ``MPI_ALLREDUCE_CHECK`` environment variable.
     segment_size : int, optional
-        Elements per message in the ring phases (default: 1 MiB worth, or
+        Elements per message at most where the data is to be reduced (every
+        algorithm's scratch is one such segment; default: 1 MiB worth, or
         ``MPI_ALLREDUCE_SEGMENT_BYTES``).
     ranks_per_node, inner : optional
         ``hierarchical`` only: group consecutive ranks into emulated nodes
