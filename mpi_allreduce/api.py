@@ -99,6 +99,9 @@ def allreduce(
         state = prepared.state
         if state(recvbuf) == prepared.recv_state and (
                 prepared.send_state is None or state(sendbuf) == prepared.send_state):
+            if prepared.plain and recvbuf.ndim == 1 and sendbuf.ndim == 1:
+                prepared.runner(sendbuf, recvbuf)  # 1-D host arrays as they are
+                return recvbuf
             return prepared(sendbuf, recvbuf)
 
     checking = _check_enabled(check)
@@ -145,15 +148,13 @@ class _Prepared:
         self.in_place = in_place
         self.copy_send = copy_send  # the send buffer is copied into recv first
         self.finalize = finalize
-        #: host buffers handed to the runner as they are, when they are 1-D
+        #: host buffers go to the runner as they are, when they are 1-D
+        #: (``allreduce`` takes that short way itself, not through __call__)
         self.plain = (runner is not None and not backend.device and not in_place
                       and not copy_send and finalize is None)
 
     def __call__(self, send, recv):
         """All-reduce array ``send`` (ignored in place) into array ``recv``."""
-        if self.plain and recv.ndim == 1 and send.ndim == 1:  # the short way
-            self.runner(send, recv)
-            return recv
         backend = self.backend
         if backend.device:
             backend.device_synchronize()
