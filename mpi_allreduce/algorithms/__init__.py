@@ -6,5 +6,8 @@ Every algorithm is a class built once per :class:`~mpi_allreduce.plan.Plan`
 contiguous) receives the reduced vector; for an in-place call they are the
 same array.  Out of place, the first reduction of each element reads
 ``send`` and writes ``buf`` directly, so no copy of the input is made.
-All data moves through ``plan.sendrecv`` / ``plan.post``.
+All data moves through ``plan.sendrecv`` / ``plan.post``, and data to be
+reduced in segments of at most ``plan.segment_size`` elements, each
+reduced as it arrives (``plan.exchange`` does both for a step), so an
+algorithm's scratch is a segment, never a copy of the vector.
 """
