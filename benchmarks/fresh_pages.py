@@ -25,18 +25,8 @@ import argparse
 import numpy as np
 from mpi4py import MPI
 
-from mpi_allreduce.bench import parse_size
+from mpi_allreduce.bench import batch_mean_us, parse_size
 from mpi_allreduce.verify import mpi_library
-
-
-def mean_us(comm, call, iters=30):
-    for _ in range(3):
-        call()
-    comm.Barrier()
-    start = MPI.Wtime()
-    for _ in range(iters):
-        call()
-    return comm.allreduce((MPI.Wtime() - start) / iters * 1e6, op=MPI.MAX)
 
 
 def main() -> int:
@@ -64,7 +54,8 @@ def main() -> int:
         def write_only():
             block[...] = 1.0
 
-        rows.append([mean_us(comm, f) for f in (untouched, fresh, write_only)])
+        rows.append([batch_mean_us(comm, f, iters=30, warmup=3)
+                     for f in (untouched, fresh, write_only)])
     if comm.Get_rank() == 0:
         print(f"# {args.bytes} B per message, 2 ranks, {mpi_library()}")
         print(f"{'run':>4} {'untouched':>10} {'fresh':>10} {'write only':>11} {'fresh/(untouched+write)':>24}")

@@ -23,20 +23,11 @@ from mpi4py import MPI
 
 import mpi_allreduce as mar
 from mpi_allreduce.api import DEFAULT_SEGMENT_BYTES
-from mpi_allreduce.bench import parse_size
+from mpi_allreduce.bench import batch_mean_us, parse_size
 from mpi_allreduce.verify import mpi_library
 
 ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "driver")
 WHOLE = "whole"
-
-
-def batch_us(comm, call, iters):
-    call()
-    comm.Barrier()
-    start = MPI.Wtime()
-    for _ in range(iters):
-        call()
-    return comm.allreduce((MPI.Wtime() - start) / iters * 1e6, op=MPI.MAX)
 
 
 def main() -> int:
@@ -72,7 +63,7 @@ def main() -> int:
         times = {key: [] for key in calls}
         for _ in range(args.repeats):
             for key, call in calls.items():
-                times[key].append(batch_us(comm, call, iters))
+                times[key].append(batch_mean_us(comm, call, iters, warmup=1))
         if comm.rank == 0:
             for name in ALGORITHMS:
                 ref = np.median(times[name, DEFAULT_SEGMENT_BYTES])

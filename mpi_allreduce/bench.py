@@ -128,6 +128,18 @@ class Runner:
                       comm=self.comm, algorithm=self.algorithm, **self.options)
 
 
+def batch_mean_us(comm, call, iters: int, warmup: int) -> float:
+    """Microseconds per call of ``iters`` back-to-back calls after ``warmup``
+    untimed ones, timed as one batch; the slowest rank's."""
+    for _ in range(warmup):
+        call()
+    comm.Barrier()
+    start = MPI.Wtime()
+    for _ in range(iters):
+        call()
+    return comm.allreduce((MPI.Wtime() - start) / iters * 1e6, op=MPI.MAX)
+
+
 def time_runner(comm, run, iters: int, warmup: int) -> np.ndarray:
     """Per-iteration seconds, each the maximum over ranks."""
     for _ in range(warmup):
