@@ -2,7 +2,8 @@
 
 =============================== ==============================================
 MPI_ALLREDUCE_CHECK=1           check mode: exchange an argument fingerprint first
-MPI_ALLREDUCE_SEGMENT_BYTES=N   bytes per ring message (default 1 MiB)
+MPI_ALLREDUCE_SEGMENT_BYTES=N   bytes per message where the data is reduced
+                                (default 1 MiB)
 MPI_ALLREDUCE_RANKS_PER_NODE=N  hierarchical: emulate nodes of N consecutive ranks
 MPI_ALLREDUCE_INNER=NAME        hierarchical: algorithm across node leaders
 MPI_ALLREDUCE_TUNING=PATH       decision table for algorithm="auto"
