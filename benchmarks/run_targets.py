@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from statistics import median, quantiles
+from statistics import quantiles
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
