@@ -99,8 +99,8 @@ def allreduce(
         state = prepared.state
         if state(recvbuf) == prepared.recv_state and (
                 prepared.send_state is None or state(sendbuf) == prepared.send_state):
-            if prepared.plain and recvbuf.ndim == 1 and sendbuf.ndim == 1:
-                prepared.runner(sendbuf, recvbuf)  # 1-D host arrays as they are
+            if prepared.plain:  # 1-D host arrays (their state says so) as they are
+                prepared.entry(sendbuf, recvbuf)
                 return recvbuf
             return prepared(sendbuf, recvbuf)
 
@@ -135,11 +135,12 @@ class _Prepared:
     objects themselves, and weak references to the buffers whose death
     drops the entry (before the id can be reused), as freeing the comm
     does.  What may change on a live array (size, dtype, contiguity,
-    writeable) is rechecked on every call, so a stale entry is never used.
+    writeable, number of dimensions) is rechecked on every call, so a
+    stale entry is never used.
     """
 
-    __slots__ = ("runner", "backend", "size", "in_place", "copy_send", "finalize", "plain",
-                 "comm", "context", "op", "refs", "state", "send_state", "recv_state")
+    __slots__ = ("_runner", "entry", "backend", "size", "in_place", "copy_send", "finalize",
+                 "plain", "comm", "context", "op", "refs", "state", "send_state", "recv_state")
 
     def __init__(self, runner, backend, size, in_place, copy_send, finalize):
         self.runner = runner  # None: nothing to communicate (count 0 or one rank)
@@ -148,10 +149,20 @@ class _Prepared:
         self.in_place = in_place
         self.copy_send = copy_send  # the send buffer is copied into recv first
         self.finalize = finalize
-        #: host buffers go to the runner as they are, when they are 1-D
-        #: (``allreduce`` takes that short way itself, not through __call__)
-        self.plain = (runner is not None and not backend.device and not in_place
-                      and not copy_send and finalize is None)
+        #: host buffers go to the runner as they are: set for a kept call
+        #: whose arrays are 1-D (``allreduce`` takes that short way itself)
+        self.plain = False
+
+    @property
+    def runner(self):
+        return self._runner
+
+    @runner.setter
+    def runner(self, runner) -> None:  # a trial sets its winner here once it has one
+        self._runner = runner
+        #: what the short way calls: an algorithm's bare ``run`` where it has one
+        #: (the same call without its object's ``__call__`` in between)
+        self.entry = getattr(runner, "run", runner)
 
     def __call__(self, send, recv):
         """All-reduce array ``send`` (ignored in place) into array ``recv``."""
@@ -299,6 +310,10 @@ def _remember(key, prepared: _Prepared, comm, sendbuf, recvbuf, op, call: _Call)
     prepared.state = backend.state
     prepared.recv_state = backend.state(recvbuf)
     prepared.send_state = backend.state(sendbuf) if call.send is not None else None
+    # the states hold ndim, so a kept call found again has 1-D arrays still
+    prepared.plain = (prepared.runner is not None and not backend.device
+                      and not prepared.in_place and not prepared.copy_send
+                      and prepared.finalize is None and recvbuf.ndim == 1 and sendbuf.ndim == 1)
     _PREPARED[key] = prepared
     if isinstance(prepared.runner, Trial):
         prepared.runner.adopt(prepared)

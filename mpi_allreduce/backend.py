@@ -72,9 +72,11 @@ class Backend:
     def state(self, array) -> tuple:
         """What can change on a live array and would make an earlier check of
         it stale: size and dtype (``resize``, a ``dtype`` assignment),
-        contiguity (a ``strides`` assignment) and the writeable flag.  The
-        shape may change freely: arrays are flattened on every call."""
-        return (array.size, array.dtype, array.flags.c_contiguous, self.is_writeable(array))
+        contiguity (a ``strides`` assignment) and the writeable flag; and
+        the number of dimensions, so that a call found again knows its
+        arrays are still 1-D (any shape is flattened, at some cost)."""
+        return (array.size, array.dtype, array.flags.c_contiguous, self.is_writeable(array),
+                array.ndim)
 
     def shares_memory(self, a, b) -> bool:
         # the bounds test is cheap; the exact one only runs when bounds overlap
@@ -115,16 +117,21 @@ class Pending:
 
 def _direct(comm, mpitype, tag, synchronize=None):
     """:meth:`Backend.channel` for buffers MPI can read as they are."""
-    exchange = comm.Sendrecv
+    exchange, nobody = comm.Sendrecv, MPI.PROC_NULL
 
     def sendrecv(send, dest, recv, source):
-        if synchronize is not None:
-            synchronize()
         exchange([send, mpitype] if send is not None else None,
-                 dest if send is not None else MPI.PROC_NULL, tag,
+                 dest if send is not None else nobody, tag,
                  [recv, mpitype] if recv is not None else None,
-                 source if recv is not None else MPI.PROC_NULL, tag)
-    return sendrecv
+                 source if recv is not None else nobody, tag)
+
+    if synchronize is None:
+        return sendrecv
+
+    def synchronized(send, dest, recv, source):
+        synchronize()
+        sendrecv(send, dest, recv, source)
+    return synchronized
 
 
 def _start(comm, send, dest, recv, source, mpitype, tag) -> list:
@@ -140,7 +147,7 @@ class HostBackend(Backend):
     name = "numpy"
 
     #: the same facts in one C call: flags.num holds the contiguity and writeable bits
-    state = staticmethod(operator.attrgetter("size", "dtype", "flags.num"))
+    state = staticmethod(operator.attrgetter("size", "dtype", "flags.num", "ndim"))
 
     def __init__(self):
         super().__init__(np)

@@ -37,33 +37,53 @@ class RecursiveDoubling:
             self.peers = [real_rank(p, self.fold.rem)
                           for p in doubling_peers(self.fold.newrank, self.fold.pof2)]
         pieces = segments(Block(0, plan.count), plan.segment_size)
-        # a vector of one segment is exchanged whole, without views (the
-        # latency path); a longer one segment by segment
-        self.pairs = None if len(pieces) == 1 else exchange_pairs(pieces, pieces)
         self.folding = fold_pairs(self.fold, plan.count, plan.segment_size)
         self.incoming = plan.scratch("incoming", min(plan.count, plan.segment_size))
+        if len(pieces) == 1:
+            # a vector of one segment is exchanged whole, without views
+            self._exchange = whole_vector_steps(plan, self.peers, self.incoming)
+        else:
+            self._exchange = segmented_steps(plan, self.peers, exchange_pairs(pieces, pieces),
+                                             self.incoming)
+        #: the call: without a fold, the steps themselves (the latency path:
+        #: one closure, no attribute look-ups); else the fold around them
+        self.run = self._exchange if self.fold.partner is None else self._folded
 
     def __call__(self, send, buf) -> None:
-        if self.fold.partner is None:  # p a power of two, or a rank above 2*rem
-            self._exchange(send, buf)
-            return
+        self.run(send, buf)
+
+    def _folded(self, send, buf) -> None:
         src = fold_in(self.plan, self.fold, self.folding, send, buf, self.incoming)
         self._exchange(src, buf)
         fold_out(self.plan, self.fold, buf)
 
-    def _exchange(self, src, buf) -> None:
-        """``src`` holds this rank's operand until the first step writes ``buf``."""
-        plan, incoming, pairs = self.plan, self.incoming, self.pairs
-        for peer in self.peers:
-            if pairs is not None:
-                plan.exchange(peer, pairs, src, buf, incoming)
+
+def whole_vector_steps(plan, peers, incoming):
+    """The exchange steps for a vector of one segment, as one function of
+    ``(src, buf)``: ``src`` holds this rank's operand until the first step
+    writes ``buf``; each step swaps the whole vector with its peer."""
+    sendrecv, combine = plan.sendrecv, plan.combine
+    steps = [(peer, peer < plan.rank) for peer in peers]
+
+    def exchange(src, buf) -> None:
+        for peer, lower in steps:
+            sendrecv(src, peer, incoming, peer)
+            if lower:
+                combine(incoming, src, out=buf)
             else:
-                plan.sendrecv(src, peer, incoming, peer)
-                if peer < plan.rank:
-                    plan.combine(incoming, src, out=buf)
-                else:
-                    plan.combine(src, incoming, out=buf)
+                combine(src, incoming, out=buf)
             src = buf
+    return exchange
+
+
+def segmented_steps(plan, peers, pairs, incoming):
+    """The same for a longer vector: each step a segment at a time."""
+
+    def exchange(src, buf) -> None:
+        for peer in peers:
+            plan.exchange(peer, pairs, src, buf, incoming)
+            src = buf
+    return exchange
 
 
 def fold_pairs(role, count: int, segment_size: int) -> list:
