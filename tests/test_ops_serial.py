@@ -69,3 +69,29 @@ def test_algorithms_registry():
                                    "ring_pipelined", "rabenseifner"}
     for name in mar.ALGORITHMS:
         assert registry.get(name).name == name
+
+
+
+@pytest.mark.parametrize("op", ["sum", "prod"])
+def test_in_place_timing_data_stays_as_it_is(op):
+    """bench times in-place calls on one buffer over and over: its data must
+    not run off to inf (or through slow denormals), as sum and prod would
+    take the verification data within a hundred calls on 3 ranks."""
+    from mpi_allreduce.bench import timing_data
+
+    ufunc = resolve_op(op).ufunc
+    first = timing_data(np.dtype(np.float32), op, 7, 0, in_place=True)
+    data = first.copy()
+    with np.errstate(all="raise"):  # an overflow or underflow fails the test
+        for _ in range(200):  # every rank holds the same values after a call
+            data = ufunc.reduce(np.stack([data] * 3))
+    np.testing.assert_array_equal(data, first)
+
+
+def test_out_of_place_timing_data_is_the_verification_data():
+    from mpi_allreduce.bench import timing_data
+    from mpi_allreduce.verify import make_data
+
+    for op in ("sum", "prod", "max"):
+        np.testing.assert_array_equal(timing_data(np.dtype(np.float32), op, 7, 2, in_place=False),
+                                      make_data(np.dtype(np.float32), op, 7, 2, "exact", 5))
