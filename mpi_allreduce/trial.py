@@ -20,12 +20,13 @@ footprint, a first call's page faults); the others are timed back to back
 as a loop runs them (:func:`block_length`: blocks are longer for shorter,
 noisier calls, up to 16 timed).  After the last block the ranks take, for
 every timed call, its slowest rank (one small ``Allreduce`` of the timings,
-the only collective here, and not on the data), and every rank keeps the
-same winner by the mean of those without the highest and lowest tenth (the
-mean, because a loop pays the mean; trimmed, because one preempted call
-must not decide): the table's choice unless another candidate is more than
-:data:`MARGIN` faster (:data:`WATCH_MARGIN` where a watch follows).  Eight rounds spread the trial over time, so that
-a candidate is seen at both levels if it switches.  The decision is
+not of the data; each audit of the watch below takes one more), and every
+rank keeps the same winner by the mean of those without the highest and
+lowest tenth (the mean, because a loop pays the mean; trimmed, because one
+preempted call must not decide): the table's choice unless another
+candidate is more than :data:`MARGIN` faster (:data:`WATCH_MARGIN` where a
+watch follows).  Eight rounds spread the trial over time, so that a
+candidate is seen at both levels if it switches.  The decision is
 remembered per plan key (count, dtype, op, segment, ...) on the
 communicator, so later calls with other buffer objects of that shape run
 the winner at once.
