@@ -7,8 +7,9 @@ iteration is the maximum over ranks.  Reported: avg/min/max over
 iterations (microseconds), algbw = bytes / avg time, and
 busbw = algbw * 2(p-1)/p (decimal GB/s) -- the nccl-tests convention, which
 makes busbw comparable across rank counts.  With ``repeats`` > 1 the whole
-set of algorithms runs that many times interleaved, and the median of the
-per-repeat averages is reported (ratios are taken side by side in one run).
+set of algorithms runs that many times interleaved, in a shuffled order
+each time (:func:`repeat_order`), and the median of the per-repeat averages
+is reported (ratios are taken side by side in one run).
 """
 
 from __future__ import annotations
@@ -259,6 +260,17 @@ def timing_data(dtype: np.dtype, op, count: int, rank: int, in_place: bool) -> n
     return make_data(dtype, op, count, rank, "exact", 5)
 
 
+def repeat_order(algorithms: list, nbytes: int, repeat: int) -> list:
+    """The order the algorithms run in during one repeat at one size: a
+    permutation seeded by (size, repeat), so the same on every rank and in
+    every run, and different from repeat to repeat.  A fixed order would
+    give each algorithm the same place and the same predecessor every time
+    (whose cache footprint and stragglers it inherits); shuffled, those
+    effects fall on every algorithm alike and the medians compare them."""
+    shuffled = np.random.default_rng([nbytes, repeat]).permutation(len(algorithms))
+    return [algorithms[i] for i in shuffled]
+
+
 def bench(comm, sizes, algorithms, dtype="float32", op="sum", iters=20, warmup=5,
           modes=(False,), check=False, repeats=1, options=None, progress=True,
           memory=False, device="cpu") -> list[Result]:
@@ -279,7 +291,7 @@ def bench(comm, sizes, algorithms, dtype="float32", op="sum", iters=20, warmup=5
             per_repeat = {a: [] for a in algorithms}
             samples = {a: [] for a in algorithms}
             for repeat in range(repeats):
-                for a in algorithms:
+                for a in repeat_order(algorithms, nbytes, repeat):
                     warm = n_warm + (trial_calls(nbytes) if a == "auto" and not repeat else 0)
                     t = time_runner(comm, runners[a], n_iter, warm)
                     per_repeat[a].append(float(t.mean()))
@@ -343,7 +355,7 @@ def table(results: list[Result], meta: dict) -> str:
         f"ranks/node {meta['ranks_per_node']}; {meta['mpi_library']}",
         f"# {BUSBW_NOTE}; vs_mpi = time / MPI.Allreduce time at that size",
         f"# iterations {meta['iters']} (fewer above 1 MiB), warm-up {meta['warmup']}, "
-        f"repeats {meta['repeats']} (median)",
+        f"repeats {meta['repeats']} (median; algorithms in a shuffled order each repeat)",
         "".join(f"{c:>{w}}" for c, w in zip(COLUMNS, _WIDTHS)),
     ]
     for r in results:

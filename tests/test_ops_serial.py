@@ -95,3 +95,20 @@ def test_out_of_place_timing_data_is_the_verification_data():
     for op in ("sum", "prod", "max"):
         np.testing.assert_array_equal(timing_data(np.dtype(np.float32), op, 7, 2, in_place=False),
                                       make_data(np.dtype(np.float32), op, 7, 2, "exact", 5))
+
+
+def test_repeat_order_shuffles_the_same_way_on_every_rank():
+    """bench runs the algorithms of a repeat in a shuffled order: every rank
+    must compute the same one (they all take part in every call), and over
+    the repeats every algorithm must take every place and follow others."""
+    from mpi_allreduce.bench import repeat_order
+
+    names = ["mpi", "driver", "ring", "recursive_doubling", "rabenseifner", "auto"]
+    orders = [repeat_order(names, 1 << 20, r) for r in range(60)]
+    assert orders == [repeat_order(list(names), 1 << 20, r) for r in range(60)]
+    assert all(sorted(o) == sorted(names) for o in orders)
+    for place in range(len(names)):
+        assert {o[place] for o in orders} == set(names)
+    after_auto = {o[o.index("auto") - 1] for o in orders if o[0] != "auto"}
+    assert len(after_auto) > 1
+    assert [repeat_order(names, 8, r) for r in range(5)] != orders[:5]  # seeded by size too
