@@ -7,7 +7,8 @@ For each rank count (4 ranks on this 2-core machine are oversubscribed and
 not pinned):
   1. one ``bench`` run with every algorithm, ``auto`` and ``mpi``
      (MPI.Allreduce), float32 SUM, 8 B .. 16 MiB, medians of interleaved
-     repeats, results checked (-c), scratch measured (--memory);
+     repeats (the algorithms in a shuffled order each repeat), results
+     checked (-c), scratch measured (--memory);
   2. under Open MPI, one run per forced vendor algorithm
      (coll_tuned_use_dynamic_rules=1, coll_tuned_allreduce_algorithm = 3
      recursive doubling, 4 ring, 6 rabenseifner), labelled mpi:<name>;

@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from . import registry
 from .config import environment, on_refresh
+from .algorithms import entry
 from .algorithms.hierarchical import inner_setting, ranks_per_node_setting
 from .backend import as_array, backend_for
 from .ops import Op, check_dtype, resolve_op
@@ -162,7 +163,7 @@ class _Prepared:
         self._runner = runner
         #: what the short way calls: an algorithm's bare ``run`` where it has one
         #: (the same call without its object's ``__call__`` in between)
-        self.entry = getattr(runner, "run", runner)
+        self.entry = entry(runner)
 
     def __call__(self, send, recv):
         """All-reduce array ``send`` (ignored in place) into array ``recv``."""

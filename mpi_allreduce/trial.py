@@ -69,6 +69,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
+from .algorithms import entry
+
 __all__ = ["Trial", "Watch", "decide", "block_length", "trial_length", "watched",
            "DEFAULT_ROUNDS", "MARGIN"]
 
@@ -235,6 +237,8 @@ class Watch:
         #: log(time of the candidate / time of the current winner); 0 for the winner
         self.ratio = {n: math.log(_positive(s) / base) for n, s in zip(self.names, seconds)}
         self.current, self.runner = current, runners[current]
+        #: what a plain call runs: the winner's bare ``run`` where it has one
+        self.winner = entry(self.runner)
         self.timed = block - 1
         self.times = np.empty((2, self.timed))  # the winner's row, the candidate's
         self.slowest = np.empty_like(self.times)
@@ -243,12 +247,17 @@ class Watch:
         self.moves = 0
         self._schedule()
 
-    def __call__(self, send, recv) -> None:
+    def run(self, send, recv) -> None:
+        """One call: the winner's, or the next of an audit.  A plain call is
+        this method and the winner's bare ``run``, nothing else (a short
+        vector's call is a few microseconds)."""
         if self.plain:
             self.plain -= 1
-            self.runner(send, recv)
+            self.winner(send, recv)
         else:
             self._audit(send, recv)
+
+    __call__ = run
 
     def _schedule(self, audited: float = 0.0, again: bool = False) -> None:
         """The next candidate -- the same one ``again``, else the next in
@@ -289,6 +298,7 @@ class Watch:
             for other in self.names:
                 self.ratio[other] -= shift
             self.current, self.runner = name, self.runners[name]
+            self.winner = entry(self.runner)
             self.moves += 1
             self._schedule(audited)
         else:

@@ -10,4 +10,13 @@ All data moves through ``plan.sendrecv`` / ``plan.post``, and data to be
 reduced in segments of at most ``plan.segment_size`` elements, each
 reduced as it arrives (``plan.exchange`` does both for a step), so an
 algorithm's scratch is a segment, never a copy of the vector.
+
+A runner (an algorithm, or ``auto``'s watch around several) may also offer
+``run``: the same call bound once, without the object's ``__call__`` in
+between.  The short path of a repeated call takes :func:`entry`.
 """
+
+
+def entry(runner):
+    """What to call to run ``runner``: its bare ``run`` where it has one."""
+    return getattr(runner, "run", runner)
