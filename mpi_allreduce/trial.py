@@ -236,9 +236,7 @@ class Watch:
         base = _positive(seconds[self.names.index(current)])
         #: log(time of the candidate / time of the current winner); 0 for the winner
         self.ratio = {n: math.log(_positive(s) / base) for n, s in zip(self.names, seconds)}
-        self.current, self.runner = current, runners[current]
-        #: what a plain call runs: the winner's bare ``run`` where it has one
-        self.winner = entry(self.runner)
+        self._follow(current)
         self.timed = block - 1
         self.times = np.empty((2, self.timed))  # the winner's row, the candidate's
         self.slowest = np.empty_like(self.times)
@@ -258,6 +256,12 @@ class Watch:
             self._audit(send, recv)
 
     __call__ = run
+
+    def _follow(self, name: str) -> None:
+        """Make ``name`` the winner: its runner (timed in audits) and what a
+        plain call runs, its bare ``run`` where it has one."""
+        self.current, self.runner = name, self.runners[name]
+        self.winner = entry(self.runner)
 
     def _schedule(self, audited: float = 0.0, again: bool = False) -> None:
         """The next candidate -- the same one ``again``, else the next in
@@ -297,8 +301,7 @@ class Watch:
             shift = self.ratio[name]
             for other in self.names:
                 self.ratio[other] -= shift
-            self.current, self.runner = name, self.runners[name]
-            self.winner = entry(self.runner)
+            self._follow(name)
             self.moves += 1
             self._schedule(audited)
         else:

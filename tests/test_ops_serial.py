@@ -71,7 +71,6 @@ def test_algorithms_registry():
         assert registry.get(name).name == name
 
 
-
 @pytest.mark.parametrize("op", ["sum", "prod"])
 def test_in_place_timing_data_stays_as_it_is(op):
     """bench times in-place calls on one buffer over and over: its data must
