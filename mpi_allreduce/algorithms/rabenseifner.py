@@ -54,7 +54,7 @@ class Rabenseifner:
                 keep, send = span(step.keep), span(step.send)
                 pairs = exchange_pairs(segments(send, cut), segments(keep, cut))
                 self.steps.append((real_rank(step.peer, self.fold.rem), keep, send, pairs))
-        self.folding = fold_pairs(self.fold, plan.count, cut)
+        self.folding = fold_pairs(self.fold, segments(Block(0, plan.count), cut))
         widest = max((keep.length for _, keep, _, _ in self.steps), default=0)
         # the fold-in moves the whole vector, the halving half of it at most:
         # both in segments

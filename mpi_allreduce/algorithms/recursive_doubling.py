@@ -37,7 +37,7 @@ class RecursiveDoubling:
             self.peers = [real_rank(p, self.fold.rem)
                           for p in doubling_peers(self.fold.newrank, self.fold.pof2)]
         pieces = segments(Block(0, plan.count), plan.segment_size)
-        self.folding = fold_pairs(self.fold, plan.count, plan.segment_size)
+        self.folding = fold_pairs(self.fold, pieces)
         self.incoming = plan.scratch("incoming", min(plan.count, plan.segment_size))
         if len(pieces) == 1:
             # a vector of one segment is exchanged whole, without views
@@ -86,12 +86,12 @@ def segmented_steps(plan, peers, pairs, incoming):
     return exchange
 
 
-def fold_pairs(role, count: int, segment_size: int) -> list:
+def fold_pairs(role, pieces: list) -> list:
     """The fold-in's messages for ``Plan.exchange``: the vector in
-    segments, sent by the even rank that sits out, kept by its partner."""
+    ``pieces`` (its segments), sent by the even rank that sits out, kept by
+    its partner."""
     if role.partner is None:
         return []
-    pieces = segments(Block(0, count), segment_size)
     if role.newrank is None:
         return exchange_pairs(pieces, [])
     return exchange_pairs([], pieces)
