@@ -25,8 +25,8 @@ import argparse
 import numpy as np
 from mpi4py import MPI
 
-from mpi_allreduce.bench import batch_mean_us, parse_size
-from mpi_allreduce.verify import mpi_library
+from mpi_allreduce.tools.bench import batch_mean_us, parse_size
+from mpi_allreduce.tools.verify import mpi_library
 
 
 def main() -> int:

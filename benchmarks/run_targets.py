@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from mpi_allreduce.launch import find_mpiexec, mpiexec_flavor, run_mpi  # noqa: E402
-from mpi_allreduce.registry import choose  # noqa: E402
+from mpi_allreduce.selection import choose  # noqa: E402
 
 VENDOR_FORCED = {3: "recursive_doubling", 4: "ring", 6: "rabenseifner"}
 
@@ -145,7 +145,7 @@ def main() -> int:
                       env={"OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
                            "OMPI_MCA_coll_tuned_allreduce_algorithm": str(number)})
                 inputs.append(path)
-        from mpi_allreduce.plot import plot
+        from mpi_allreduce.tools.plot import plot
 
         plot([str(p) for p in inputs], str(out / f"bench-np{ranks}.png"),
              f"float32 SUM, {ranks} ranks on 2 cores"

@@ -23,8 +23,8 @@ from mpi4py import MPI
 
 import mpi_allreduce as mar
 from mpi_allreduce.api import DEFAULT_SEGMENT_BYTES
-from mpi_allreduce.bench import batch_mean_us, parse_size
-from mpi_allreduce.verify import mpi_library
+from mpi_allreduce.tools.bench import batch_mean_us, parse_size
+from mpi_allreduce.tools.verify import mpi_library
 
 ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "driver")
 WHOLE = "whole"

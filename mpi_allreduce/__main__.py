@@ -1,5 +1,5 @@
-"""Command line: ``python -m mpi_allreduce {verify,bench,plot,model,tune,info}``,
-under mpiexec or srun (``plot`` needs neither).
+"""Command line: ``python -m mpi_allreduce {verify,bench,simulate,plot,model,tune,info}``,
+under mpiexec or srun (``plot`` and ``simulate`` need neither).
 
 An exception on any rank aborts the whole job (``MPI.COMM_WORLD.Abort``)
 instead of leaving the other ranks waiting in a message.
@@ -24,7 +24,7 @@ def _hierarchy_args(parser: argparse.ArgumentParser) -> None:
                         help="hierarchical: emulate nodes of this many consecutive ranks")
     parser.add_argument("--inner", default=None,
                         help="hierarchical: algorithm across node leaders (default auto)")
-    from .bench import parse_size
+    from .tools.bench import parse_size
 
     parser.add_argument("--segment-bytes", type=parse_size, default=None,
                         help="bytes per message at most where the data is reduced, "
@@ -95,6 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     _device_arg(b)
     _hierarchy_args(b)
 
+    si = sub.add_parser("simulate", help="run every rank's schedule in one process, no MPI: "
+                                         "#wrong, messages and bytes per rank")
+    si.add_argument("-p", "--size", type=int, default=1024, help="virtual ranks (default 1024)")
+    si.add_argument("-a", "--algorithms", type=_csv, default=["all"],
+                    help="comma-separated (default: all)")
+    si.add_argument("--count", type=int, default=4099, help="elements per rank (default 4099)")
+    si.add_argument("-d", "--dtype", default="float32")
+    si.add_argument("-o", "--op", default="sum")
+    si.add_argument("--in-place", action="store_true")
+    si.add_argument("--params", default=None,
+                    help="a `model --json` file: also predict the time on that machine")
+    _hierarchy_args(si)
+
     pl = sub.add_parser("plot", help="latency and busbw against size from bench JSON files")
     pl.add_argument("inputs", nargs="+", help="bench --json files (merged)")
     pl.add_argument("-o", "--output", default="bench.png")
@@ -130,7 +143,7 @@ def _device_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def _size_range(args) -> list[int]:
-    from .bench import parse_size, sizes_between
+    from .tools.bench import parse_size, sizes_between
 
     if getattr(args, "message_sizes", None):
         lo, _, hi = args.message_sizes.partition(":")
@@ -139,7 +152,7 @@ def _size_range(args) -> list[int]:
 
 
 def cmd_bench(args) -> int:
-    from . import bench
+    from .tools import bench
     from .ops import check_dtype, resolve_op
     from .registry import check_name
 
@@ -177,7 +190,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from .plot import plot
+    from .tools.plot import plot
 
     plot(args.inputs, args.output, args.title)
     print(f"wrote {args.output}")
@@ -185,13 +198,13 @@ def cmd_plot(args) -> int:
 
 
 def cmd_model(args) -> int:
-    from .model import report
+    from .tools.model import report
 
     return report(MPI.COMM_WORLD, _size_range(args), args.iters, args.json, args.two_level)
 
 
 def cmd_tune(args) -> int:
-    from .tune import tune
+    from .tools.tune import tune
 
     return tune(MPI.COMM_WORLD, _size_range(args), args.iters, args.repeats, args.output,
                 args.merge)
@@ -200,7 +213,7 @@ def cmd_tune(args) -> int:
 def cmd_verify(args) -> int:
     from .ops import OPS, SUPPORTED_DTYPES
     from .registry import get
-    from .verify import verify
+    from .tools.verify import verify
 
     for name in args.algorithms:
         get(name)
@@ -222,20 +235,58 @@ def cmd_verify(args) -> int:
     return 1 if wrong else 0
 
 
-def _trials_line() -> str:
-    from .api import trial_rounds
-    from .registry import FLAT_ALGORITHMS
-    from .bench import human
-    from .trial import WATCH_MIN_BYTES, block_length
+def _selection_line() -> str:
+    from .config import environment
 
-    rounds = trial_rounds()
-    if not rounds:
-        return "off (MPI_ALLREDUCE_AUTO_TRIALS=0): the table alone"
-    return (f"the first calls of each shape try "
-            f"{', '.join(FLAT_ALGORITHMS)} ({rounds} blocks of "
-            f"{block_length(1 << 30)} to {block_length(1)} calls each) and "
-            f"keep the fastest, watched from {human(WATCH_MIN_BYTES)} up "
-            f"(MPI_ALLREDUCE_AUTO_TRIALS=0: off)")
+    if (environment().selection or "table") == "live":
+        return ("live (MPI_ALLREDUCE_SELECTION=live): the table's choice, and now and then "
+                "one other candidate within a 5% time budget; moves to one that is faster")
+    return "the table alone: the same algorithm in every call and every run"
+
+
+def cmd_simulate(args) -> int:
+    import json
+
+    from .tools.model import Params, machine_of
+    from .registry import ALGORITHMS
+    from .simulate import SimulationError, simulate
+
+    algorithms = list(ALGORITHMS) if args.algorithms == ["all"] else args.algorithms
+    segment = max(1, (args.segment_bytes or (1 << 20)) // __import__("numpy").dtype(
+        args.dtype).itemsize)
+    machine = None
+    if args.params:
+        with open(args.params) as f:
+            machine = machine_of(Params(**json.load(f)["params"]))
+    print(f"# simulated: p={args.size}, count={args.count}, {args.dtype} {args.op}, "
+          f"segment {segment} elements, {'in place' if args.in_place else 'out of place'}; "
+          f"per rank: max (mean)")
+    print(f"{'algorithm':>20} {'#wrong':>7} {'msgs/rank':>16} {'bytes sent/rank':>24} "
+          f"{'bytes reduced/rank':>24} {'rounds':>7}" + (f" {'predicted us':>13}" if machine else ""))
+    failed = 0
+    for name in algorithms:
+        options = {}
+        if name == "hierarchical":
+            options = {"ranks_per_node": args.ranks_per_node or args.size,
+                       "inner": args.inner or "recursive_doubling"}
+        try:
+            out = simulate(name, args.size, args.count, args.dtype, args.op,
+                           segment_size=segment, in_place=args.in_place, options=options,
+                           machine=machine)
+        except SimulationError as exc:
+            print(f"{name:>20} FAILED: {exc}")
+            failed += 1
+            continue
+        failed += bool(out.wrong or out.differing_ranks)
+
+        def cell(values):
+            return f"{max(values)} ({sum(values) / len(values):.0f})"
+        line = (f"{name:>20} {out.wrong:>7} {cell(out.messages):>16} {cell(out.bytes_sent):>24} "
+                f"{cell(out.bytes_reduced):>24} {max(out.rounds):>7}")
+        if machine:
+            line += f" {out.seconds * 1e6:13.1f}"
+        print(line, flush=True)
+    return 1 if failed else 0
 
 
 def cmd_info(args) -> int:
@@ -243,7 +294,7 @@ def cmd_info(args) -> int:
     from .backend import cuda_aware_support
     from .plan import oversubscribed
     from .registry import describe_choices
-    from .verify import mpi_library
+    from .tools.verify import mpi_library
 
     comm = MPI.COMM_WORLD
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
@@ -268,7 +319,7 @@ def cmd_info(args) -> int:
         print(f"algorithms  : {', '.join(ALGORITHMS)}")
         state = "oversubscribed: more ranks than CPUs on a node" if over else "not oversubscribed"
         print(f"auto        : {auto_table} ({state})")
-        print(f"auto trials : {_trials_line()}")
+        print(f"auto choice : {_selection_line()}")
         print(f"GPU buffers : {'direct to MPI (CUDA-aware)' if aware else 'staged through host memory'}"
               f" -- {why}")
         if args.device != "cpu":
@@ -277,8 +328,8 @@ def cmd_info(args) -> int:
     return 0
 
 
-COMMANDS = {"verify": cmd_verify, "bench": cmd_bench, "plot": cmd_plot, "model": cmd_model,
-            "tune": cmd_tune, "info": cmd_info}
+COMMANDS = {"verify": cmd_verify, "bench": cmd_bench, "simulate": cmd_simulate,
+            "plot": cmd_plot, "model": cmd_model, "tune": cmd_tune, "info": cmd_info}
 
 
 def main(argv=None) -> int:

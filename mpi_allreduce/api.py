@@ -1,27 +1,41 @@
-"""``allreduce()``: validate, take the short cuts, plan, dispatch."""
+"""``allreduce()``: validate, take the short cuts, plan, run.
+
+A call goes one way: validate the arguments (the same checks on every
+rank, before any message) -> the communicator's
+:class:`~mpi_allreduce.context.Context` -> the algorithm (named, or
+``auto``'s choice from :mod:`~mpi_allreduce.selection`) -> its
+:class:`~mpi_allreduce.executor.Plan` (schedule and scratch, cached per
+call shape) -> the plan bound to the caller's arrays -> MPI.  The bound
+call is kept by the identity of the arguments, so a repeat with the very
+same objects (a training loop, a benchmark) is a dictionary look-up, two
+state checks and the compiled steps.
+"""
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import NamedTuple, Optional
 
 import numpy as np
 from mpi4py import MPI
 
-from . import registry
-from .config import environment, on_refresh
-from .algorithms import entry
-from .algorithms.hierarchical import inner_setting, ranks_per_node_setting
+from . import registry, selection as _selection
+from .algorithms.hierarchical import layout
 from .backend import as_array, backend_for
+from .config import environment
+from .context import CALLS, Context, context_for
+from .executor import Plan
 from .ops import Op, check_dtype, resolve_op
-from .plan import ON_FREE, Plan, context_for
-from .trial import DEFAULT_ROUNDS, Trial, block_length, watched
 
-__all__ = ["allreduce", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES"]
+__all__ = ["allreduce", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES", "plan_for", "choice"]
 
 #: default segment: the most one message carries when its data is to be
 #: reduced, and so the scratch of every algorithm
 DEFAULT_SEGMENT_BYTES = 1 << 20
+
+#: the ways ``auto`` chooses (``selection=``, ``MPI_ALLREDUCE_SELECTION``)
+SELECTIONS = ("table", "live")
 
 
 class ArgumentMismatch(ValueError):
@@ -36,8 +50,9 @@ class _Call(NamedTuple):
     backend: object
     segment_size: int
     ranks_per_node: Optional[int]
-    inner: str
-    tuning: object  # registry.DecisionTable, or None unless algorithm == "auto"
+    inner: Optional[str]
+    tuning: object  # selection.DecisionTable, or None unless algorithm == "auto"
+    selection: str
 
 
 def allreduce(
@@ -52,6 +67,7 @@ def allreduce(
     ranks_per_node: Optional[int] = None,
     inner: Optional[str] = None,
     tuning=None,
+    selection: Optional[str] = None,
 ):
     """All-reduce ``sendbuf`` over ``comm`` into ``recvbuf`` and return ``recvbuf``.
 
@@ -89,28 +105,27 @@ def allreduce(
         The decision table ``auto`` uses (a dict or the path of a JSON file
         written by ``python -m mpi_allreduce tune``); default: the file named
         by ``MPI_ALLREDUCE_TUNING``, else the built-in table.
+    selection : str, optional
+        How ``auto`` chooses: ``"table"`` (the decision table alone: the
+        same algorithm, hence the same bytes, in every call and every run)
+        or ``"live"`` (also time candidates on live calls, see
+        :class:`~mpi_allreduce.selection.LiveSelector`).  Default:
+        ``MPI_ALLREDUCE_SELECTION``, else ``"table"``.
     """
-    try:
-        key = (id(comm), id(sendbuf), id(recvbuf), id(op), algorithm, check, segment_size,
-               ranks_per_node, inner, tuning)
-        prepared = _PREPARED.get(key)
-    except TypeError:  # an unhashable argument (a tuning dict): no fast path
-        key = prepared = None
-    if prepared is not None:  # the same live objects (see _Prepared); recheck the arrays
-        state = prepared.state
-        if state(recvbuf) == prepared.recv_state and (
-                prepared.send_state is None or state(sendbuf) == prepared.send_state):
-            if prepared.plain:  # 1-D host arrays (their state says so) as they are
-                prepared.entry(sendbuf, recvbuf)
-                return recvbuf
-            return prepared(sendbuf, recvbuf)
+    kept = CALLS.get(id(recvbuf))  # a repeat with the very same objects (see _Remembered)
+    if (kept is not None and kept.send == id(sendbuf) and kept.op is op and kept.comm is comm
+            and kept.algorithm == algorithm and recvbuf.dtype is kept.dtype
+            and (kept.in_place or sendbuf.dtype is kept.dtype)
+            and check is segment_size is ranks_per_node is inner is tuning is selection is None):
+        kept.run()
+        return recvbuf
 
     checking = _check_enabled(check)
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"comm must be an MPI intra-communicator, got {comm!r}")
     try:
         call = _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inner,
-                         tuning)
+                         tuning, selection)
         error = None
     except (TypeError, ValueError) as exc:
         if not checking or comm.Get_size() == 1:
@@ -119,207 +134,108 @@ def allreduce(
     if checking and comm.Get_size() > 1:
         _agree(comm, call, error)
 
-    prepared = _prepare(comm, call)
-    if key is not None and not checking and prepared.runner is not None:
-        _remember(key, prepared, comm, sendbuf, recvbuf, op, call)
-    return prepared(call.send, call.recv)
+    if call.recv.size == 0:
+        return call.recv
+    if comm.Get_size() == 1:
+        if call.send is not None:
+            call.backend.copy(call.recv, call.send)
+        return call.recv
+    context = context_for(comm)
+    run = _runner(context, call)
+    if not checking and check is segment_size is ranks_per_node is inner is tuning is selection \
+            is None:
+        _remember(context, run, sendbuf, recvbuf, op, comm, algorithm, call)
+    run()
+    return call.recv
 
 
-class _Prepared:
-    """One validated call, ready to run: the plan's runner and how the
-    buffers reach it.
-
-    Repeating a call with the very same buffer objects and arguments (the
-    usual case in a training loop or a benchmark) finds it again by the
-    ids of those objects and skips validation, planning and the table
-    lookup.  An id names one live object: this holds the comm and op
-    objects themselves, and weak references to the buffers whose death
-    drops the entry (before the id can be reused), as freeing the comm
-    does.  What may change on a live array (size, dtype, contiguity,
-    writeable, number of dimensions) is rechecked on every call, so a
-    stale entry is never used.
-    """
-
-    __slots__ = ("_runner", "entry", "backend", "size", "in_place", "copy_send", "finalize",
-                 "plain", "comm", "context", "op", "refs", "state", "send_state", "recv_state")
-
-    def __init__(self, runner, backend, size, in_place, copy_send, finalize):
-        self.runner = runner  # None: nothing to communicate (count 0 or one rank)
-        self.backend = backend
-        self.size = size
-        self.in_place = in_place
-        self.copy_send = copy_send  # the send buffer is copied into recv first
-        self.finalize = finalize
-        #: host buffers go to the runner as they are: set for a kept call
-        #: whose arrays are 1-D (``allreduce`` takes that short way itself)
-        self.plain = False
-
-    @property
-    def runner(self):
-        return self._runner
-
-    @runner.setter
-    def runner(self, runner) -> None:  # a trial sets its winner here once it has one
-        self._runner = runner
-        #: what the short way calls: an algorithm's bare ``run`` where it has one
-        #: (the same call without its object's ``__call__`` in between)
-        self.entry = entry(runner)
-
-    def __call__(self, send, recv):
-        """All-reduce array ``send`` (ignored in place) into array ``recv``."""
-        backend = self.backend
-        if backend.device:
-            backend.device_synchronize()
-        buf = recv if recv.ndim == 1 else backend.flat(recv)
-        if self.in_place:
-            send = buf
-        elif self.copy_send:
-            backend.copy(recv, send)
-            send = buf
-        elif send.ndim != 1:
-            send = backend.flat(send)
-        if self.runner is not None:
-            self.runner(send, buf)
-        if self.finalize is not None and buf.shape[0]:
-            backend.ufunc(self.finalize)(buf, self.size, out=buf)
-        return recv
+def choice(context: Context, call: _Call, count: int) -> str:
+    """The algorithm the table runs for this call (``auto`` resolved)."""
+    if call.algorithm != "auto":
+        return call.algorithm
+    nbytes = count * call.recv.dtype.itemsize
+    return call.tuning.choose(nbytes, context.size, context.oversubscribed)
 
 
-def _prepare(comm, call: _Call) -> _Prepared:
-    size = comm.Get_size()
-    backend, recv = call.backend, call.recv
-    count, dtype = recv.size, recv.dtype
-    copy_send = call.send is not None and (size == 1 or not backend.is_contiguous(call.send))
-    runner = None
-    if count and size > 1:
-        runner = _runner(context_for(comm), call, count, dtype)
-    return _Prepared(runner, backend, size, call.send is None, copy_send, call.op.finalize)
+def plan_for(context: Context, call: _Call, name: str) -> Plan:
+    """The plan of algorithm ``name`` for this call's shape, from the context's cache."""
+    count, dtype = call.recv.size, call.recv.dtype
+    options = ()
+    if name == "hierarchical":
+        nodes = context.nodes(call.ranks_per_node)
+        inner = call.inner
+        if inner == "auto":
+            leaders = len(layout(nodes)[1])
+            inner = call.tuning.choose(count * dtype.itemsize, leaders, context.oversubscribed)
+        options = (("inner", inner), ("nodes", nodes))
+    key = (name, count, dtype.str, call.op.name, call.backend, call.segment_size, options)
+
+    def build():
+        schedule = registry.schedule(name, context.comm.Get_rank(), context.size, count,
+                                     call.segment_size, options)
+        return Plan(context.comm, schedule, dtype, call.op, call.backend)
+    return context.plan(key, build)
 
 
-def _runner(context, call: _Call, count: int, dtype):
-    """The plan's runner from the context's cache; for ``auto``, the
-    :class:`~.trial.Trial` of the candidates, or once it is over the winner
-    (or the :class:`~.trial.Watch` that keeps measuring it)."""
-    nbytes = count * dtype.itemsize
-    call = call._replace(send=None, recv=None)  # plans outlive the call: no buffers in them
-    name = registry.resolve(call.algorithm, nbytes, context.comm.Get_size(), call.tuning,
-                            context.oversubscribed)
+def _runner(context: Context, call: _Call):
+    """What runs this call on these arrays: the bound plan of the chosen
+    algorithm, or under live selection a small loop around the selector."""
+    send, recv = call.send, call.recv
+    name = choice(context, call, recv.size)
+    if call.algorithm != "auto" or call.selection == "table":
+        return plan_for(context, call, name).bind(send, recv).run
+    shape = (recv.size, recv.dtype.str, call.op.name, call.backend, call.segment_size)
+    selector = context.selectors.get(shape)
+    if selector is None:
+        selector = context.selectors[shape] = _selection.LiveSelector(
+            context.comm, name, registry.FLAT_ALGORITHMS)
+    bound = {}
 
-    def key(name):
-        return (count, dtype.str, call.op.name, name, call.backend, call.segment_size,
-                call.ranks_per_node, call.inner)
-
-    def new_plan(name=None):
-        options = {}
-        if name == "hierarchical":
-            options = {"ranks_per_node": call.ranks_per_node, "inner": call.inner}
-        return Plan(context, context.comm, count, dtype, call.op, call.backend,
-                    call.segment_size, options)
-
-    def build(name, plan=None):
-        return registry.get(name)(plan or new_plan(name))
-
-    rounds = trial_rounds()
-    if call.algorithm != "auto" or not rounds:
-        return context.get_plan(key(name), lambda: build(name))
-    trial = context.get_plan(key("auto"), lambda: _trial(context, call, name, nbytes, rounds,
-                                                          key, build, new_plan))
-    return trial if trial.runner is None else trial.runner
+    def run():
+        chosen = selector.choose()
+        step = bound.get(chosen)
+        if step is None:
+            step = bound[chosen] = plan_for(context, call, chosen).bind(send, recv).run
+        start = time.perf_counter()
+        step()
+        selector.observe(chosen, time.perf_counter() - start)
+    return run
 
 
-def _trial(context, call: _Call, name: str, nbytes: int, rounds: int, key, build,
-           new_plan) -> Trial:
-    """``auto``'s trial for one call shape, the table's choice ``name`` first.
+class _Remembered:
+    """A bound call kept for repeats with the very same argument objects
+    (one per receive buffer: the last call made with it and no optional
+    arguments).
 
-    Unwatched, the candidates are built for the trial alone and dropped
-    after it unless they win (or were in the cache already); watched, they
-    live on in the watch, built on one plan of their own whose scratch they
-    share (they never run at the same time), so that a watched shape holds
-    the largest candidate's scratch (two segments at most), whatever else
-    is cached."""
-    watch = watched(nbytes)
-    built = {}
-    shared = []
+    An id names one live object: the op and comm objects are held here,
+    the buffers by weak references whose death drops the entry (before an
+    id can be reused).  The bound call holds views of the buffers, so numpy
+    cannot resize them in place; their dtype is rechecked on every call
+    (assigning ``dtype`` reinterprets an array in place), and a reshaped
+    buffer is the same memory, which the views still cover.  Buffers that
+    are not C-contiguous, or read-only, were refused when first seen."""
 
-    def runner_for(name):
-        runner = built.get(name)
-        if runner is None:
-            if watch:
-                if not shared:
-                    plan = new_plan()
-                    # every candidate's "incoming" is a segment, or the
-                    # pipelined ring's two (two half-blocks of an odd count
-                    # on 2 ranks: a vector and an element): allocated first,
-                    # it is never regrown, so all hold views of this buffer
-                    plan.scratch("incoming", min(plan.count + 1, 2 * plan.segment_size))
-                    shared.append(plan)
-                runner = build(name, shared[0])
-            else:
-                runner = context.plans.get(key(name)) or build(name)
-            built[name] = runner
-        return runner
-
-    def decided(winner):
-        if not watch:  # the winner is cached, the losers go
-            context.get_plan(key(winner), lambda: built[winner])
-            built.clear()
-
-    candidates = [name] + [a for a in registry.FLAT_ALGORITHMS if a != name]
-    return Trial(context.comm, candidates, runner_for, call.backend, rounds,
-                 block_length(nbytes), decided, watch)
+    __slots__ = ("run", "dtype", "in_place", "send", "op", "comm", "algorithm", "refs")
 
 
-def trial_rounds() -> int:
-    """Blocks per candidate in ``auto``'s trial (``MPI_ALLREDUCE_AUTO_TRIALS``; 0: no trial)."""
-    rounds = environment().auto_trials
-    return DEFAULT_ROUNDS if rounds is None else rounds
-
-
-#: calls seen lately, by the identity of their arguments (see _Prepared)
-_PREPARED: dict = {}
-#: how many of them are kept (the oldest goes first)
-MAX_PREPARED = 64
-on_refresh(_PREPARED.clear)
-
-
-def _forget_context(context) -> None:
-    """A freed communicator's prepared calls go with it (and their scratch)."""
-    for key in [k for k, p in _PREPARED.items() if p.context is context]:
-        del _PREPARED[key]
-
-
-ON_FREE.append(_forget_context)
-
-
-def _remember(key, prepared: _Prepared, comm, sendbuf, recvbuf, op, call: _Call) -> None:
-    """Keep ``prepared`` for repeats, if the caller's objects are the arrays used."""
-    backend = call.backend
+def _remember(context: Context, run, sendbuf, recvbuf, op, comm, algorithm,
+              call: _Call) -> None:
     if recvbuf is not call.recv or (call.send is not None and sendbuf is not call.send):
         return  # converted on the way in (a list, a foreign device array): no identity
+    kept = _Remembered()
+    key = id(recvbuf)
 
     def forget(ref):  # a buffer dies: its entry goes before its id can be reused
-        entry = _PREPARED.get(key)
-        if entry is not None and ref in entry.refs:
-            del _PREPARED[key]
+        context.forget(key, kept)
 
     try:
         buffers = (recvbuf,) if call.send is None else (sendbuf, recvbuf)
-        prepared.refs = [weakref.ref(b, forget) for b in buffers]
+        kept.refs = [weakref.ref(b, forget) for b in buffers]
     except TypeError:  # an array type without weak references
         return
-    prepared.comm, prepared.context, prepared.op = comm, context_for(comm), op
-    prepared.state = backend.state
-    prepared.recv_state = backend.state(recvbuf)
-    prepared.send_state = backend.state(sendbuf) if call.send is not None else None
-    # the states hold ndim, so a kept call found again has 1-D arrays still
-    prepared.plain = (prepared.runner is not None and not backend.device
-                      and not prepared.in_place and not prepared.copy_send
-                      and prepared.finalize is None and recvbuf.ndim == 1 and sendbuf.ndim == 1)
-    _PREPARED[key] = prepared
-    if isinstance(prepared.runner, Trial):
-        prepared.runner.adopt(prepared)
-    if len(_PREPARED) > MAX_PREPARED:
-        del _PREPARED[next(iter(_PREPARED))]
+    kept.run, kept.op, kept.comm, kept.algorithm = run, op, comm, algorithm
+    kept.dtype, kept.in_place, kept.send = recvbuf.dtype, call.send is None, id(sendbuf)
+    context.remember(key, kept)
 
 
 def _check_enabled(check: Optional[bool]) -> bool:
@@ -327,12 +243,12 @@ def _check_enabled(check: Optional[bool]) -> bool:
 
 
 def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inner,
-              tuning) -> _Call:
+              tuning, selection) -> _Call:
     op = resolve_op(op)
     algorithm = registry.check_name(algorithm)
-    if algorithm == "auto":
+    if algorithm in ("auto", "hierarchical"):
         try:
-            tuning = registry.tuning_table(tuning)
+            tuning = _selection.tuning_table(tuning)
         except OSError as exc:
             raise ValueError(f"cannot read the decision table: {exc}") from None
     else:
@@ -340,6 +256,9 @@ def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inn
     if algorithm == "hierarchical":
         inner = inner_setting(inner)
         ranks_per_node = ranks_per_node_setting(ranks_per_node)
+    selection = selection or environment().selection or "table"
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
 
     in_place = sendbuf is MPI.IN_PLACE or (
         isinstance(sendbuf, MPI.BottomType) and sendbuf == MPI.IN_PLACE
@@ -386,7 +305,7 @@ def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inn
     if not isinstance(segment_size, (int, np.integer)) or segment_size < 1:
         raise ValueError(f"segment_size must be a positive integer, got {segment_size!r}")
     return _Call(send, recv, op, algorithm, backend, int(segment_size), ranks_per_node, inner,
-                 tuning)
+                 tuning, selection)
 
 
 def _fingerprint(call: Optional[_Call]):
@@ -417,3 +336,20 @@ def _agree(comm: MPI.Intracomm, call: Optional[_Call], error: Optional[Exception
         if any(v != values[0] for v in values):
             by_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
             raise ArgumentMismatch(f"allreduce arguments differ across ranks in {key} ({by_rank})")
+
+
+def ranks_per_node_setting(value):
+    """The node-size override: the argument, else the environment, else None."""
+    if value is None:
+        value = environment().ranks_per_node
+    if value is not None and (not isinstance(value, int) or value < 1):
+        raise ValueError(f"ranks_per_node must be a positive integer, got {value!r}")
+    return value
+
+
+def inner_setting(value) -> str:
+    """The leaders' algorithm: the argument, else the environment, else auto."""
+    value = registry.check_name(value or environment().inner or "auto")
+    if value == "hierarchical":
+        raise ValueError("inner algorithm of 'hierarchical' cannot be 'hierarchical'")
+    return value

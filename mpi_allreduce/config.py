@@ -7,8 +7,8 @@ MPI_ALLREDUCE_SEGMENT_BYTES=N   bytes per message where the data is reduced
 MPI_ALLREDUCE_RANKS_PER_NODE=N  hierarchical: emulate nodes of N consecutive ranks
 MPI_ALLREDUCE_INNER=NAME        hierarchical: algorithm across node leaders
 MPI_ALLREDUCE_TUNING=PATH       decision table for algorithm="auto"
-MPI_ALLREDUCE_AUTO_TRIALS=N     auto: blocks of trial calls per candidate
-                                (default 8; 0: the table alone)
+MPI_ALLREDUCE_SELECTION=S       auto: "table" (default; reproducible) or
+                                "live" (also times candidates on live calls)
 MPI_ALLREDUCE_CUDA_AWARE=0|1    force the GPU path (direct or staged)
 =============================== ==============================================
 
@@ -26,7 +26,7 @@ SEGMENT_ENV = "MPI_ALLREDUCE_SEGMENT_BYTES"
 RANKS_PER_NODE_ENV = "MPI_ALLREDUCE_RANKS_PER_NODE"
 INNER_ENV = "MPI_ALLREDUCE_INNER"
 TUNING_ENV = "MPI_ALLREDUCE_TUNING"
-AUTO_TRIALS_ENV = "MPI_ALLREDUCE_AUTO_TRIALS"
+SELECTION_ENV = "MPI_ALLREDUCE_SELECTION"
 CUDA_AWARE_ENV = "MPI_ALLREDUCE_CUDA_AWARE"
 
 #: values of a yes/no variable that mean yes
@@ -39,7 +39,7 @@ class Environment(NamedTuple):
     ranks_per_node: Optional[int]
     inner: Optional[str]
     tuning: Optional[str]
-    auto_trials: Optional[int]
+    selection: Optional[str]
     cuda_aware: Optional[str]
 
 
@@ -73,7 +73,7 @@ def environment() -> Environment:
         ranks_per_node=_int(RANKS_PER_NODE_ENV),
         inner=_get(INNER_ENV),
         tuning=_get(TUNING_ENV),
-        auto_trials=_count(AUTO_TRIALS_ENV),
+        selection=_get(SELECTION_ENV),
         cuda_aware=_get(CUDA_AWARE_ENV),
     )
 

@@ -137,8 +137,8 @@ def segments(block: Block, segment_size: int) -> list[Block]:
     """
     if segment_size < 1:
         raise ValueError(f"segment_size must be >= 1, got {segment_size}")
-    if block.length == 0:
-        return [Block(block.offset, 0)]
+    if block.length <= segment_size:
+        return [block]
     return [
         Block(off, min(segment_size, block.stop - off))
         for off in range(block.offset, block.stop, segment_size)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpi_allreduce.ops import resolve_op
-from mpi_allreduce.verify import make_data
+from mpi_allreduce.tools.verify import make_data
 
 #: (label, algorithm, options): the hierarchical variants emulate nodes of 2 and 3 ranks
 VARIANTS = [

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 import mpi_allreduce as mar
 from mpi_allreduce import config
-from mpi_allreduce.plan import context_for, release
+from mpi_allreduce.context import context_for, release
 
 from .helpers import VARIANTS, VARIANT_IDS, expected, mine
 

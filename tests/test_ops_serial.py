@@ -9,7 +9,7 @@ from mpi4py import MPI
 import mpi_allreduce as mar
 from mpi_allreduce import registry
 from mpi_allreduce.ops import OPS, SUPPORTED_DTYPES, check_dtype, resolve_op
-from mpi_allreduce.plan import wire_type
+from mpi_allreduce.executor import wire_type
 
 
 @pytest.mark.parametrize("name", list(OPS))
@@ -68,7 +68,7 @@ def test_algorithms_registry():
     assert set(mar.ALGORITHMS) >= {"driver", "ring", "recursive_doubling", "hierarchical",
                                    "ring_pipelined", "rabenseifner"}
     for name in mar.ALGORITHMS:
-        assert registry.get(name).name == name
+        assert registry.get(name).NAME == name
 
 
 @pytest.mark.parametrize("op", ["sum", "prod"])
@@ -76,7 +76,7 @@ def test_in_place_timing_data_stays_as_it_is(op):
     """bench times in-place calls on one buffer over and over: its data must
     not run off to inf (or through slow denormals), as sum and prod would
     take the verification data within a hundred calls on 3 ranks."""
-    from mpi_allreduce.bench import timing_data
+    from mpi_allreduce.tools.bench import timing_data
 
     ufunc = resolve_op(op).ufunc
     first = timing_data(np.dtype(np.float32), op, 7, 0, in_place=True)
@@ -88,8 +88,8 @@ def test_in_place_timing_data_stays_as_it_is(op):
 
 
 def test_out_of_place_timing_data_is_the_verification_data():
-    from mpi_allreduce.bench import timing_data
-    from mpi_allreduce.verify import make_data
+    from mpi_allreduce.tools.bench import timing_data
+    from mpi_allreduce.tools.verify import make_data
 
     for op in ("sum", "prod", "max"):
         np.testing.assert_array_equal(timing_data(np.dtype(np.float32), op, 7, 2, in_place=False),
@@ -100,7 +100,7 @@ def test_repeat_order_shuffles_the_same_way_on_every_rank():
     """bench runs the algorithms of a repeat in a shuffled order: every rank
     must compute the same one (they all take part in every call), and over
     the repeats every algorithm must take every place and follow others."""
-    from mpi_allreduce.bench import repeat_order
+    from mpi_allreduce.tools.bench import repeat_order
 
     names = ["mpi", "driver", "ring", "recursive_doubling", "rabenseifner", "auto"]
     orders = [repeat_order(names, 1 << 20, r) for r in range(60)]

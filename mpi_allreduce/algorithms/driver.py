@@ -8,58 +8,52 @@
 
 Cost (alpha-beta-gamma): 2(p-1)(alpha + n beta) + (p-1) n gamma, all of it
 serialised at the root.  The classic baseline; needs no commutativity.
-A vector longer than one segment is gathered in segments, each reduced as
-it arrives, so the root's scratch is one segment.
+The vector is gathered in segments, each reduced as it arrives, so the
+root's scratch is one segment.
 """
 
 from __future__ import annotations
 
-from ..partition import Block, exchange_pairs, segments
+from ..partition import Block, segments
+from ..schedule import RECV, SCRATCH, SEND, Builder, Recv, Reduce, Ref, Send, settle
 
+NAME = "driver"
+COMMUTATIVE = False
 ROOT = 0
 
 
-class Driver:
-    name = "driver"
+def build(rank: int, size: int, count: int, segment_size: int, options=None):
+    b = Builder()
+    pieces = segments(Block(0, count), segment_size)
+    if rank == ROOT:
+        _gather_reduce(b, size, pieces)
+    else:
+        for piece in pieces:
+            b.round(Send(ROOT, Ref(SEND, piece.offset, piece.length)))
+    _return(b, rank, size, count)
+    return b.schedule(NAME, rank, size, count)
 
-    def __init__(self, plan):
-        self.plan = plan
-        pieces = segments(Block(0, plan.count), plan.segment_size)
-        # a vector of one segment travels whole, without views (the latency
-        # path); a longer one segment by segment, reduced as it arrives
-        self.pairs = None
-        if len(pieces) > 1:
-            self.pairs = exchange_pairs([], pieces) if plan.rank == ROOT else \
-                exchange_pairs(pieces, [])
-        self.incoming = None
-        if plan.rank == ROOT:
-            self.incoming = plan.scratch("incoming", min(plan.count, plan.segment_size))
 
-    def __call__(self, send, buf) -> None:
-        self._gather_reduce(send, buf)
-        self._return(buf)
+def _gather_reduce(b: Builder, size: int, pieces: list) -> None:
+    """The root receives every rank's vector a segment at a time and folds
+    it into the result in rank order: acc = x_0 OP x_1 OP ... OP x_{p-1}."""
+    acc = SEND
+    for source in range(1, size):
+        for piece in pieces:
+            b.round(Recv(source, Ref(SCRATCH, 0, piece.length)))
+            b.need_scratch(piece.length)
+            if piece.length:
+                b.local(Reduce(Ref(RECV, piece.offset, piece.length),
+                               Ref(acc, piece.offset, piece.length),
+                               Ref(SCRATCH, 0, piece.length)))
+        acc = RECV
+    settle(b, acc, pieces[-1].stop)
 
-    def _gather_reduce(self, send, buf) -> None:
-        plan, pairs = self.plan, self.pairs
-        if plan.rank != ROOT:
-            if pairs is None:
-                plan.sendrecv(send, ROOT, None, ROOT)
-            else:
-                plan.exchange(ROOT, pairs, send, buf, None)
-            return
-        acc = send
-        for source in range(1, plan.size):
-            if pairs is None:
-                plan.sendrecv(None, source, self.incoming, source)
-                plan.combine(acc, self.incoming, out=buf)
-            else:
-                plan.exchange(source, pairs, acc, buf, self.incoming)
-            acc = buf
 
-    def _return(self, buf) -> None:
-        plan = self.plan
-        if plan.rank != ROOT:
-            plan.sendrecv(None, ROOT, buf, ROOT)
-            return
-        for dest in range(1, plan.size):
-            plan.sendrecv(buf, dest, None, dest)
+def _return(b: Builder, rank: int, size: int, count: int) -> None:
+    whole = Ref(RECV, 0, count)
+    if rank != ROOT:
+        b.round(Recv(ROOT, whole))
+        return
+    for dest in range(1, size):
+        b.round(Send(dest, whole))

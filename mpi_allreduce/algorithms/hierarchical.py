@@ -2,7 +2,7 @@
 
 Ranks that share a node (``Split_type(COMM_TYPE_SHARED)``, or consecutive
 groups of ``ranks_per_node`` ranks to emulate nodes on one machine) form a
-node communicator; local rank 0 of every node is its leader::
+node; the lowest rank of every node is its leader::
 
     phase               inside node (q local ranks)         across nodes (m leaders)
     1 reduce-scatter    ring, q-1 steps
@@ -17,77 +17,70 @@ carries only the m leaders' vectors.  Nodes may hold different numbers of
 ranks.  Cost: with intra-node (a_i, b_i) and inter-node (a_e, b_e) links,
 4(q-1) a_i + 4 n (q-1)/q b_i + n (q-1)/q g + cost_inner(m, a_e, b_e).
 Every rank gets the leader's bytes, so results are identical everywhere.
+The inner all-reduce is another algorithm's schedule, built for the m
+leaders and moved onto their ranks (:func:`~mpi_allreduce.schedule.remap`).
+
+``options``: ``nodes``, the node of every rank (a tuple of length p), and
+``inner``, the leaders' algorithm (a name, already resolved).
 """
 
 from __future__ import annotations
 
-from ..config import environment
 from ..partition import block_bounds, ring_owned_block
-from .ring import Ring, allgather, reduce_scatter
+from ..schedule import RECV, SEND, Builder, Recv, Ref, Send, remap
+from .ring import allgather, reduce_scatter
 
-LEADER = 0
-
-
-def ranks_per_node_setting(value):
-    """The node-size override: the argument, else the environment, else None."""
-    if value is None:
-        value = environment().ranks_per_node
-    if value is not None and (not isinstance(value, int) or value < 1):
-        raise ValueError(f"ranks_per_node must be a positive integer, got {value!r}")
-    return value
+NAME = "hierarchical"
+COMMUTATIVE = True
 
 
-def inner_setting(value) -> str:
-    """The leaders' algorithm: the argument, else the environment, else auto."""
-    from ..registry import check_name
+def layout(nodes) -> tuple:
+    """(members of each node in rank order, leaders in rank order)."""
+    groups: dict = {}
+    for r, node in enumerate(nodes):
+        groups.setdefault(node, []).append(r)
+    members = sorted(groups.values())
+    return members, [m[0] for m in members]
 
-    value = check_name(value or environment().inner or "auto")
-    if value == "hierarchical":
-        raise ValueError("inner algorithm of 'hierarchical' cannot be 'hierarchical'")
-    return value
+
+def build(rank: int, size: int, count: int, segment_size: int, options=None):
+    from ..registry import builder  # the inner algorithm comes from the registry
+
+    options = options or {}
+    nodes = options.get("nodes") or tuple(range(size))
+    if len(nodes) != size:
+        raise ValueError(f"nodes names {len(nodes)} ranks, the group has {size}")
+    members, leaders = layout(nodes)
+    node = next(m for m in members if rank in m)
+    local, q = node.index(rank), len(node)
+    blocks = block_bounds(count, q)
+    owned = [blocks[ring_owned_block(i, q)] for i in range(q)]
+
+    b = Builder()
+    reduce_scatter(b, node, local, blocks, segment_size)
+    _gather_to_leader(b, node, local, owned)
+    if local == 0 and len(leaders) > 1:
+        inner = builder(options.get("inner", "recursive_doubling"))
+        part = inner(leaders.index(rank), len(leaders), count, segment_size, {})
+        b.extend(remap(part, leaders, {SEND: RECV}))
+    _scatter_from_leader(b, node, local, owned)
+    allgather(b, node, local, blocks, segment_size)
+    return b.schedule(NAME, rank, size, count)
 
 
-class Hierarchical:
-    name = "hierarchical"
+def _gather_to_leader(b: Builder, node: list, local: int, owned: list) -> None:
+    if local:
+        mine = owned[local]
+        b.round(Send(node[0], Ref(RECV, mine.offset, mine.length)))
+        return
+    for i in range(1, len(node)):
+        b.round(Recv(node[i], Ref(RECV, owned[i].offset, owned[i].length)))
 
-    def __init__(self, plan):
-        from ..registry import build  # the inner algorithm comes from the registry
 
-        self.plan = plan
-        node, leaders = plan.context.node_comms(plan.options.get("ranks_per_node"))
-        self.node_plan = plan.derive(node)
-        self.node_ring = Ring(self.node_plan)
-        q = node.Get_size()
-        self.blocks = block_bounds(plan.count, q)
-        self.owned = [self.blocks[ring_owned_block(i, q)] for i in range(q)]
-        self.inner = None
-        if leaders is not None:
-            self.inner = build(plan.derive(leaders), plan.options.get("inner", "auto"))
-
-    def __call__(self, send, buf) -> None:
-        reduce_scatter(self.node_ring, send, buf)
-        self._gather_to_leader(buf)
-        if self.inner is not None:
-            self.inner(buf, buf)
-        self._scatter_from_leader(buf)
-        allgather(self.node_ring, buf)
-
-    def _gather_to_leader(self, buf) -> None:
-        plan = self.node_plan
-        if plan.rank != LEADER:
-            mine = self.owned[plan.rank]
-            plan.sendrecv(buf[mine.offset:mine.stop], LEADER, None, LEADER)
-            return
-        for local in range(1, plan.size):
-            theirs = self.owned[local]
-            plan.sendrecv(None, local, buf[theirs.offset:theirs.stop], local)
-
-    def _scatter_from_leader(self, buf) -> None:
-        plan = self.node_plan
-        if plan.rank != LEADER:
-            mine = self.owned[plan.rank]
-            plan.sendrecv(None, LEADER, buf[mine.offset:mine.stop], LEADER)
-            return
-        for local in range(1, plan.size):
-            theirs = self.owned[local]
-            plan.sendrecv(buf[theirs.offset:theirs.stop], local, None, local)
+def _scatter_from_leader(b: Builder, node: list, local: int, owned: list) -> None:
+    if local:
+        mine = owned[local]
+        b.round(Recv(node[0], Ref(RECV, mine.offset, mine.length)))
+        return
+    for i in range(1, len(node)):
+        b.round(Send(node[i], Ref(RECV, owned[i].offset, owned[i].length)))

@@ -31,50 +31,46 @@ from ..partition import (
     real_rank,
     segments,
 )
-from .recursive_doubling import fold_in, fold_out, fold_pairs
+from ..schedule import RECV, Builder, Recv, Ref, Send, exchange, settle
+from .recursive_doubling import fold_in, fold_out
+
+NAME = "rabenseifner"
+COMMUTATIVE = False
 
 
-class Rabenseifner:
-    name = "rabenseifner"
+def build(rank: int, size: int, count: int, segment_size: int, options=None):
+    b = Builder()
+    role = fold(rank, size)
+    src = fold_in(b, rank, role, segments(Block(0, count), segment_size))
+    if role.newrank is not None:
+        steps = _halving(role, block_bounds(count, role.pof2))
+        _reduce_scatter(b, rank, steps, src, segment_size)
+        _allgather(b, steps)
+        settle(b, src if not steps else RECV, count)
+    fold_out(b, role, count)
+    return b.schedule(NAME, rank, size, count)
 
-    def __init__(self, plan):
-        self.plan = plan
-        self.fold = fold(plan.rank, plan.size)
-        blocks = block_bounds(plan.count, self.fold.pof2)
-        cut = plan.segment_size
 
-        def span(rng):
-            first, last = rng
-            return Block(blocks[first].offset, blocks[last - 1].stop - blocks[first].offset)
+def _halving(role, blocks: list) -> list:
+    """(peer, kept range, sent range) per halving step."""
+    def span(rng):
+        first, last = rng
+        return Block(blocks[first].offset, blocks[last - 1].stop - blocks[first].offset)
 
-        # per halving step: (peer, kept range, sent range, their messages)
-        self.steps = []
-        if self.fold.newrank is not None:
-            for step in halving_steps(self.fold.newrank, self.fold.pof2):
-                keep, send = span(step.keep), span(step.send)
-                pairs = exchange_pairs(segments(send, cut), segments(keep, cut))
-                self.steps.append((real_rank(step.peer, self.fold.rem), keep, send, pairs))
-        self.folding = fold_pairs(self.fold, segments(Block(0, plan.count), cut))
-        widest = max((keep.length for _, keep, _, _ in self.steps), default=0)
-        # the fold-in moves the whole vector, the halving half of it at most:
-        # both in segments
-        self.incoming = plan.scratch("incoming", min(plan.count if self.folding else widest,
-                                                     cut))
+    return [(real_rank(step.peer, role.rem), span(step.keep), span(step.send))
+            for step in halving_steps(role.newrank, role.pof2)]
 
-    def __call__(self, send, buf) -> None:
-        src = fold_in(self.plan, self.fold, self.folding, send, buf, self.incoming)
-        self._reduce_scatter(src, buf)
-        self._allgather(buf)
-        fold_out(self.plan, self.fold, buf)
 
-    def _reduce_scatter(self, src, buf) -> None:
-        """Each kept range lies inside the one before, so after the first step
-        the rank's operand is in ``buf``; before it, in ``src``."""
-        for peer, _, _, pairs in self.steps:
-            self.plan.exchange(peer, pairs, src, buf, self.incoming)
-            src = buf
+def _reduce_scatter(b: Builder, rank: int, steps: list, src: int, cut: int) -> None:
+    """Each kept range lies inside the one before, so after the first step
+    this rank's operand is in ``RECV``; before it, in ``src``."""
+    for peer, keep, send in steps:
+        exchange(b, rank, peer, exchange_pairs(segments(send, cut), segments(keep, cut)),
+                 src, RECV)
+        src = RECV
 
-    def _allgather(self, buf) -> None:
-        plan = self.plan
-        for peer, keep, send, _ in reversed(self.steps):
-            plan.sendrecv(buf[keep.offset:keep.stop], peer, buf[send.offset:send.stop], peer)
+
+def _allgather(b: Builder, steps: list) -> None:
+    for peer, keep, send in reversed(steps):
+        b.round(Send(peer, Ref(RECV, keep.offset, keep.length)),
+                Recv(peer, Ref(RECV, send.offset, send.length)))

@@ -21,71 +21,58 @@ from __future__ import annotations
 
 from itertools import zip_longest
 
-from ..partition import (
-    block_bounds,
-    ring_allgather_steps,
-    ring_reduce_scatter_steps,
-    segments,
-)
+from ..partition import block_bounds, ring_allgather_steps, ring_reduce_scatter_steps, segments
+from ..schedule import RECV, SCRATCH, SEND, Builder, Copy, Recv, Reduce, Ref, Send
+
+NAME = "ring"
+COMMUTATIVE = True
 
 
-class Ring:
-    name = "ring"
-
-    def __init__(self, plan):
-        self.plan = plan
-        size, rank = plan.size, plan.rank
-        self.right = (rank + 1) % size
-        self.left = (rank - 1) % size
-        blocks = block_bounds(plan.count, size)
-        cut = plan.segment_size
-        # per step: (segments to send, segments to receive)
-        self.rs_schedule = [
-            (segments(blocks[s.send_block], cut), segments(blocks[s.recv_block], cut))
-            for s in ring_reduce_scatter_steps(rank, size)
-        ]
-        self.ag_schedule = [
-            (segments(blocks[s.send_block], cut), segments(blocks[s.recv_block], cut))
-            for s in ring_allgather_steps(rank, size)
-        ]
-        longest = max((b.length for b in blocks), default=0)
-        self.incoming = plan.scratch("incoming", min(longest, cut))
-
-    def __call__(self, send, buf) -> None:
-        reduce_scatter(self, send, buf)
-        allgather(self, buf)
+def build(rank: int, size: int, count: int, segment_size: int, options=None):
+    b = Builder()
+    ring = list(range(size))
+    blocks = block_bounds(count, size)
+    reduce_scatter(b, ring, rank, blocks, segment_size)
+    allgather(b, ring, rank, blocks, segment_size)
+    return b.schedule(NAME, rank, size, count)
 
 
-def reduce_scatter(ring: Ring, src, buf) -> None:
-    """p-1 steps; afterwards this rank's block (rank+1) mod p is fully reduced.
+def _neighbours(ring: list, index: int) -> tuple:
+    """(right, left): the ranks after and before ring position ``index``."""
+    q = len(ring)
+    return ring[(index + 1) % q], ring[(index - 1) % q]
+
+
+def reduce_scatter(b: Builder, ring: list, index: int, blocks: list, cut: int) -> None:
+    """p-1 steps around ``ring`` (ranks; this rank at position ``index``);
+    afterwards block (index+1) mod p is fully reduced in ``RECV``.
 
     Every block a rank receives in this phase is one it has not touched yet,
-    so the rank's own operand is read from ``src`` (its input) and the
-    partial sum written to ``buf``; the block sent in step 0 is the rank's
-    own input, every later one was received (and reduced) the step before.
-    """
-    plan, incoming = ring.plan, ring.incoming
-    if not ring.rs_schedule and src is not buf:
-        plan.backend.copy(buf, src)  # a ring of one
-    outgoing = src
-    for send_segs, recv_segs in ring.rs_schedule:
-        for send, recv in zip_longest(send_segs, recv_segs):
-            into = incoming[: recv.length] if recv is not None else None
-            plan.sendrecv(
-                outgoing[send.offset:send.stop] if send is not None else None, ring.right,
-                into, ring.left,
-            )
+    so its own operand is read from ``SEND`` and the partial sum written to
+    ``RECV``; the block sent in step 0 is its input, every later one was
+    received (and reduced) the step before."""
+    right, left = _neighbours(ring, index)
+    steps = ring_reduce_scatter_steps(index, len(ring))
+    if not steps:
+        b.local(Copy(Ref(RECV, 0, blocks[0].length), Ref(SEND, 0, blocks[0].length)))
+    outgoing = SEND
+    for step in steps:
+        sent, received = blocks[step.send_block], blocks[step.recv_block]
+        for send, recv in zip_longest(segments(sent, cut), segments(received, cut)):
+            b.round(None if send is None else Send(right, Ref(outgoing, send.offset, send.length)),
+                    None if recv is None else Recv(left, Ref(SCRATCH, 0, recv.length)))
             if recv is not None and recv.length:
-                plan.combine(into, src[recv.offset:recv.stop], out=buf[recv.offset:recv.stop])
-        outgoing = buf
+                b.need_scratch(recv.length)
+                b.local(Reduce(Ref(RECV, recv.offset, recv.length), Ref(SCRATCH, 0, recv.length),
+                               Ref(SEND, recv.offset, recv.length)))
+        outgoing = RECV
 
 
-def allgather(ring: Ring, buf) -> None:
+def allgather(b: Builder, ring: list, index: int, blocks: list, cut: int) -> None:
     """p-1 steps that pass every reduced block on to every rank."""
-    plan = ring.plan
-    for send_segs, recv_segs in ring.ag_schedule:
-        for send, recv in zip_longest(send_segs, recv_segs):
-            plan.sendrecv(
-                buf[send.offset:send.stop] if send is not None else None, ring.right,
-                buf[recv.offset:recv.stop] if recv is not None else None, ring.left,
-            )
+    right, left = _neighbours(ring, index)
+    for step in ring_allgather_steps(index, len(ring)):
+        sent, received = blocks[step.send_block], blocks[step.recv_block]
+        for send, recv in zip_longest(segments(sent, cut), segments(received, cut)):
+            b.round(None if send is None else Send(right, Ref(RECV, send.offset, send.length)),
+                    None if recv is None else Recv(left, Ref(RECV, recv.offset, recv.length)))

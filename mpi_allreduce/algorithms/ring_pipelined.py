@@ -2,78 +2,76 @@
 
 Within a reduce-scatter step the block is cut into segments; while segment
 k is being reduced into the vector, segment k+1 is already on the wire
-(Isend/Irecv into the other half of a two-segment scratch)::
+(received into the other half of a two-segment scratch)::
 
-    time ->      post k=0 | post k=1, reduce k=0 | post k=2, reduce k=1 | ... | reduce k=S-1
+    round        k=0        k=1                  k=2                  ...  after
+    messages     seg 0      seg 1                seg 2
+    local                   reduce seg 0         reduce seg 1              reduce seg S-1
 
-The allgather moves no data through the CPU's arithmetic, so it simply
-keeps two segments in flight.  Scratch: two segments, O(segment), however
-long the vector.  Cost as the ring, with the reduction hidden behind the
-transfer when segments are long enough: 2(p-1) S alpha + 2 n (p-1)/p beta
-+ (n/p)/S gamma for S segments per block.
+The allgather moves no data through the CPU's arithmetic; it keeps two
+segments in flight.  Scratch: two segments, O(segment), however long the
+vector.  Cost as the ring, with the reduction hidden behind the transfer
+when segments are long enough: 2(p-1) S alpha + 2 n (p-1)/p beta
++ (n/p)/S gamma for S segments per block.  Needs a commutative op, as the ring.
 """
 
 from __future__ import annotations
 
-from .ring import Ring
+from itertools import zip_longest
+
+from ..partition import block_bounds, ring_allgather_steps, ring_reduce_scatter_steps, segments
+from ..schedule import RECV, SCRATCH, SEND, Builder, Copy, Recv, Reduce, Ref, Send
+
+NAME = "ring_pipelined"
+COMMUTATIVE = True
 
 
-def _view(buf, seg):
-    return None if seg is None else buf[seg.offset:seg.stop]
+def build(rank: int, size: int, count: int, segment_size: int, options=None):
+    b = Builder()
+    blocks = block_bounds(count, size)
+    right, left = (rank + 1) % size, (rank - 1) % size
+    _reduce_scatter(b, rank, size, blocks, segment_size, right, left)
+    _allgather(b, rank, size, blocks, segment_size, right, left)
+    return b.schedule(NAME, rank, size, count)
 
 
-def _at(segs, k):
-    return segs[k] if k < len(segs) else None
+def _reduce_scatter(b, rank, size, blocks, cut, right, left) -> None:
+    steps = ring_reduce_scatter_steps(rank, size)
+    if not steps:
+        b.local(Copy(Ref(RECV, 0, blocks[0].length), Ref(SEND, 0, blocks[0].length)))
+    width = min(max((blk.length for blk in blocks), default=0), cut)
+    outgoing = SEND
+    for step in steps:
+        pairs = list(zip_longest(segments(blocks[step.send_block], cut),
+                                 segments(blocks[step.recv_block], cut)))
+        previous = None  # the segment that arrived the round before, and its half
+        for k, (send, recv) in enumerate(pairs):
+            half = (k % 2) * width
+            b.round(None if send is None else Send(right, Ref(outgoing, send.offset, send.length)),
+                    None if recv is None else Recv(left, Ref(SCRATCH, half, recv.length)),
+                    None if previous is None else _reduce(*previous))
+            previous = None if recv is None or not recv.length else (recv, half)
+            if recv is not None:
+                b.need_scratch(half + recv.length)
+        if previous is not None:
+            b.local(_reduce(*previous))
+        outgoing = RECV
 
 
-class PipelinedRing(Ring):
-    name = "ring_pipelined"
+def _reduce(recv, half) -> Reduce:
+    return Reduce(Ref(RECV, recv.offset, recv.length), Ref(SCRATCH, half, recv.length),
+                  Ref(SEND, recv.offset, recv.length))
 
-    def __init__(self, plan):
-        super().__init__(plan)
-        width = self.incoming.shape[0]
-        both = plan.scratch("incoming", 2 * width)  # grows the ring's one-segment scratch
-        self.incoming = None  # and lets the smaller one go
-        self.halves = (both[:width], both[width:])
 
-    def __call__(self, send, buf) -> None:
-        self._reduce_scatter(send, buf)
-        self._allgather(buf)
-
-    def _reduce_scatter(self, src, buf) -> None:
-        """As :func:`ring.reduce_scatter`: own operands come from ``src``."""
-        plan = self.plan
-        outgoing = src
-        for send_segs, recv_segs in self.rs_schedule:
-            n = max(len(send_segs), len(recv_segs))
-
-            def start(k):
-                recv = _at(recv_segs, k)
-                into = None if recv is None else self.halves[k % 2][:recv.length]
-                return plan.post(_view(outgoing, _at(send_segs, k)), self.right, into,
-                                 self.left, slot=k % 2)
-
-            pending = start(0)
-            for k in range(n):
-                pending.wait()
-                if k + 1 < n:
-                    pending = start(k + 1)
-                recv = _at(recv_segs, k)
-                if recv is not None and recv.length:
-                    plan.combine(self.halves[k % 2][:recv.length], src[recv.offset:recv.stop],
-                                 out=buf[recv.offset:recv.stop])
-            outgoing = buf
-
-    def _allgather(self, buf) -> None:
-        plan = self.plan
-        for send_segs, recv_segs in self.ag_schedule:
-            n = max(len(send_segs), len(recv_segs))
-            pending = [None, None]
-            for k in range(n):
-                if pending[k % 2] is not None:
-                    pending[k % 2].wait()
-                pending[k % 2] = plan.post(_view(buf, _at(send_segs, k)), self.right,
-                                           _view(buf, _at(recv_segs, k)), self.left, slot=k % 2)
-            for p in pending:
-                if p is not None:
-                    p.wait()
+def _allgather(b, rank, size, blocks, cut, right, left) -> None:
+    for step in ring_allgather_steps(rank, size):
+        pairs = list(zip_longest(segments(blocks[step.send_block], cut),
+                                 segments(blocks[step.recv_block], cut)))
+        for k in range(0, len(pairs), 2):  # two segments in flight
+            actions = []
+            for send, recv in pairs[k:k + 2]:
+                actions.append(None if send is None else
+                               Send(right, Ref(RECV, send.offset, send.length)))
+                actions.append(None if recv is None else
+                               Recv(left, Ref(RECV, recv.offset, recv.length)))
+            b.round(*actions)

@@ -25,10 +25,10 @@ from typing import Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import ALGORITHMS, allreduce
-from .backend import cuda_aware_support, to_device, to_host
-from .ops import OPS, SUPPORTED_DTYPES, resolve_op
-from .plan import wire_type
+from .. import ALGORITHMS, allreduce
+from ..backend import cuda_aware_support, to_device, to_host
+from ..ops import OPS, SUPPORTED_DTYPES, resolve_op
+from ..executor import wire_type
 
 LARGE_COUNT = (1 << 20) + 3
 #: the (dtype, op) pairs that also run at LARGE_COUNT elements

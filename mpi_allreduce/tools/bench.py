@@ -27,13 +27,12 @@ from typing import Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import ALGORITHMS, allreduce
-from .backend import backend_for, to_device, to_host
-from .ops import resolve_op
-from .plan import context_for
-from .api import trial_rounds
-from .registry import FLAT_ALGORITHMS, resolve
-from .trial import Trial, Watch, trial_length
+from .. import ALGORITHMS, allreduce
+from ..backend import backend_for, to_device, to_host
+from ..ops import resolve_op
+from ..context import context_for
+from ..executor import wire_type
+from ..selection import choose
 from .verify import make_data, mpi_library, reference
 
 VENDOR = "mpi"
@@ -109,8 +108,6 @@ class Runner:
         self.op = resolve_op(op)
         self.options = options
         if algorithm == VENDOR:
-            from .plan import wire_type
-
             self.mpitype = wire_type(send.dtype)
             if backend_for(send).device and not backend_for(send).direct:
                 self.send, self.recv = to_host(send), to_host(recv)
@@ -168,69 +165,41 @@ def count_wrong(comm, algorithm, dtype, op, count, in_place, options, device="cp
     return comm.allreduce(int(np.count_nonzero(got != expected)), op=MPI.SUM)
 
 
-def plans_of(instance) -> list:
-    """The plans a runner holds: an algorithm's own, the node plan of
-    ``hierarchical`` and the plan of its inner algorithm; for ``auto``,
-    those of its winner, or of every candidate while it watches them."""
-    if isinstance(instance, Trial):
-        return plans_of(instance.runner) if instance.runner is not None else []
-    if isinstance(instance, Watch):
-        unique = {id(p): p for runner in instance.runners.values() for p in plans_of(runner)}
-        return list(unique.values())
-    plans = [instance.plan]
-    node_plan = getattr(instance, "node_plan", None)
-    if node_plan is not None:
-        plans.append(node_plan)
-    inner = getattr(instance, "inner", None)
-    if inner is not None:
-        plans.extend(plans_of(inner))
-    return plans
-
-
 def scratch_of(comm, algorithm, count, dtype) -> Optional[int]:
     """Bytes of scratch the algorithm's cached plan holds (max over ranks);
-    for ``auto``, what its trial kept (or the table's choice, trials off)."""
+    for ``auto``, the plan of what it ran."""
     if algorithm == VENDOR or comm.Get_size() == 1:
         return None
-    if algorithm == "auto" and auto_trial(comm, count, dtype) is None:
+    if algorithm == "auto":
         algorithm = auto_ran(comm, count, dtype)
-    most = 0
-    for key, instance in context_for(comm).plans.items():
-        if key[0] == count and key[3] == algorithm:
-            most = max(most, sum(p.scratch_bytes for p in plans_of(instance)))
+    context = context_for(comm)
+    most = max((plan.scratch_bytes for key, plan in context.plans.items()
+                if key[0] == algorithm and key[1] == count and key[2] == dtype.str), default=0)
     return comm.allreduce(most, op=MPI.MAX)
 
 
-def trial_calls(nbytes: int) -> int:
-    """Calls ``auto`` spends on its trial at this size (the benchmark warms
-    up through them, so only the winner is timed)."""
-    return trial_length(nbytes, trial_rounds(), len(FLAT_ALGORITHMS))
-
-
-def auto_trial(comm, count, dtype) -> Optional[Trial]:
-    """``auto``'s trial (and watch) for ``count`` elements, if it has one."""
-    for key, runner in context_for(comm).plans.items():
-        if key[0] == count and key[1] == dtype.str and key[3] == "auto":
-            return runner
+def _selector(comm, count, dtype):
+    """``auto``'s live selector for ``count`` elements, if it has one."""
+    for shape, selector in context_for(comm).selectors.items():
+        if shape[0] == count and shape[1] == dtype.str:
+            return selector
     return None
 
 
 def auto_ran(comm, count, dtype) -> str:
-    """What ``auto`` runs for ``count`` elements: its trial's winner (or its
-    watch's since), else the table's choice."""
-    trial = auto_trial(comm, count, dtype)
-    if trial is not None and trial.winner is not None:
-        return trial.winner
-    return resolve("auto", count * dtype.itemsize, comm.Get_size(),
-                   oversubscribed=context_for(comm).oversubscribed)
+    """What ``auto`` runs for ``count`` elements: the table's choice, or
+    under live selection the selector's current algorithm."""
+    selector = _selector(comm, count, dtype)
+    if selector is not None:
+        return selector.current
+    return choose(count * dtype.itemsize, comm.Get_size(),
+                  oversubscribed=context_for(comm).oversubscribed)
 
 
 def auto_moves(comm, count, dtype) -> Optional[int]:
-    """How often ``auto``'s watch moved for ``count`` elements (None: not watched)."""
-    trial = auto_trial(comm, count, dtype)
-    if trial is not None and isinstance(trial.runner, Watch):
-        return trial.runner.moves
-    return None
+    """How often live selection moved for ``count`` elements (None: table only)."""
+    selector = _selector(comm, count, dtype)
+    return None if selector is None else selector.moves
 
 
 def peak_traced_bytes(comm, run) -> int:
@@ -292,8 +261,7 @@ def bench(comm, sizes, algorithms, dtype="float32", op="sum", iters=20, warmup=5
             samples = {a: [] for a in algorithms}
             for repeat in range(repeats):
                 for a in repeat_order(algorithms, nbytes, repeat):
-                    warm = n_warm + (trial_calls(nbytes) if a == "auto" and not repeat else 0)
-                    t = time_runner(comm, runners[a], n_iter, warm)
+                    t = time_runner(comm, runners[a], n_iter, n_warm)
                     per_repeat[a].append(float(t.mean()))
                     samples[a].append(t)
             for a in algorithms:

@@ -17,8 +17,9 @@ import math
 import os
 
 from .bench import bench, metadata
-from .plan import context_for
-from .registry import FLAT_ALGORITHMS, check_tuning
+from ..context import context_for
+from ..registry import FLAT_ALGORITHMS
+from ..selection import check_tuning
 
 
 def decision_rows(winners: list[tuple[int, str]]) -> list[dict]:

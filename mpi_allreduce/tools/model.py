@@ -1,106 +1,97 @@
-"""The alpha-beta-gamma cost model (Thakur, Rabenseifner and Gropp, 2005).
+"""The cost model: schedules timed on a fitted machine.
 
-A message of n bytes costs ``alpha + n * beta``; reducing n bytes locally
-costs ``n * gamma``.  :func:`predict` gives each algorithm's time for an
-n-byte vector on p ranks; :func:`fit` measures alpha and beta by ping-pong
-between ranks 0 and 1 and gamma by timing the reduction ufunc.
+A message of n bytes costs ``alpha + n * beta`` on the wire and ``o`` of
+software on each side when posted; a local reduction of n bytes costs
+``o_op + n * gamma``.  :func:`predict` does not restate a formula per
+algorithm: it builds every rank's schedule and times them against each
+other with :func:`mpi_allreduce.simulate.simulate` (no data), so what it
+counts -- messages, segments, folds, the critical path through the root of
+the driver or the leaders of hierarchical -- is what the executor runs.
+:func:`fit` measures alpha and beta by ping-pong between ranks 0 and 1, o
+as the cost of an mpi4py ``Sendrecv`` call with nobody at the other end,
+o_op as the cost of a ufunc call on one element, and gamma by timing the
+reduction ufunc on long vectors.
+
+For reference, the textbook forms (Thakur, Rabenseifner and Gropp, 2005),
+which the simulated times reproduce with o = o_op = 0:
 
 =================== ================================================================
 algorithm           time
 =================== ================================================================
 driver              (p-1)(S + 1) a + 2 (p-1) n b + (p-1) n g
 ring                2(p-1) S a + 2 n (p-1)/p b + n (p-1)/p g      (S segments per block)
-ring_pipelined      2(p-1) S a + 2 n (p-1)/p b + (p-1) (n/p)/S g  (reduction overlapped)
 recursive_doubling  lg P (S a + n b + n g) [+ (S + 1) a + 2 n b + n g if p != P]
 rabenseifner        (sum_k S_k + lg P) a + 2 n (P-1)/P b + n (P-1)/P g [+ fold as above]
 hierarchical        4(q-1) a_i + 4 n (q-1)/q b_i + n (q-1)/q g + T_inner(m, a_e, b_e)
 =================== ================================================================
-
-P = 2^floor(lg p).  S is the number of segments a message is cut into (of
-the vector, or of the ring's block; S_k: of the half that halving step k
-sends), 1 without segments: every message that carries data to be reduced
-travels in segments, each reduced as it arrives.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 from dataclasses import asdict, dataclass
 from typing import Optional
 
 import numpy as np
 
-from .partition import pow2_floor
+from ..simulate import Machine, simulate
 
 
-@dataclass
+@dataclass(frozen=True)
 class Params:
-    alpha: float  # seconds per message
+    alpha: float  # seconds per message on the wire
     beta: float  # seconds per byte on the wire
     gamma: float  # seconds per byte reduced
     #: across nodes, for hierarchical (defaults to the same link)
     alpha_inter: Optional[float] = None
     beta_inter: Optional[float] = None
+    #: software: seconds per message posted (each side), per local action
+    overhead: float = 0.0
+    op_overhead: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def _segments(n: float, segment_bytes: Optional[int]) -> int:
-    """Messages that ``n`` bytes travel as."""
-    if not segment_bytes:
-        return 1
-    return max(1, math.ceil(n / segment_bytes))
+def machine_of(prm: Params, nodes: Optional[tuple] = None) -> Machine:
+    return Machine(overhead=prm.overhead, alpha=prm.alpha, beta=prm.beta, gamma=prm.gamma,
+                   op_overhead=prm.op_overhead, alpha_inter=prm.alpha_inter,
+                   beta_inter=prm.beta_inter, nodes=nodes)
 
 
-def _fold(n, p, a, b, g, segment_bytes) -> float:
-    if p == pow2_floor(p):
-        return 0.0
-    return (_segments(n, segment_bytes) + 1) * a + 2 * n * b + n * g
-
-
+@functools.lru_cache(maxsize=4096)
 def predict(algorithm: str, n: float, p: int, prm: Params, segment_bytes: Optional[int] = None,
-            ranks_per_node: Optional[int] = None) -> float:
-    """Predicted seconds for an ``n``-byte all-reduce on ``p`` ranks."""
-    a, b, g = prm.alpha, prm.beta, prm.gamma
+            ranks_per_node: Optional[int] = None, itemsize: int = 4) -> float:
+    """Predicted seconds for an ``n``-byte all-reduce on ``p`` ranks: the
+    schedules of all ranks timed on ``prm`` (float32 elements by default)."""
     if p <= 1 or n <= 0:
         return 0.0
-    whole = _segments(n, segment_bytes)
-    if algorithm == "driver":
-        return (p - 1) * (whole + 1) * a + 2 * (p - 1) * n * b + (p - 1) * n * g
-    if algorithm == "ring":
-        s = _segments(n / p, segment_bytes)
-        return 2 * (p - 1) * s * a + 2 * n * (p - 1) / p * b + n * (p - 1) / p * g
-    if algorithm == "ring_pipelined":
-        s = _segments(n / p, segment_bytes)
-        return 2 * (p - 1) * s * a + 2 * n * (p - 1) / p * b + (p - 1) * (n / p) / s * g
-    big = pow2_floor(p)
-    lg = int(math.log2(big))
-    fold = _fold(n, p, a, b, g, segment_bytes)
-    if algorithm == "recursive_doubling":
-        return lg * (whole * a + n * b + n * g) + fold
-    if algorithm == "rabenseifner":
-        halving = sum(_segments(n / 2 ** (k + 1), segment_bytes) for k in range(lg))
-        return ((halving + lg) * a + 2 * n * (big - 1) / big * b + n * (big - 1) / big * g
-                + fold)
+    count = max(1, int(n) // itemsize)
+    segment = max(1, (segment_bytes or (1 << 62)) // itemsize)
+    options, nodes = None, None
     if algorithm == "hierarchical":
         q = min(ranks_per_node or p, p)
-        m = math.ceil(p / q)
-        intra = 4 * (q - 1) * a + 4 * n * (q - 1) / q * b + n * (q - 1) / q * g if q > 1 else 0.0
-        outer = Params(prm.alpha_inter if prm.alpha_inter is not None else a,
-                       prm.beta_inter if prm.beta_inter is not None else b, g)
-        return intra + best_flat(n, m, outer, segment_bytes)[1]
-    raise ValueError(f"no cost formula for {algorithm!r}")
+        nodes = tuple((r // q) * q for r in range(p))
+        leaders = len(set(nodes))
+        inner = best_flat(n, leaders, prm, segment_bytes)[0] if leaders > 1 else "ring"
+        options = {"nodes": nodes, "inner": inner}
+    dtype = {1: "u1", 2: "u2", 4: "float32", 8: "float64"}[itemsize]
+    return simulate(algorithm, p, count, dtype, "sum", segment_size=segment, options=options,
+                    machine=machine_of(prm, nodes), data=False).seconds
 
 
 FLAT = ("ring", "recursive_doubling", "rabenseifner")
 
 
 def best_flat(n: float, p: int, prm: Params, segment_bytes: Optional[int] = None):
-    """(name, seconds) of the cheapest flat algorithm by the model."""
+    """(name, seconds) of the cheapest flat algorithm by the model (across
+    nodes: the inter-node link)."""
     if p <= 1:
         return "none", 0.0
-    return min(((name, predict(name, n, p, prm, segment_bytes)) for name in FLAT),
+    outer = Params(prm.alpha if prm.alpha_inter is None else prm.alpha_inter,
+                   prm.beta if prm.beta_inter is None else prm.beta_inter, prm.gamma,
+                   overhead=prm.overhead, op_overhead=prm.op_overhead)
+    return min(((name, predict(name, n, p, outer, segment_bytes)) for name in FLAT),
                key=lambda t: t[1])
 
 
@@ -181,7 +172,39 @@ def fit(comm, two_level: bool = False) -> Params:
         alpha_inter, beta_inter = fit_line(sizes, measure_pingpong(comm, sizes, peer=remote))
     big = [1 << k for k in range(16, 24, 2)]
     gamma = fit_line(big, measure_reduction(big))[1]
-    return comm.bcast(Params(alpha, beta, gamma, alpha_inter, beta_inter), root=0)
+    overhead, op_overhead = measure_overheads()
+    # the ping-pong's one-way time holds the software of a send and a receive
+    alpha = max(alpha - 2 * overhead, 0.0)
+    if alpha_inter is not None:
+        alpha_inter = max(alpha_inter - 2 * overhead, 0.0)
+    return comm.bcast(Params(alpha, beta, gamma, alpha_inter, beta_inter, overhead,
+                             op_overhead), root=0)
+
+
+def measure_overheads(iters: int = 20000) -> tuple:
+    """(o, o_op): seconds of an mpi4py ``Sendrecv`` call whose peers are
+    ``MPI.PROC_NULL`` (the software of posting a message, nothing on the
+    wire), and of a ufunc call on one element (the fixed cost of a local
+    action); the best of five batches."""
+    import time
+
+    from mpi4py import MPI
+
+    buf, other = np.zeros(1, np.float32), np.zeros(1, np.float32)
+    spec, ospec = [buf, MPI.FLOAT], [other, MPI.FLOAT]
+    sendrecv, nobody, add = MPI.COMM_SELF.Sendrecv, MPI.PROC_NULL, np.add
+    best_msg = best_op = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            sendrecv(spec, nobody, 0, ospec, nobody, 0)
+        best_msg = min(best_msg, (time.perf_counter() - t0) / iters)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            add(buf, other, buf)
+        best_op = min(best_op, (time.perf_counter() - t0) / iters)
+    # one Sendrecv call posts two messages (a send and a receive)
+    return best_msg / 2, best_op
 
 
 def report(comm, sizes, iters: int = 10, json_path: Optional[str] = None,
@@ -194,7 +217,7 @@ def report(comm, sizes, iters: int = 10, json_path: Optional[str] = None,
     with both."""
     import json
 
-    from .api import DEFAULT_SEGMENT_BYTES
+    from ..api import DEFAULT_SEGMENT_BYTES
     from .bench import bench
 
     params = fit(comm, two_level)
@@ -203,7 +226,7 @@ def report(comm, sizes, iters: int = 10, json_path: Optional[str] = None,
     flat = params
     if params.alpha_inter is not None:
         flat = Params(params.alpha_inter, params.beta_inter, params.gamma)
-    from .registry import ALGORITHMS, FLAT_ALGORITHMS
+    from ..registry import ALGORITHMS, FLAT_ALGORITHMS
 
     algorithms = list(ALGORITHMS if two_level else FLAT_ALGORITHMS)
     results = bench(comm, sizes, algorithms, iters=iters, warmup=2, progress=False)
@@ -221,6 +244,8 @@ def report(comm, sizes, iters: int = 10, json_path: Optional[str] = None,
             print(f"# inter-node: alpha = {params.alpha_inter * 1e6:.2f} us, beta = "
                   f"{1e-9 / params.beta_inter if params.beta_inter else float('inf'):.2f} GB/s; "
                   f"{local} ranks on rank 0's node")
+        print(f"# o = {params.overhead * 1e6:.2f} us per message posted, o_op = "
+              f"{params.op_overhead * 1e6:.2f} us per local action")
         print(f"# alpha = {params.alpha * 1e6:.2f} us, beta = {1e-9 / params.beta if params.beta else float('inf'):.2f} GB/s "
               f"(1/beta), gamma = {1e-9 / params.gamma if params.gamma else float('inf'):.2f} GB/s (1/gamma); "
               f"{p} ranks")

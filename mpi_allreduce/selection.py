@@ -1,0 +1,244 @@
+"""Which algorithm ``auto`` runs: a decision table, and optionally live timings.
+
+By default the choice depends only on (p, message size, whether the node is
+oversubscribed) through a decision table -- the built-in one, a tuning file
+(``python -m mpi_allreduce tune``) or a dict -- so the same inputs on the
+same ranks give the same algorithm, hence the same bytes, on every call and
+in every launch.
+
+Live selection (``MPI_ALLREDUCE_AUTO_LIVE=1``, or ``selection="live"``) trades
+that for speed, in the manner of Horovod's parameter manager: the executor
+reports each call's seconds to a :class:`LiveSelector`, which now and then
+runs one other candidate in place of the table's choice and moves to a
+candidate that is consistently faster.  It never wraps a runner: it only
+answers "which algorithm?" before a call and is told "how long" after it.
+See :class:`LiveSelector` for how the ranks agree and what it costs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+from .config import environment
+from .registry import FLAT_ALGORITHMS, get
+
+__all__ = ["DEFAULT_TUNING", "DecisionTable", "tuning_table", "choose", "describe_choices",
+           "check_tuning", "LiveSelector"]
+
+#: the built-in decision table (same format as ``python -m mpi_allreduce tune``
+#: writes): for the largest listed comm_size <= p, the first row whose
+#: max_bytes (None = no limit) is >= the message size names the algorithm.
+#: A rule with ``"oversubscribed": true`` applies only when some node runs
+#: more ranks than it has CPUs (and then wins over a rule without the key for
+#: the same comm_size); ``false`` only when none does.
+DEFAULT_TUNING = {
+    "version": 1,
+    "source": "built-in default, from `python -m mpi_allreduce tune` and benchmarks/run_targets.py "
+              "on 2 to 4 ranks (benchmarks/results/): recursive doubling for short vectors "
+              "(fewest messages); on 3+ ranks Rabenseifner for medium ones (the ring's "
+              "bandwidth with 2 lg p messages), on 2 ranks for long ones too; the ring "
+              "for long ones; on oversubscribed nodes the driver up to 256 KiB but "
+              "recursive doubling from 512 B to 8 KiB "
+              "(benchmarks/results/tuning-oversubscribed.json, benchmarks/results/bench-np4.json)",
+    "rules": [
+        # 2 ranks: Rabenseifner won at 8 MiB in 6 of 7 runs of
+        # benchmarks/run_targets.py, measured when it still sent whole halves
+        # (one rendezvous per step) and the ring 1 MiB segments
+        {"comm_size": 1, "table": [
+            {"max_bytes": 1 << 20, "algorithm": "recursive_doubling"},
+            {"max_bytes": None, "algorithm": "rabenseifner"},
+        ]},
+        {"comm_size": 3, "table": [
+            {"max_bytes": 64 * 1024, "algorithm": "recursive_doubling"},
+            {"max_bytes": 1 << 20, "algorithm": "rabenseifner"},
+            {"max_bytes": None, "algorithm": "ring"},
+        ]},
+        # more ranks than CPUs: a blocked rank must wait until its peer is
+        # scheduled, so the fewest rendezvous win -- the driver's eager sends
+        # to the root complete without one (tuned on 3 and 4 ranks on 2 cores);
+        # but recursive doubling's lg p exchanges were fastest at 2 KiB in all
+        # 6 runs of benchmarks/run_targets.py on 4 ranks before this row, at
+        # 8 KiB in 4 and at 512 B in 3 (the driver in the others)
+        {"comm_size": 3, "oversubscribed": True, "table": [
+            {"max_bytes": 256, "algorithm": "driver"},
+            {"max_bytes": 8 * 1024, "algorithm": "recursive_doubling"},
+            {"max_bytes": 256 * 1024, "algorithm": "driver"},
+            {"max_bytes": 1 << 20, "algorithm": "rabenseifner"},
+            {"max_bytes": None, "algorithm": "ring"},
+        ]},
+    ],
+}
+
+
+def check_tuning(table: dict) -> dict:
+    """Raise ValueError unless ``table`` is a decision table we can use."""
+    try:
+        rules = table["rules"]
+        for rule in rules:
+            int(rule["comm_size"])
+            if rule.get("oversubscribed") not in (None, True, False):
+                raise ValueError(f"oversubscribed must be true, false or absent, "
+                                 f"got {rule['oversubscribed']!r}")
+            for row in rule["table"]:
+                get(row["algorithm"])
+                if row["algorithm"] == "hierarchical":
+                    raise ValueError("a decision table may not choose 'hierarchical'")
+                if row["max_bytes"] is not None:
+                    int(row["max_bytes"])
+            if rule["table"][-1]["max_bytes"] is not None:
+                raise ValueError(f"the last row for comm_size {rule['comm_size']} needs "
+                                 "max_bytes null (no upper limit)")
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"malformed decision table: {exc!r}") from None
+    if not rules:
+        raise ValueError("decision table has no rules")
+    return table
+
+
+class DecisionTable:
+    """A checked decision table, rules sorted by communicator size."""
+
+    def __init__(self, table: dict):
+        self.table = check_tuning(table)
+        # (comm_size, oversubscribed or None, rows); for one comm_size the
+        # rule without the key sorts first, so a matching specific one wins
+        self.rules = sorted(
+            ((int(rule["comm_size"]), rule.get("oversubscribed"),
+              [(None if row["max_bytes"] is None else int(row["max_bytes"]), row["algorithm"])
+               for row in rule["table"]])
+             for rule in table["rules"]),
+            key=lambda rule: (rule[0], rule[1] is not None),
+        )
+
+    def rows_for(self, size: int, oversubscribed: bool = False) -> list:
+        """[(max_bytes or None, algorithm)] that apply on ``size`` ranks."""
+        rows = self.rules[0][2]
+        for comm_size, only_when, candidate in self.rules:
+            if comm_size <= size and only_when in (None, oversubscribed):
+                rows = candidate
+        return rows
+
+    def choose(self, nbytes: int, size: int, oversubscribed: bool = False) -> str:
+        rows = self.rows_for(size, oversubscribed)
+        for max_bytes, name in rows:
+            if max_bytes is None or nbytes <= max_bytes:
+                return name
+        return rows[-1][1]
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str) -> DecisionTable:
+    with open(path) as f:
+        return DecisionTable(json.load(f))
+
+
+_DEFAULT = DecisionTable(DEFAULT_TUNING)
+
+
+def tuning_table(tuning=None) -> DecisionTable:
+    """The decision table: ``tuning`` (a dict or a JSON path), else the file
+    named by ``MPI_ALLREDUCE_TUNING``, else :data:`DEFAULT_TUNING`."""
+    if isinstance(tuning, DecisionTable):
+        return tuning
+    if isinstance(tuning, dict):
+        return DecisionTable(tuning)
+    path = tuning or environment().tuning
+    return _load(os.path.abspath(path)) if path else _DEFAULT
+
+
+def choose(nbytes: int, size: int, tuning=None, oversubscribed: bool = False) -> str:
+    """The algorithm ``auto`` runs for a vector of ``nbytes`` on ``size`` ranks."""
+    return tuning_table(tuning).choose(nbytes, size, oversubscribed)
+
+
+def describe_choices(size: int, oversubscribed: bool = False, tuning=None) -> str:
+    """What ``auto`` runs on ``size`` ranks, e.g. ``driver <= 256 B, ring above``."""
+    rows = tuning_table(tuning).rows_for(size, oversubscribed)
+    return ", ".join(name if limit is None and i == 0 else
+                     f"{name} above" if limit is None else f"{name} <= {limit} B"
+                     for i, (limit, name) in enumerate(rows))
+
+
+def resolve(name: str, nbytes: int, size: int, tuning=None, oversubscribed: bool = False) -> str:
+    return choose(nbytes, size, tuning, oversubscribed) if name == "auto" else name
+
+
+
+
+class LiveSelector:
+    """``auto`` with live timings, for one call shape on one communicator.
+
+    Every rank makes the same calls in the same order, so every rank counts
+    the same calls: decisions are taken only at *sync* calls, numbered
+    ``first_sync * 2^k`` (64, 128, 256, ...), and there the ranks agree on
+    the timings with one small ``Allreduce`` (each rank's sums; the slowest
+    rank's are used).  Between two syncs the current algorithm runs, except
+    that right after a sync one *probe* call may run a candidate, chosen in
+    turn.  A probe is allowed only while the time spent in probes, plus one
+    more call at ``PROBE_GUESS`` times the current mean, stays within
+    ``budget`` (5%) of the time of all calls so far: so exploring costs at
+    most about 5% from the first calls on, and nothing in the first
+    ``first_sync`` calls.  A candidate replaces the current algorithm when
+    its mean over at least ``min_probes`` probes is ``margin`` faster.
+    """
+
+    PROBE_GUESS = 3.0
+
+    def __init__(self, comm, table_choice: str, candidates, budget: float = 0.05,
+                 first_sync: int = 64, margin: float = 0.1, min_probes: int = 2):
+        self.comm = comm
+        self.current = table_choice
+        self.candidates = [c for c in candidates if c != table_choice]
+        self.budget, self.margin, self.min_probes = budget, margin, min_probes
+        self.next_sync = first_sync
+        self.calls = 0
+        self.moves = 0
+        self._turn = 0
+        self._probe = None  # the candidate of the next call, once agreed
+        #: local sums since the start: [seconds, calls] per algorithm, and probe seconds
+        self._seconds = {name: 0.0 for name in [table_choice, *self.candidates]}
+        self._counts = dict.fromkeys(self._seconds, 0)
+        self._probe_seconds = 0.0
+        self._agreed = None  # the last agreed (slowest rank's) sums
+
+    def choose(self) -> str:
+        """The algorithm of the next call."""
+        probe, self._probe = self._probe, None
+        return probe or self.current
+
+    def observe(self, name: str, seconds: float) -> None:
+        """The call just made ran ``name`` and took ``seconds`` on this rank."""
+        self.calls += 1
+        self._seconds[name] += seconds
+        self._counts[name] += 1
+        if name != self.current:
+            self._probe_seconds += seconds
+        if self.calls == self.next_sync:
+            self.next_sync *= 2
+            self._sync()
+
+    def _sync(self) -> None:
+        names = list(self._seconds)
+        mine = np.array([self._seconds[n] for n in names] + [self._probe_seconds])
+        worst = np.empty_like(mine)
+        self.comm.Allreduce(mine, worst, MPI.MAX)
+        seconds = dict(zip(names, worst[:-1]))
+        probe_seconds, total = worst[-1], float(worst[:-1].sum())
+        mean = {n: seconds[n] / self._counts[n] for n in names if self._counts[n]}
+        best = min((n for n in self.candidates if self._counts[n] >= self.min_probes
+                    and n in mean), key=mean.get, default=None)
+        if best is not None and mean[best] < (1 - self.margin) * mean[self.current]:
+            self.candidates[self.candidates.index(best)] = self.current
+            self.current = best
+            self.moves += 1
+        if not self.candidates:
+            return
+        guess = self.PROBE_GUESS * mean.get(self.current, 0.0)
+        if probe_seconds + guess <= self.budget * total:
+            self._probe = self.candidates[self._turn % len(self.candidates)]
+            self._turn += 1

@@ -1,0 +1,321 @@
+"""Run the schedules of all p ranks in one process, without MPI.
+
+:func:`simulate` builds every rank's schedule and runs them against each
+other the way MPI would, with the strictest semantics it allows: a send
+completes only when a receive has matched it (no eager buffering), so a
+schedule that relies on buffering deadlocks here.  Messages between a pair
+of ranks match in the order they are posted.  It checks
+
+* that every send meets exactly one receive of the same length, and
+  nothing is left unmatched or stuck (a deadlock names the ranks, their
+  rounds and the peers they wait for);
+* that no local action of a round touches a range one of the round's
+  messages is using, and that no two messages of a round overlap where one
+  writes;
+* every element of every rank's result against a reduction of all inputs
+  in rank order with numpy (inputs chosen so that any order of combination
+  gives the exact same bits; the reference is taken in rank order).
+
+With a :class:`Machine` it also times the schedules (LogGP-style): a message
+of n bytes posted at times s (sender) and r (receiver) arrives at
+``max(s, r) + alpha + n beta``; posting costs ``overhead``, reducing n bytes
+``n gamma``; a round ends when its last message has arrived.  The time of
+the all-reduce is the latest rank's.  Unit machines (``alpha=1`` and the
+rest 0, and so on) give the messages, bytes on the wire and bytes reduced
+along the critical path.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from . import registry
+from .algorithms.hierarchical import layout
+from .ops import resolve_op
+from .schedule import BUFFER_NAMES, RECV, SCRATCH, SEND, Recv, Reduce, Ref, Send
+
+__all__ = ["simulate", "schedules", "Machine", "Outcome", "SimulationError", "inputs"]
+
+
+class SimulationError(RuntimeError):
+    """A schedule that would fail under MPI: unmatched, mismatched, racing or deadlocked."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Costs in seconds: per message posted (each side: the software's
+    overhead), per local action (a ufunc call's fixed cost), per message on
+    the wire, per byte on the wire, per byte reduced (and copied).  With
+    ``nodes`` (the node of every rank), messages between nodes cost
+    ``alpha_inter`` and ``beta_inter`` instead."""
+
+    overhead: float = 0.0
+    alpha: float = 0.0
+    beta: float = 0.0
+    gamma: float = 0.0
+    op_overhead: float = 0.0
+    alpha_inter: Optional[float] = None
+    beta_inter: Optional[float] = None
+    nodes: Optional[tuple] = None
+
+    def link(self, src: int, dst: int) -> tuple:
+        """(alpha, beta) of a message from ``src`` to ``dst``."""
+        if self.nodes is not None and self.nodes[src] != self.nodes[dst]:
+            return (self.alpha if self.alpha_inter is None else self.alpha_inter,
+                    self.beta if self.beta_inter is None else self.beta_inter)
+        return self.alpha, self.beta
+
+
+@dataclass
+class Outcome:
+    algorithm: str
+    size: int
+    count: int
+    dtype: str
+    op: str
+    in_place: bool
+    wrong: int  # (rank, element) pairs that differ from the reference
+    differing_ranks: int  # ranks whose bytes differ from rank 0's
+    messages: list  # sent per rank
+    bytes_sent: list
+    bytes_reduced: list
+    scratch_bytes: list
+    rounds: list
+    seconds: Optional[float] = None  # with a machine: the latest rank's finish
+    finish: list = field(default_factory=list)
+
+
+def schedules(algorithm: str, size: int, count: int, segment_size: int,
+              options: Optional[dict] = None) -> list:
+    """Every rank's schedule (``hierarchical`` takes ``nodes`` or
+    ``ranks_per_node`` and ``inner``, ``auto`` resolved beforehand)."""
+    options = dict(options or {})
+    if algorithm == "hierarchical":
+        rpn = options.pop("ranks_per_node", None) or size
+        nodes = options.get("nodes") or tuple((r // rpn) * rpn for r in range(size))
+        options["nodes"] = tuple(nodes)
+        options.setdefault("inner", "recursive_doubling")
+    build = registry.builder(algorithm)
+    return [build(rank, size, count, segment_size, options) for rank in range(size)]
+
+
+def inputs(dtype: np.dtype, op, rank: int, start: int, stop: int) -> np.ndarray:
+    """Rank ``rank``'s input, elements ``[start, stop)``: values whose
+    reduction is exact in any order (small integers; +-1 and 2 for
+    products; 0/1 for the logical ops), different on every rank."""
+    op = resolve_op(op)
+    i = np.arange(start, stop, dtype=np.int64)
+    h = (i * 40503 + rank * 2654435761 + 12345) % 1000003
+    if dtype == np.bool_ or op.name in ("land", "lor", "lxor"):
+        return (h % 3 != 0).astype(dtype)
+    if op.name == "prod":
+        return np.where(h % 7 == 0, 2, np.where(h % 2 == 0, 1, -1)).astype(dtype) \
+            if np.dtype(dtype).kind != "u" else np.where(h % 7 == 0, 2, 1).astype(dtype)
+    if np.dtype(dtype).kind == "u":
+        return (h % 9).astype(dtype)
+    return (h % 9 - 4).astype(dtype)
+
+
+def reference(dtype, op, size: int, count: int) -> np.ndarray:
+    """All inputs reduced in rank order."""
+    op = resolve_op(op)
+    out = inputs(dtype, op, 0, 0, count)
+    for rank in range(1, size):
+        op.ufunc(out, inputs(dtype, op, rank, 0, count), out=out)
+    if op.finalize is not None:
+        op.finalize(out, size, out=out)
+    return out
+
+
+class _Rank:
+    __slots__ = ("rounds", "index", "open", "clock", "until", "arrays", "done")
+
+    def __init__(self, rounds, arrays):
+        self.rounds, self.index, self.open, self.clock = rounds, 0, 0, 0.0
+        self.until = 0.0  # when the last message of the current round is done
+        self.arrays = arrays
+        self.done = not rounds
+
+
+def _overlaps(a: Ref, b: Ref, arrays) -> bool:
+    if not a.length or not b.length:
+        return False
+    if arrays is None:
+        same = a.buf == b.buf
+    else:
+        same = arrays[a.buf] is arrays[b.buf] or (a.buf != SCRATCH and b.buf != SCRATCH
+                                                 and arrays[SEND] is arrays[RECV])
+    return same and a.offset < b.stop and b.offset < a.stop
+
+
+def simulate(algorithm: str, size: int, count: int, dtype="float32", op="sum", *,
+             segment_size: int = 1 << 18, in_place: bool = False,
+             options: Optional[dict] = None, machine: Optional[Machine] = None,
+             data: bool = True) -> Outcome:
+    """Run ``algorithm`` for ``size`` virtual ranks; see the module docstring.
+    Raises :class:`SimulationError` for a schedule MPI would not complete."""
+    dtype, op = np.dtype(dtype), resolve_op(op)
+    scheds = schedules(algorithm, size, count, segment_size, options)
+    machine = machine or Machine()
+    itemsize = dtype.itemsize
+    combine = op.ufunc
+
+    result = np.empty((size, count), dtype) if data else None
+    ranks = []
+    for rank, sched in enumerate(scheds):
+        arrays = None
+        if data:
+            recv = result[rank]
+            if in_place:
+                recv[...] = inputs(dtype, op, rank, 0, count)
+                send = recv
+            else:
+                send = _LazyInput(dtype, op, rank)
+            arrays = (send, recv, np.zeros(max(sched.scratch, 1), dtype))
+        ranks.append(_Rank(sched.rounds, arrays))
+
+    # per ordered pair (src, dst): posted, unmatched sends and receives,
+    # each (rank, ref, post time)
+    sends: dict = defaultdict(deque)
+    recvs: dict = defaultdict(deque)
+    ready = list(range(size))
+
+    def view(r: _Rank, ref: Ref):
+        return r.arrays[ref.buf][ref.offset:ref.stop]
+
+    def complete(rank: int, at: float) -> None:
+        r = ranks[rank]
+        r.open -= 1
+        r.until = max(r.until, at)
+        if r.open == 0:
+            r.clock = max(r.clock, r.until)
+            r.index += 1
+            ready.append(rank)
+
+    def match(src: int, dst: int, sref: Ref, stime: float, rref: Ref, rtime: float) -> None:
+        if sref.length != rref.length:
+            raise SimulationError(
+                f"rank {src} sends {sref.length} elements to rank {dst}, which receives "
+                f"{rref.length} ({algorithm}, p={size}, count={count})")
+        if data:
+            view(ranks[dst], rref)[...] = view(ranks[src], sref)
+        alpha, beta = machine.link(src, dst)
+        at = max(stime, rtime) + alpha + sref.length * itemsize * beta
+        complete(src, at)
+        complete(dst, at)
+
+    def start(rank: int) -> None:
+        r = ranks[rank]
+        actions = r.rounds[r.index]
+        posted = []  # (ref, writes) of this round's messages
+        r.open = 1  # held open while posting
+        r.until = r.clock
+        for action in actions:
+            if isinstance(action, (Send, Recv)):
+                ref = action.src if isinstance(action, Send) else action.dst
+                writes = isinstance(action, Recv)
+                for other, other_writes in posted:
+                    if (writes or other_writes) and _overlaps(ref, other, r.arrays):
+                        raise SimulationError(
+                            f"rank {rank}, round {r.index}: two messages of one round overlap "
+                            f"in {BUFFER_NAMES[ref.buf]} ({algorithm}, p={size})")
+                posted.append((ref, writes))
+                r.clock += machine.overhead
+                r.open += 1
+                if writes:
+                    queue = sends[(action.peer, rank)]
+                    if queue:
+                        src_ref, stime = queue.popleft()
+                        match(action.peer, rank, src_ref, stime, ref, r.clock)
+                    else:
+                        recvs[(action.peer, rank)].append((ref, r.clock))
+                else:
+                    queue = recvs[(rank, action.peer)]
+                    if queue:
+                        dst_ref, rtime = queue.popleft()
+                        match(rank, action.peer, ref, r.clock, dst_ref, rtime)
+                    else:
+                        sends[(rank, action.peer)].append((ref, r.clock))
+                continue
+            touched = [(action.out, True), (action.first, False), (action.second, False)] \
+                if isinstance(action, Reduce) else [(action.dst, True), (action.src, False)]
+            for ref, writes in touched:
+                for other, other_writes in posted:
+                    if (writes or other_writes) and _overlaps(ref, other, r.arrays):
+                        raise SimulationError(
+                            f"rank {rank}, round {r.index}: a local action touches "
+                            f"{BUFFER_NAMES[ref.buf]}[{ref.offset}:{ref.stop}] while a message "
+                            f"of its round uses it ({algorithm}, p={size})")
+            if data:
+                if isinstance(action, Reduce):
+                    combine(view(r, action.first), view(r, action.second),
+                            out=view(r, action.out))
+                else:
+                    view(r, action.dst)[...] = view(r, action.src)
+            r.clock += machine.op_overhead + action[0].length * itemsize * machine.gamma
+        complete(rank, r.clock)  # releases the hold; advances if nothing is open
+
+    while ready:
+        rank = ready.pop()
+        r = ranks[rank]
+        if r.index >= len(r.rounds):
+            r.done = True
+            continue
+        start(rank)
+
+    stuck = [rank for rank, r in enumerate(ranks) if not r.done]
+    if stuck:
+        waits = []
+        for rank in stuck[:8]:
+            peers = sorted({s for (s, d), q in recvs.items() if d == rank and q} |
+                           {d for (s, d), q in sends.items() if s == rank and q})
+            waits.append(f"rank {rank} in round {ranks[rank].index} waits for {peers}")
+        raise SimulationError(f"deadlock ({algorithm}, p={size}, count={count}): "
+                              + "; ".join(waits) + (" ..." if len(stuck) > 8 else ""))
+    leftover = [pair for pair, q in list(sends.items()) + list(recvs.items()) if q]
+    if leftover:
+        raise SimulationError(f"unmatched messages between {leftover[:8]} ({algorithm})")
+
+    wrong = differing = 0
+    if data and count:
+        if op.finalize is not None:
+            op.finalize(result, size, out=result)
+        expected = reference(dtype, op, size, count)
+        wrong = int(np.count_nonzero(result != expected[None, :]))
+        as_bytes = result.view(np.uint8).reshape(size, -1)
+        differing = int(np.count_nonzero((as_bytes != as_bytes[0]).any(axis=1)))
+
+    finish = [r.clock for r in ranks]
+    return Outcome(
+        algorithm, size, count, dtype.name, op.name, in_place, wrong, differing,
+        [s.messages for s in scheds], [s.sent() * itemsize for s in scheds],
+        [s.reduced() * itemsize for s in scheds], [s.scratch * itemsize for s in scheds],
+        [len(s.rounds) for s in scheds],
+        max(finish) if finish else 0.0, finish)
+
+
+class _LazyInput:
+    """A rank's input, made when a range of it is read (so that p inputs of
+    a long vector need not all be in memory at once)."""
+
+    def __init__(self, dtype, op, rank):
+        self.dtype, self.op, self.rank = dtype, op, rank
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        return inputs(self.dtype, self.op, self.rank, index.start, index.stop)
+
+
+def critical_path(algorithm: str, size: int, count: int, dtype="float32",
+                  segment_size: int = 1 << 18, options: Optional[dict] = None) -> dict:
+    """Messages, bytes on the wire and bytes reduced along the critical path
+    (each the longest path of its own: unit machines, no data)."""
+    out = {}
+    for name, machine in (("messages", Machine(alpha=1.0)), ("bytes", Machine(beta=1.0)),
+                          ("reduced_bytes", Machine(gamma=1.0))):
+        out[name] = simulate(algorithm, size, count, dtype, "sum", segment_size=segment_size,
+                             options=options, machine=machine, data=False).seconds
+    return out

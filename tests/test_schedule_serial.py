@@ -1,0 +1,148 @@
+"""Every algorithm's schedule run through the simulator, without MPI: every
+rank count from 1 to 64, a few up to 1024, uneven, empty and segmented
+blocks, in place and not; and the simulator itself catches what MPI would
+not complete (deadlocks, unmatched or mismatched messages, races)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mpi_allreduce import registry
+from mpi_allreduce.schedule import RECV, SCRATCH, SEND, Copy, Recv, Reduce, Ref, Schedule, Send
+from mpi_allreduce.simulate import Machine, SimulationError, critical_path, simulate
+
+ALL = list(registry.ALGORITHMS)
+
+
+def options_for(algorithm: str, size: int) -> dict:
+    """hierarchical on emulated nodes of 3 (the last one smaller), ring among leaders."""
+    return {"ranks_per_node": 3, "inner": "ring"} if algorithm == "hierarchical" else {}
+
+
+def check(outcome):
+    assert outcome.wrong == 0, f"{outcome.wrong} wrong elements"
+    assert outcome.differing_ranks == 0
+
+
+@pytest.mark.parametrize("algorithm", ALL)
+def test_every_size_from_1_to_64(algorithm):
+    """Counts below p (empty blocks), uneven counts, and 2-element segments."""
+    for size in range(1, 65):
+        for count, segment in ((size + 3, 2), (max(size - 1, 1), 1 << 20), (0, 4)):
+            check(simulate(algorithm, size, count, "float32", "sum", segment_size=segment,
+                           options=options_for(algorithm, size)))
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+@pytest.mark.parametrize("op,dtype", [("sum", "int64"), ("prod", "float64"), ("max", "int16"),
+                                      ("avg", "float32"), ("lxor", "bool"), ("bxor", "uint8")])
+@pytest.mark.parametrize("algorithm", ALL)
+def test_ops_dtypes_and_in_place(algorithm, op, dtype, in_place):
+    for size in (2, 3, 5, 7, 8):
+        check(simulate(algorithm, size, 41, dtype, op, segment_size=4, in_place=in_place,
+                       options=options_for(algorithm, size)))
+
+
+@pytest.mark.parametrize("algorithm,size", [
+    ("recursive_doubling", 1024), ("rabenseifner", 1024), ("driver", 1024),
+    ("hierarchical", 1024), ("ring", 200), ("ring_pipelined", 129), ("rabenseifner", 1000),
+    ("recursive_doubling", 1023),
+])
+def test_large_communicators(algorithm, size):
+    options = {"ranks_per_node": 16, "inner": "rabenseifner"} if algorithm == "hierarchical" else {}
+    check(simulate(algorithm, size, 2 * size + 1, "int32", "sum", segment_size=300,
+                   options=options))
+
+
+def test_bytes_per_rank_match_the_algorithms():
+    """The ring sends 2(p-1)/p of the vector per rank; recursive doubling
+    the whole vector lg p times; the driver's root sends p-1 vectors."""
+    p, n = 8, 8000
+    ring = simulate("ring", p, n, "float64", segment_size=1 << 20)
+    assert ring.bytes_sent == [2 * (p - 1) * n // p * 8] * p
+    assert ring.messages == [2 * (p - 1)] * p
+    rd = simulate("recursive_doubling", p, n, "float64", segment_size=1 << 20)
+    assert rd.bytes_sent == [3 * n * 8] * p and rd.bytes_reduced == [3 * n * 8] * p
+    driver = simulate("driver", p, n, "float64", segment_size=1 << 20)
+    assert driver.bytes_sent[0] == (p - 1) * n * 8 and driver.bytes_sent[1] == n * 8
+
+
+def test_critical_path_counts():
+    """Unit machines give the messages, bytes and reduced bytes along the
+    critical path: the ring's 2(p-1) steps, recursive doubling's lg p."""
+    ring = critical_path("ring", 8, 800, "float32")
+    assert ring["messages"] == 14 and ring["bytes"] == 14 * 100 * 4
+    assert ring["reduced_bytes"] == 7 * 100 * 4
+    rd = critical_path("recursive_doubling", 8, 800, "float32")
+    assert rd["messages"] == 3 and rd["bytes"] == 3 * 800 * 4
+
+
+def test_the_machine_charges_overhead_and_links():
+    slow_across = Machine(alpha=1.0, alpha_inter=10.0, nodes=(0, 0, 2, 2))
+    assert simulate("ring", 4, 4, machine=slow_across, data=False).seconds == 6 * 10.0
+    assert simulate("ring", 4, 4, machine=Machine(overhead=1.0), data=False).seconds == 12.0
+
+
+# --- the simulator catches broken schedules --------------------------------
+
+class _Fixed:
+    """A fake algorithm whose schedules are given per rank."""
+
+    COMMUTATIVE = False
+
+    def __init__(self, name, rounds_of):
+        self.NAME, self.rounds_of = name, rounds_of
+
+    def build(self, rank, size, count, segment_size, options=None):
+        return Schedule(self.NAME, rank, size, count, self.rounds_of(rank, count), count)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    def register(rounds_of):
+        monkeypatch.setitem(registry._ALGORITHMS, "fake", _Fixed("fake", rounds_of))
+        return "fake"
+    return register
+
+
+def test_a_deadlock_is_reported_with_ranks_and_peers(fake):
+    """Both ranks receive first: with no buffering, neither send is ever posted."""
+    def rounds(rank, count):
+        whole = Ref(RECV, 0, count)
+        return ((Recv(1 - rank, whole),), (Send(1 - rank, Ref(SEND, 0, count)),))
+    with pytest.raises(SimulationError, match=r"deadlock.*rank 0 in round 0"):
+        simulate(fake(rounds), 2, 4)
+
+
+def test_a_length_mismatch_is_reported(fake):
+    def rounds(rank, count):
+        if rank == 0:
+            return ((Send(1, Ref(SEND, 0, count)),), (Copy(Ref(RECV, 0, count), Ref(SEND, 0, count)),))
+        return ((Recv(0, Ref(RECV, 0, count - 1)),),)
+    with pytest.raises(SimulationError, match="sends 4 elements to rank 1, which receives 3"):
+        simulate(fake(rounds), 2, 4)
+
+
+def test_a_local_action_racing_a_message_is_reported(fake):
+    """Reducing into the range a message of the same round still receives into."""
+    def rounds(rank, count):
+        peer = 1 - rank
+        return ((Send(peer, Ref(SEND, 0, count)), Recv(peer, Ref(SCRATCH, 0, count)),
+                 Reduce(Ref(RECV, 0, count), Ref(SEND, 0, count), Ref(SCRATCH, 0, count))),)
+    with pytest.raises(SimulationError, match="local action touches scratch"):
+        simulate(fake(rounds), 2, 4)
+
+
+def test_wrong_results_are_counted(fake):
+    """Each rank keeps its own input: every element that differs from the
+    sum is counted, on every rank."""
+    from mpi_allreduce.simulate import inputs, reference
+
+    def rounds(rank, count):
+        return ((Copy(Ref(RECV, 0, count), Ref(SEND, 0, count)),),)
+    outcome = simulate(fake(rounds), 3, 10, "int32")
+    dtype = np.dtype("int32")
+    want = sum(int(np.count_nonzero(inputs(dtype, "sum", r, 0, 10) != reference(dtype, "sum", 3, 10)))
+               for r in range(3))
+    assert outcome.wrong == want > 20 and outcome.differing_ranks == 2
