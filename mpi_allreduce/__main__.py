@@ -292,8 +292,8 @@ def cmd_simulate(args) -> int:
 def cmd_info(args) -> int:
     from . import ALGORITHMS
     from .backend import cuda_aware_support
-    from .plan import oversubscribed
-    from .registry import describe_choices
+    from .selection import describe_choices
+    from .topology import oversubscribed
     from .tools.verify import mpi_library
 
     comm = MPI.COMM_WORLD

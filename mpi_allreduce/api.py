@@ -13,6 +13,7 @@ state checks and the compiled steps.
 
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 from typing import NamedTuple, Optional
@@ -138,13 +139,16 @@ def allreduce(
         return call.recv
     if comm.Get_size() == 1:
         if call.send is not None:
+            call.backend.device_synchronize()  # the caller's other streams may still write it
             call.backend.copy(call.recv, call.send)
         return call.recv
     context = context_for(comm)
+    held = _refcounts(call)
     run = _runner(context, call)
     if not checking and check is segment_size is ranks_per_node is inner is tuning is selection \
             is None:
-        _remember(context, run, sendbuf, recvbuf, op, comm, algorithm, call)
+        _remember(context, run, sendbuf, recvbuf, op, comm, algorithm, call,
+                  [after - before for before, after in zip(held, _refcounts(call))])
     run()
     return call.recv
 
@@ -215,18 +219,39 @@ class _Remembered:
     buffer is the same memory, which the views still cover.  Buffers that
     are not C-contiguous, or read-only, were refused when first seen."""
 
-    __slots__ = ("run", "dtype", "in_place", "send", "op", "comm", "algorithm", "refs")
+    __slots__ = ("run", "dtype", "in_place", "send", "op", "comm", "algorithm", "refs", "ours")
+
+    def abandoned(self) -> bool:
+        """Whether the caller holds none of the buffers any more: only the
+        bound call's views keep them alive (then they are dropped)."""
+        for ref, ours in zip(self.refs, self.ours):
+            buf = ref()
+            # the references: ours, this frame's ``buf`` and getrefcount's argument
+            if buf is None or sys.getrefcount(buf) - 2 <= ours:
+                return True
+        return False
+
+
+def _refcounts(call: _Call) -> list:
+    return [sys.getrefcount(b) for b in (call.recv, call.send) if b is not None]
 
 
 def _remember(context: Context, run, sendbuf, recvbuf, op, comm, algorithm,
-              call: _Call) -> None:
+              call: _Call, ours: list) -> None:
+    """Keep the bound call for repeats; drop those whose buffers the caller
+    has let go (the bound views would keep them alive otherwise)."""
+    for key, old in list(context.calls.items()):
+        if getattr(old, "ours", None) is not None and old.abandoned():
+            context.forget(key, old)
     if recvbuf is not call.recv or (call.send is not None and sendbuf is not call.send):
         return  # converted on the way in (a list, a foreign device array): no identity
     kept = _Remembered()
     key = id(recvbuf)
 
     def forget(ref):  # a buffer dies: its entry goes before its id can be reused
-        context.forget(key, kept)
+        entry = context.calls.get(key)  # (no reference to ``kept`` here: no cycle)
+        if entry is not None and ref in entry.refs:
+            context.forget(key, entry)
 
     try:
         buffers = (recvbuf,) if call.send is None else (sendbuf, recvbuf)
@@ -235,6 +260,9 @@ def _remember(context: Context, run, sendbuf, recvbuf, op, comm, algorithm,
         return
     kept.run, kept.op, kept.comm, kept.algorithm = run, op, comm, algorithm
     kept.dtype, kept.in_place, kept.send = recvbuf.dtype, call.send is None, id(sendbuf)
+    #: references the bound call holds on each buffer (recv, send); live
+    #: selection binds more later, so its entries are only evicted by age
+    kept.ours = ours if call.selection == "table" or call.algorithm != "auto" else None
     context.remember(key, kept)
 
 

@@ -15,9 +15,12 @@ local actions only                   the ufunc, or ``copyto``, per action
 one send and one receive             ``Sendrecv`` (after the round's leading
                                      local actions)
 one send, or one receive             ``Send``, or ``Recv``
-anything else                        ``Isend``/``Irecv`` in order, the local
-                                     actions after them (they overlap with
-                                     the messages), ``Waitall``
+anything else, and every round of    the backend's ``post`` of each send and
+device buffers                       receive (it synchronises the stream and
+                                     stages through host memory where MPI is
+                                     not CUDA-aware), the local actions after
+                                     them (they overlap with the messages),
+                                     then each ``wait``
 =================================== ==========================================
 
 A :class:`Bound` call is ``for function, args in steps: function(*args)``,
@@ -146,6 +149,9 @@ def _compile(plan: Plan, arrays: tuple) -> list:
 
     def local(action):
         if isinstance(action, Reduce):
+            if plan.op.ufunc in (np.maximum, np.minimum):  # they take out= by keyword only
+                return functools.partial(combine, out=view(action.out)), (
+                    view(action.first), view(action.second))
             return combine, (view(action.first), view(action.second), view(action.out))
         dst, src = action
         if dst[1:] == src[1:] and arrays[dst.buf] is arrays[src.buf]:
@@ -164,17 +170,11 @@ def _compile(plan: Plan, arrays: tuple) -> list:
         recvs = [a for a in rest if isinstance(a, Recv)]
         overlap = [s for s in map(local, (a for a in rest if not isinstance(a, (Send, Recv))))
                    if s is not None]
-        if not overlap and len(sends) <= 1 and len(recvs) <= 1:
+        if host and not overlap and len(sends) <= 1 and len(recvs) <= 1:
             send = sends[0] if sends else None
             recv = recvs[0] if recvs else None
-            if host:
-                steps.append(_blocking(comm, mpitype, send and view(send.src),
-                                       send and send.peer, recv and view(recv.dst),
-                                       recv and recv.peer))
-            else:
-                steps.append((backend.channel(comm, mpitype, TAG),
-                              (send and view(send.src), send and send.peer,
-                               recv and view(recv.dst), recv and recv.peer)))
+            steps.append(_blocking(comm, mpitype, send and view(send.src), send and send.peer,
+                                   recv and view(recv.dst), recv and recv.peer))
             continue
         steps.append((_overlapped(backend, comm, mpitype,
                                   [(view(a.src), a.peer) for a in sends],
