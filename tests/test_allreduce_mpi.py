@@ -314,3 +314,52 @@ def test_oversubscription_is_agreed_by_every_rank(comm, monkeypatch):
     monkeypatch.setenv(LOCAL_SIZE_ENV[1], str(cpus + 1))
     monkeypatch.setenv(LOCAL_SIZE_ENV[0], "1")  # the first launcher variable found counts
     assert oversubscribed(comm) is False
+
+
+@pytest.mark.parametrize("count", [2, 1000, 70001])
+def test_auto_is_reproducible(comm, count):
+    """auto by default: the same bytes on every call, on every rank, and the
+    very bytes of the table's choice run by name (random floats, whose
+    rounding depends on the order of combination)."""
+    from mpi_allreduce.selection import choose
+    from mpi_allreduce.context import context_for
+
+    data = mine(comm, "float32", "sum", count, kind="random")
+    out = np.empty_like(data)
+    digests = set()
+    for _ in range(120):
+        mar.allreduce(data, out, comm=comm)
+        digests.add(hashlib.sha1(out.tobytes()).hexdigest())
+    assert len(digests) == 1
+    assert len(set(comm.allgather(digests.pop()))) == 1
+    if comm.Get_size() > 1:
+        name = choose(count * 4, comm.Get_size(),
+                      oversubscribed=context_for(comm).oversubscribed)
+        named = mar.allreduce(data, comm=comm, algorithm=name)
+        assert named.tobytes() == out.tobytes()
+
+
+def test_live_selection_is_right_and_agreed(comm):
+    """selection="live" probes other algorithms on live calls: every call is
+    still right, and every rank runs the same algorithm in every call (the
+    bytes agree across ranks call by call)."""
+    data = mine(comm, "float32", "sum", 513, kind="random")
+    exact = expected(comm, "float64", "sum", 513, kind="random")
+    out = np.empty_like(data)
+    digests = []
+    for _ in range(300):
+        mar.allreduce(data, out, comm=comm, selection="live")
+        np.testing.assert_allclose(out, exact, rtol=0, atol=1e-5 * comm.Get_size())
+        digests.append(hashlib.sha1(out.tobytes()).hexdigest())
+    everyone = comm.allgather(digests)
+    assert all(d == everyone[0] for d in everyone)
+    if comm.Get_size() > 1:  # and it did run other candidates than the table's
+        from mpi_allreduce.context import context_for
+
+        selector, = [s for shape, s in context_for(comm).selectors.items() if shape[0] == 513]
+        assert sum(n for name, n in selector._counts.items() if name != selector.current) > 0
+
+
+def test_unknown_selection_is_refused(comm):
+    with pytest.raises(ValueError, match="selection must be one of table, live"):
+        mar.allreduce(np.ones(3), comm=comm, selection="fastest")
