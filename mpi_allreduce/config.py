@@ -58,13 +58,6 @@ def _int(name: str) -> Optional[int]:
         raise ValueError(f"{name}={value!r} is not an integer") from None
 
 
-def _count(name: str) -> Optional[int]:
-    value = _int(name)
-    if value is not None and value < 0:
-        raise ValueError(f"{name}={value} is negative")
-    return value
-
-
 @functools.lru_cache(maxsize=1)
 def environment() -> Environment:
     return Environment(

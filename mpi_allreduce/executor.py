@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 from mpi4py import MPI
 
 from .backend import Backend
 from .ops import Op
-from .schedule import RECV, SCRATCH, SEND, Copy, Recv, Reduce, Schedule, Send
+from .schedule import Recv, Reduce, Schedule, Send
 
 __all__ = ["Plan", "Bound", "TAG", "wire_type"]
 

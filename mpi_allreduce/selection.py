@@ -25,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .config import environment
-from .registry import FLAT_ALGORITHMS, get
+from .registry import get
 
 __all__ = ["DEFAULT_TUNING", "DecisionTable", "tuning_table", "choose", "describe_choices",
            "check_tuning", "LiveSelector"]
@@ -162,12 +162,6 @@ def describe_choices(size: int, oversubscribed: bool = False, tuning=None) -> st
     return ", ".join(name if limit is None and i == 0 else
                      f"{name} above" if limit is None else f"{name} <= {limit} B"
                      for i, (limit, name) in enumerate(rows))
-
-
-def resolve(name: str, nbytes: int, size: int, tuning=None, oversubscribed: bool = False) -> str:
-    return choose(nbytes, size, tuning, oversubscribed) if name == "auto" else name
-
-
 
 
 class LiveSelector:

@@ -34,7 +34,6 @@ from typing import Optional
 import numpy as np
 
 from . import registry
-from .algorithms.hierarchical import layout
 from .ops import resolve_op
 from .schedule import BUFFER_NAMES, RECV, SCRATCH, SEND, Recv, Reduce, Ref, Send
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mpi_allreduce import config
-from mpi_allreduce import selection as registry
+from mpi_allreduce import selection
 from mpi_allreduce.tools.model import Params, best_flat, fit_line, predict
 from mpi_allreduce.tools.tune import decision_rows, pick_winners
 
@@ -26,7 +26,7 @@ TABLE = {
     (8, 8, "rabenseifner"), (8, 100, "rabenseifner"), (8, 1, "driver"),
 ])
 def test_decision_table(nbytes, size, expected):
-    assert registry.choose(nbytes, size, TABLE) == expected
+    assert selection.choose(nbytes, size, TABLE) == expected
 
 
 OVERSUBSCRIBED = {
@@ -50,34 +50,34 @@ OVERSUBSCRIBED = {
 def test_oversubscribed_rules_apply_only_when_oversubscribed(nbytes, size, over, expected):
     """The largest comm_size <= p wins; for one comm_size a rule that names the
     oversubscription state wins over one that does not, when the state matches."""
-    assert registry.choose(nbytes, size, OVERSUBSCRIBED, oversubscribed=over) == expected
+    assert selection.choose(nbytes, size, OVERSUBSCRIBED, oversubscribed=over) == expected
 
 
 def test_describe_choices():
-    assert registry.describe_choices(2, True, OVERSUBSCRIBED) == "driver <= 64 B, ring above"
-    assert registry.describe_choices(2, False, OVERSUBSCRIBED) == "ring"
+    assert selection.describe_choices(2, True, OVERSUBSCRIBED) == "driver <= 64 B, ring above"
+    assert selection.describe_choices(2, False, OVERSUBSCRIBED) == "ring"
 
 
 def test_built_in_default_is_latency_first_then_bandwidth():
-    assert registry.choose(8, 4) == "recursive_doubling"
-    assert registry.choose(64 << 20, 4) == "ring"
-    assert registry.choose(512 << 10, 2) == "recursive_doubling"
-    assert registry.choose(64 << 20, 2) == "rabenseifner"  # 2 ranks: one exchange each way
-    assert registry.choose(256 << 10, 5) == "rabenseifner"
+    assert selection.choose(8, 4) == "recursive_doubling"
+    assert selection.choose(64 << 20, 4) == "ring"
+    assert selection.choose(512 << 10, 2) == "recursive_doubling"
+    assert selection.choose(64 << 20, 2) == "rabenseifner"  # 2 ranks: one exchange each way
+    assert selection.choose(256 << 10, 5) == "rabenseifner"
     # more ranks than CPUs: the driver for short vectors, the same long-vector choice
-    assert registry.choose(8, 4, oversubscribed=True) == "driver"
-    assert registry.choose(8, 2, oversubscribed=True) == "recursive_doubling"
-    assert registry.choose(64 << 20, 4, oversubscribed=True) == "ring"
+    assert selection.choose(8, 4, oversubscribed=True) == "driver"
+    assert selection.choose(8, 2, oversubscribed=True) == "recursive_doubling"
+    assert selection.choose(64 << 20, 4, oversubscribed=True) == "ring"
 
 
 def test_decision_table_from_file_and_environment(tmp_path, monkeypatch):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(TABLE))
-    assert registry.choose(8, 2, str(path)) == "driver"
+    assert selection.choose(8, 2, str(path)) == "driver"
     monkeypatch.setenv(config.TUNING_ENV, str(path))
     config.refresh()
     try:
-        assert registry.choose(8, 2) == "driver"
+        assert selection.choose(8, 2) == "driver"
     finally:
         monkeypatch.delenv(config.TUNING_ENV)
         config.refresh()
@@ -94,7 +94,7 @@ def test_decision_table_from_file_and_environment(tmp_path, monkeypatch):
 ])
 def test_bad_decision_tables(bad, match):
     with pytest.raises(ValueError, match=match):
-        registry.check_tuning(bad)
+        selection.check_tuning(bad)
 
 
 def test_decision_rows_merge_neighbours():

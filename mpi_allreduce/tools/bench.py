@@ -203,7 +203,12 @@ def auto_moves(comm, count, dtype) -> Optional[int]:
 
 
 def peak_traced_bytes(comm, run) -> int:
-    """Peak bytes allocated (numpy reports to tracemalloc) during one call, max over ranks."""
+    """Peak bytes allocated (numpy reports to tracemalloc) during one call
+    that repeats the call before it, max over ranks.  (The algorithms share
+    their buffers in a benchmark, and a call binds itself to its buffers
+    again after another algorithm ran on them: that first call is not the
+    steady state.)"""
+    run()
     tracemalloc.start()
     tracemalloc.reset_peak()
     run()
