@@ -33,7 +33,6 @@ progress them round by round.
 from __future__ import annotations
 
 import functools
-import time
 from typing import Callable
 
 import numpy as np
@@ -81,9 +80,6 @@ class Plan:
         (C-contiguous; any shape)."""
         return Bound(self, send, recv)
 
-    def __call__(self, send, recv) -> None:
-        self.bind(send, recv)()
-
 
 class Bound:
     """A plan bound to the caller's arrays, compiled to steps."""
@@ -104,24 +100,18 @@ class Bound:
         else:  # a strided input is copied into the result first, then reduced in place
             steps.append((backend.copy, (recv, send)))
             source = flat
-        self.steps = steps + _compile(plan, (source, flat, plan.scratch))
+        steps += _compile(plan, (source, flat, plan.scratch))
         if plan.op.finalize is not None and flat.shape[0]:
-            steps = self.steps
             steps.append((backend.ufunc(plan.op.finalize), (flat, plan.comm.Get_size(), flat)))
-        self.run = _runner(self.steps)
+        self.steps = steps
+        self.run = _runner(steps)
 
     def __call__(self) -> None:
         self.run()
 
-    def timed(self) -> float:
-        """Run once; the seconds it took on this rank."""
-        start = time.perf_counter()
-        self.run()
-        return time.perf_counter() - start
-
 
 def _runner(steps: list) -> Callable[[], None]:
-    """The call itself: the steps in order (one, two and three steps without a loop)."""
+    """The call itself: the steps in order (one or two steps without a loop)."""
     if len(steps) == 1:
         (f0, a0), = steps
         return lambda: f0(*a0)
