@@ -1,7 +1,8 @@
 """What live selection costs from the first call on, against the table alone.
 
 For each size, each repeat makes two fresh communicators (``Dup``: a new
-context, so a new selector and new plans) and times, on the same buffers,
+context, so a new selector and new plans; the context itself is made before
+the clock starts) and times, on the same buffers,
 ``--calls`` back-to-back calls of ``auto`` from its very first call: once
 with ``selection="table"``, once with ``selection="live"`` (the order of the
 two alternates by repeat).  Each rank times the whole loop; the slowest
@@ -29,6 +30,7 @@ def loop_seconds(comm, send, recv, selection: str, calls: int):
     """Seconds for ``calls`` calls on a fresh communicator, and what ``auto``
     ran at the end (live: the selector's choice and its moves)."""
     fresh = comm.Dup()
+    context_for(fresh)  # its private Dup and topology: the same for both, not timed
     fresh.Barrier()
     start = MPI.Wtime()
     for _ in range(calls):

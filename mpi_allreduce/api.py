@@ -37,6 +37,13 @@ DEFAULT_SEGMENT_BYTES = 1 << 20
 
 #: the ways ``auto`` chooses (``selection=``, ``MPI_ALLREDUCE_SELECTION``)
 SELECTIONS = ("table", "live")
+#: below this many bytes live selection leaves ``auto`` to the table: a call
+#: is then latency, the algorithms' order follows their message counts, and
+#: the selector's own Python (about 0.3 us a call) would be 10% of a call
+LIVE_MIN_BYTES = 16 * 1024
+#: live selection times one call of the current algorithm in this many
+#: (each timed call stands for them all: the mean is what it needs)
+SAMPLE = 8
 
 
 class ArgumentMismatch(ValueError):
@@ -117,7 +124,9 @@ def allreduce(
     if (kept is not None and kept.send == id(sendbuf) and kept.op is op and kept.comm is comm
             and kept.algorithm == algorithm and recvbuf.dtype is kept.dtype
             and (kept.in_place or sendbuf.dtype is kept.dtype)
-            and check is segment_size is ranks_per_node is inner is tuning is selection is None):
+            and (kept.extra is None
+                 and check is segment_size is ranks_per_node is inner is tuning is selection is None
+                 or kept.extra == (check, segment_size, ranks_per_node, inner, tuning, selection))):
         kept.run()
         return recvbuf
 
@@ -145,10 +154,11 @@ def allreduce(
     context = context_for(comm)
     held = _refcounts(call)
     run = _runner(context, call)
-    if not checking and check is segment_size is ranks_per_node is inner is tuning is selection \
-            is None:
+    if not checking:
+        extra = (check, segment_size, ranks_per_node, inner, tuning, selection)
         _remember(context, run, sendbuf, recvbuf, op, comm, algorithm, call,
-                  [after - before for before, after in zip(held, _refcounts(call))])
+                  [after - before for before, after in zip(held, _refcounts(call))],
+                  None if extra == (None,) * 6 else extra)
     run()
     return call.recv
 
@@ -186,7 +196,8 @@ def _runner(context: Context, call: _Call):
     algorithm, or under live selection a small loop around the selector."""
     send, recv = call.send, call.recv
     name = choice(context, call, recv.size)
-    if call.algorithm != "auto" or call.selection == "table":
+    if call.algorithm != "auto" or call.selection == "table" or \
+            recv.nbytes < LIVE_MIN_BYTES:
         return plan_for(context, call, name).bind(send, recv).run
     shape = (recv.size, recv.dtype.str, call.op.name, call.backend, call.segment_size)
     selector = context.selectors.get(shape)
@@ -194,22 +205,44 @@ def _runner(context: Context, call: _Call):
         selector = context.selectors[shape] = _selection.LiveSelector(
             context.comm, name, registry.FLAT_ALGORITHMS)
     bound = {}
+    clock = time.perf_counter
+    n = counted = 0  # calls made, calls told to the selector
+    due = 1  # the next call that times, probes or follows a move; the others just run
+    name = step = None  # the current algorithm and its bound call
+
+    def bound_run(chosen):
+        run = bound.get(chosen)
+        if run is None:
+            run = bound[chosen] = plan_for(context, call, chosen).bind(send, recv).run
+        return run
 
     def run():
-        chosen = selector.choose()
-        step = bound.get(chosen)
-        if step is None:
-            step = bound[chosen] = plan_for(context, call, chosen).bind(send, recv).run
-        start = time.perf_counter()
-        step()
-        selector.observe(chosen, time.perf_counter() - start)
+        nonlocal n, counted, due, name, step
+        n += 1
+        if n < due:  # most calls: the current algorithm, untimed
+            step()
+            return
+        start = clock()  # a first call pays for its plan: it is counted
+        probe = selector.probe
+        if probe is not None:
+            bound_run(probe)()
+            selector.observe(probe, clock() - start)
+            counted += 1
+        else:
+            if name != selector.current:
+                name, step = selector.current, bound_run(selector.current)
+            step()
+            # this timed call stands for the untimed ones since the last
+            selector.tick(clock() - start, n - counted)
+            counted = n
+        due = n + 1 if selector.probe is not None or name != selector.current else n + SAMPLE
     return run
 
 
 class _Remembered:
     """A bound call kept for repeats with the very same argument objects
-    (one per receive buffer: the last call made with it and no optional
-    arguments).
+    (one per receive buffer: the last call made with it; ``extra``: its
+    optional arguments, None when it had none).
 
     An id names one live object: the op and comm objects are held here,
     the buffers by weak references whose death drops the entry (before an
@@ -219,7 +252,8 @@ class _Remembered:
     buffer is the same memory, which the views still cover.  Buffers that
     are not C-contiguous, or read-only, were refused when first seen."""
 
-    __slots__ = ("run", "dtype", "in_place", "send", "op", "comm", "algorithm", "refs", "ours")
+    __slots__ = ("run", "dtype", "in_place", "send", "op", "comm", "algorithm", "extra", "refs",
+                 "ours")
 
     def abandoned(self) -> bool:
         """Whether the caller holds none of the buffers any more: only the
@@ -237,7 +271,7 @@ def _refcounts(call: _Call) -> list:
 
 
 def _remember(context: Context, run, sendbuf, recvbuf, op, comm, algorithm,
-              call: _Call, ours: list) -> None:
+              call: _Call, ours: list, extra) -> None:
     """Keep the bound call for repeats; drop those whose buffers the caller
     has let go (the bound views would keep them alive otherwise)."""
     for key, old in list(context.calls.items()):
@@ -258,7 +292,7 @@ def _remember(context: Context, run, sendbuf, recvbuf, op, comm, algorithm,
         kept.refs = [weakref.ref(b, forget) for b in buffers]
     except TypeError:  # an array type without weak references
         return
-    kept.run, kept.op, kept.comm, kept.algorithm = run, op, comm, algorithm
+    kept.run, kept.op, kept.comm, kept.algorithm, kept.extra = run, op, comm, algorithm, extra
     kept.dtype, kept.in_place, kept.send = recvbuf.dtype, call.send is None, id(sendbuf)
     #: references the bound call holds on each buffer (recv, send); live
     #: selection binds more later, so its entries are only evicted by age

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+from typing import Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -168,23 +169,27 @@ class LiveSelector:
     """``auto`` with live timings, for one call shape on one communicator.
 
     Every rank makes the same calls in the same order, so every rank counts
-    the same calls: decisions are taken only at *sync* calls, numbered
-    ``first_sync * 2^k`` (64, 128, 256, ...), and there the ranks agree on
+    the same calls: decisions are taken only at *sync* calls, the first
+    call at or past ``first_sync * 2^k`` (64, 128, 256, ...), and there the ranks agree on
     the timings with one small ``Allreduce`` (each rank's sums; the slowest
     rank's are used).  Between two syncs the current algorithm runs, except
     that right after a sync one *probe* call may run a candidate, chosen in
     turn.  A probe is allowed only while the time spent in probes, plus one
-    more call at ``PROBE_GUESS`` times the current mean, stays within
-    ``budget`` (5%) of the time of all calls so far: so exploring costs at
-    most about 5% from the first calls on, and nothing in the first
-    ``first_sync`` calls.  A candidate replaces the current algorithm when
+    more call at ``PROBE_GUESS`` times the current mean (plus, for a
+    candidate not run yet, the first call's time: its plan is built then),
+    stays within ``budget`` (5%) of the time of all calls so far: so
+    exploring costs at most about 5% from the first calls on, and nothing in
+    the first ``first_sync`` calls.  A candidate replaces the current algorithm when
     its mean over at least ``min_probes`` probes is ``margin`` faster.
     """
 
     PROBE_GUESS = 3.0
+    #: the share of the time probes may take
+    BUDGET = 0.05
 
-    def __init__(self, comm, table_choice: str, candidates, budget: float = 0.05,
+    def __init__(self, comm, table_choice: str, candidates, budget: Optional[float] = None,
                  first_sync: int = 64, margin: float = 0.1, min_probes: int = 2):
+        budget = self.BUDGET if budget is None else budget
         self.comm = comm
         self.current = table_choice
         self.candidates = [c for c in candidates if c != table_choice]
@@ -193,36 +198,60 @@ class LiveSelector:
         self.calls = 0
         self.moves = 0
         self._turn = 0
-        self._probe = None  # the candidate of the next call, once agreed
+        #: the candidate the next call probes, once agreed; None: the current algorithm
+        self.probe = None
         #: local sums since the start: [seconds, calls] per algorithm, and probe seconds
         self._seconds = {name: 0.0 for name in [table_choice, *self.candidates]}
         self._counts = dict.fromkeys(self._seconds, 0)
-        self._probe_seconds = 0.0
-        self._agreed = None  # the last agreed (slowest rank's) sums
+        self.probe_seconds = 0.0
+        #: the current algorithm's calls since the last sync (folded in there)
+        self._current_seconds, self._current_calls = 0.0, 0
+        #: the first call's seconds: what a candidate's first call (its plan
+        #: built and bound) is guessed to cost
+        self._first = None
 
     def choose(self) -> str:
         """The algorithm of the next call."""
-        probe, self._probe = self._probe, None
-        return probe or self.current
+        return self.probe or self.current
+
+    def tick(self, seconds: float, calls: int = 1) -> None:
+        """A call of the current algorithm took ``seconds`` on this rank and
+        stands for ``calls`` calls (the caller may time one call in a few)."""
+        if self._first is None:
+            self._first = seconds
+        self._current_seconds += seconds * calls
+        self._current_calls += calls
+        self.calls += calls
+        if self.calls >= self.next_sync:
+            self._sync()
 
     def observe(self, name: str, seconds: float) -> None:
-        """The call just made ran ``name`` and took ``seconds`` on this rank."""
-        self.calls += 1
+        """The call just made ran ``name`` and took ``seconds`` on this rank
+        (a probe's time includes building its plan on first use)."""
+        if name == self.current:
+            self.tick(seconds)
+            return
+        self.probe = None
         self._seconds[name] += seconds
         self._counts[name] += 1
-        if name != self.current:
-            self._probe_seconds += seconds
-        if self.calls == self.next_sync:
-            self.next_sync *= 2
+        self.probe_seconds += seconds
+        self.calls += 1
+        if self.calls >= self.next_sync:
             self._sync()
 
     def _sync(self) -> None:
+        while self.next_sync <= self.calls:
+            self.next_sync *= 2
+        self._seconds[self.current] += self._current_seconds
+        self._counts[self.current] += self._current_calls
+        self._current_seconds, self._current_calls = 0.0, 0
         names = list(self._seconds)
-        mine = np.array([self._seconds[n] for n in names] + [self._probe_seconds])
+        mine = np.array([self._seconds[n] for n in names] + [self.probe_seconds,
+                                                             self._first or 0.0])
         worst = np.empty_like(mine)
         self.comm.Allreduce(mine, worst, MPI.MAX)
-        seconds = dict(zip(names, worst[:-1]))
-        probe_seconds, total = worst[-1], float(worst[:-1].sum())
+        seconds = dict(zip(names, worst[:-2]))
+        probe_seconds, first, total = worst[-2], worst[-1], float(worst[:-2].sum())
         mean = {n: seconds[n] / self._counts[n] for n in names if self._counts[n]}
         best = min((n for n in self.candidates if self._counts[n] >= self.min_probes
                     and n in mean), key=mean.get, default=None)
@@ -232,7 +261,10 @@ class LiveSelector:
             self.moves += 1
         if not self.candidates:
             return
+        candidate = self.candidates[self._turn % len(self.candidates)]
         guess = self.PROBE_GUESS * mean.get(self.current, 0.0)
+        if not self._counts[candidate]:  # its first call builds its plan
+            guess += first
         if probe_seconds + guess <= self.budget * total:
-            self._probe = self.candidates[self._turn % len(self.candidates)]
+            self.probe = candidate
             self._turn += 1

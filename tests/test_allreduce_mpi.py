@@ -339,15 +339,20 @@ def test_auto_is_reproducible(comm, count):
         assert named.tobytes() == out.tobytes()
 
 
-def test_live_selection_is_right_and_agreed(comm):
+def test_live_selection_is_right_and_agreed(comm, monkeypatch):
     """selection="live" probes other algorithms on live calls: every call is
     still right, and every rank runs the same algorithm in every call (the
-    bytes agree across ranks call by call)."""
-    data = mine(comm, "float32", "sum", 513, kind="random")
-    exact = expected(comm, "float64", "sum", 513, kind="random")
+    bytes agree across ranks call by call).  A generous budget makes sure
+    it probes within the test's calls."""
+    from mpi_allreduce.selection import LiveSelector
+
+    monkeypatch.setattr(LiveSelector, "BUDGET", 1.0)
+    count = 5000  # 20 kB: live selection starts at 16 KiB
+    data = mine(comm, "float32", "sum", count, kind="random")
+    exact = expected(comm, "float64", "sum", count, kind="random")
     out = np.empty_like(data)
     digests = []
-    for _ in range(300):
+    for _ in range(600):
         mar.allreduce(data, out, comm=comm, selection="live")
         np.testing.assert_allclose(out, exact, rtol=0, atol=1e-5 * comm.Get_size())
         digests.append(hashlib.sha1(out.tobytes()).hexdigest())
@@ -356,8 +361,19 @@ def test_live_selection_is_right_and_agreed(comm):
     if comm.Get_size() > 1:  # and it did run other candidates than the table's
         from mpi_allreduce.context import context_for
 
-        selector, = [s for shape, s in context_for(comm).selectors.items() if shape[0] == 513]
+        selector, = [s for shape, s in context_for(comm).selectors.items()
+                     if shape[0] == count]
         assert sum(n for name, n in selector._counts.items() if name != selector.current) > 0
+
+
+def test_live_selection_leaves_short_vectors_to_the_table(comm):
+    from mpi_allreduce.context import context_for
+
+    data = np.ones(100, np.float32)
+    for _ in range(100):
+        mar.allreduce(data, comm=comm, selection="live")
+    if comm.Get_size() > 1:
+        assert not [s for shape, s in context_for(comm).selectors.items() if shape[0] == 100]
 
 
 def test_unknown_selection_is_refused(comm):

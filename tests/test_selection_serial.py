@@ -69,3 +69,22 @@ def test_a_candidate_within_the_margin_does_not_move_it():
     selector = LiveSelector(OneRank(), "ring", ["ring", "driver"])
     drive(selector, {"ring": 1.0, "driver": 0.95}, 40000)
     assert selector.current == "ring" and selector.moves == 0
+
+
+def test_a_first_call_that_builds_a_plan_is_budgeted():
+    """The first call (plan built, bound) took 100 times a later one: a
+    candidate never run is probed only once 5% of the time so far covers
+    a first call like it, and the probes stay within the budget."""
+    selector = LiveSelector(OneRank(), "ring", ["ring", "driver"])
+    total = probes = 0.0
+    first_probe = None
+    for call in range(1, 8001):
+        name = selector.choose()
+        seconds = 100.0 if call == 1 else 1.0
+        if name == "driver" and first_probe is None:
+            first_probe, seconds = call, 100.0  # its plan is built now
+        selector.observe(name, seconds)
+        total += seconds
+        probes += seconds if name == "driver" else 0.0
+    assert first_probe is not None and first_probe > 1024
+    assert probes <= 0.05 * total
