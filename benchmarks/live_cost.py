@@ -48,7 +48,7 @@ def loop_seconds(comm, send, recv, selection: str, calls: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("-s", "--sizes", default="8,1K,64K,1M")
+    parser.add_argument("-s", "--sizes", default="64K,1M,8M")
     parser.add_argument("-c", "--calls", default="300,3000")
     parser.add_argument("-r", "--repeats", type=int, default=11)
     args = parser.parse_args()
