@@ -43,8 +43,8 @@ DEFAULT_TUNING = {
               "on 2 to 4 ranks (benchmarks/results/): recursive doubling for short vectors "
               "(fewest messages); on 3+ ranks Rabenseifner for medium ones (the ring's "
               "bandwidth with 2 lg p messages), on 2 ranks for long ones too; the ring "
-              "for long ones; on oversubscribed nodes the driver up to 256 B, then "
-              "recursive doubling up to 4 MiB "
+              "for long ones; on oversubscribed nodes the driver up to 256 KiB but "
+              "recursive doubling from 512 B to 8 KiB "
               "(benchmarks/results/tuning-oversubscribed.json, benchmarks/results/bench-np4.json)",
     "rules": [
         # 2 ranks: Rabenseifner won at 8 MiB in 6 of 7 runs of
@@ -60,15 +60,16 @@ DEFAULT_TUNING = {
             {"max_bytes": None, "algorithm": "ring"},
         ]},
         # more ranks than CPUs: a blocked rank must wait until its peer is
-        # scheduled, so the fewest rendezvous win: the driver's eager sends to
-        # the root for the shortest vectors, then recursive doubling's lg p
-        # exchanges up to 4 MiB (tune and run_targets on 4 ranks on 2 cores
-        # with the schedule executor: recursive doubling 1.3-1.7x faster
-        # than the driver at 16-256 KiB, where the rule before it chose the
-        # driver), the ring above
+        # scheduled, so the fewest rendezvous win -- the driver's eager sends
+        # to the root complete without one (tuned on 3 and 4 ranks on 2 cores);
+        # but recursive doubling's lg p exchanges were fastest at 2 KiB in all
+        # 6 runs of benchmarks/run_targets.py on 4 ranks before this row, at
+        # 8 KiB in 4 and at 512 B in 3 (the driver in the others)
         {"comm_size": 3, "oversubscribed": True, "table": [
             {"max_bytes": 256, "algorithm": "driver"},
-            {"max_bytes": 4 << 20, "algorithm": "recursive_doubling"},
+            {"max_bytes": 8 * 1024, "algorithm": "recursive_doubling"},
+            {"max_bytes": 256 * 1024, "algorithm": "driver"},
+            {"max_bytes": 1 << 20, "algorithm": "rabenseifner"},
             {"max_bytes": None, "algorithm": "ring"},
         ]},
     ],
