@@ -7,8 +7,8 @@ rank, before any message) -> the communicator's
 :class:`~mpi_allreduce.executor.Plan` (schedule and scratch, cached per
 call shape) -> the plan bound to the caller's arrays -> MPI.  The bound
 call is kept by the identity of the arguments, so a repeat with the very
-same objects (a training loop, a benchmark) is a dictionary look-up, two
-state checks and the compiled steps.
+same objects (a training loop, a benchmark) is a dictionary look-up, a few
+identity checks and the compiled steps.
 """
 
 from __future__ import annotations
