@@ -26,8 +26,9 @@ device buffers                       receive (it synchronises the stream and
 A :class:`Bound` call is ``for function, args in steps: function(*args)``,
 so a repeated call with the same arrays does no more Python than that.
 Every round waits for its messages, so a blocking call is a bound call run
-to its end; a non-blocking or persistent one would start the same steps and
-progress them round by round.
+to its end.  The steps are one flat list today; a non-blocking or
+persistent call needs them kept per round (post, then test or wait), which
+is the one change to :func:`_compile` it asks for.
 """
 
 from __future__ import annotations
