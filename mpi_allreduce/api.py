@@ -275,7 +275,7 @@ def _remember(context: Context, run, sendbuf, recvbuf, op, comm, algorithm,
     """Keep the bound call for repeats; drop those whose buffers the caller
     has let go (the bound views would keep them alive otherwise)."""
     for key, old in list(context.calls.items()):
-        if getattr(old, "ours", None) is not None and old.abandoned():
+        if old.ours is not None and old.abandoned():
             context.forget(key, old)
     if recvbuf is not call.recv or (call.send is not None and sendbuf is not call.send):
         return  # converted on the way in (a list, a foreign device array): no identity

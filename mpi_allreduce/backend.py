@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import operator
 import os
 from typing import Optional
 
@@ -48,10 +47,6 @@ class Backend:
         """dst[...] = src (same backend, same size)."""
         self.xp.copyto(dst, src.reshape(dst.shape))
 
-    def flat(self, array):
-        """A 1-D view of a C-contiguous array."""
-        return array.reshape(-1)
-
     def ufunc(self, ufunc):
         return getattr(self.xp, ufunc.__name__)
 
@@ -69,15 +64,6 @@ class Backend:
         # cupy before 14 has no writeable flag: its arrays are always writeable
         return bool(getattr(array.flags, "writeable", True))
 
-    def state(self, array) -> tuple:
-        """What can change on a live array and would make an earlier check of
-        it stale: size and dtype (``resize``, a ``dtype`` assignment),
-        contiguity (a ``strides`` assignment) and the writeable flag; and
-        the number of dimensions, so that a call found again knows its
-        arrays are still 1-D (any shape is flattened, at some cost)."""
-        return (array.size, array.dtype, array.flags.c_contiguous, self.is_writeable(array),
-                array.ndim)
-
     def shares_memory(self, a, b) -> bool:
         # the bounds test is cheap; the exact one only runs when bounds overlap
         return bool(np.may_share_memory(a, b) and np.shares_memory(a, b))
@@ -86,13 +72,6 @@ class Backend:
         return np.asarray(array)
 
     # --- messaging --------------------------------------------------------
-    def channel(self, comm, mpitype, tag):
-        """``sendrecv(send, dest, recv, source)``: one point-to-point exchange
-        on ``comm`` of 1-D views, bound once per plan (the hot path of every
-        algorithm).  A side that is None has nothing to move; its peer
-        becomes ``MPI.PROC_NULL``."""
-        return _direct(comm, mpitype, tag, self.synchronize if self.device else None)
-
     def post(self, comm, send, dest, recv, source, mpitype, tag, slot: int) -> "Pending":
         """Start a send and a receive without waiting (``slot`` numbers the
         messages in flight, for backends that stage); ``Pending.wait()`` ends them."""
@@ -115,25 +94,6 @@ class Pending:
             self.after()
 
 
-def _direct(comm, mpitype, tag, synchronize=None):
-    """:meth:`Backend.channel` for buffers MPI can read as they are."""
-    exchange, nobody = comm.Sendrecv, MPI.PROC_NULL
-
-    def sendrecv(send, dest, recv, source):
-        exchange([send, mpitype] if send is not None else None,
-                 dest if send is not None else nobody, tag,
-                 [recv, mpitype] if recv is not None else None,
-                 source if recv is not None else nobody, tag)
-
-    if synchronize is None:
-        return sendrecv
-
-    def synchronized(send, dest, recv, source):
-        synchronize()
-        sendrecv(send, dest, recv, source)
-    return synchronized
-
-
 def _start(comm, send, dest, recv, source, mpitype, tag) -> list:
     requests = []
     if recv is not None:
@@ -145,9 +105,6 @@ def _start(comm, send, dest, recv, source, mpitype, tag) -> list:
 
 class HostBackend(Backend):
     name = "numpy"
-
-    #: the same facts in one C call: flags.num holds the contiguity and writeable bits
-    state = staticmethod(operator.attrgetter("size", "dtype", "flags.num", "ndim"))
 
     def __init__(self):
         super().__init__(np)
@@ -192,17 +149,6 @@ class StagedBackend(Backend):
         if recv is not None:
             hrecv = self.staging_buffer(f"recv{slot}", recv.nbytes).view(recv.dtype)
         return hsend, hrecv
-
-    def channel(self, comm, mpitype, tag):
-        direct = _direct(comm, mpitype, tag)
-
-        def sendrecv(send, dest, recv, source):
-            hsend, hrecv = self._stage(send, recv, "")
-            self.synchronize()
-            direct(hsend, dest, hrecv, source)
-            if recv is not None:
-                self._from_host(recv, hrecv)
-        return sendrecv
 
     def post(self, comm, send, dest, recv, source, mpitype, tag, slot: int) -> Pending:
         hsend, hrecv = self._stage(send, recv, str(slot))

@@ -69,18 +69,20 @@ def build(rank: int, size: int, count: int, segment_size: int, options=None):
 
 
 def _gather_to_leader(b: Builder, node: list, local: int, owned: list) -> None:
-    if local:
-        mine = owned[local]
-        b.round(Send(node[0], Ref(RECV, mine.offset, mine.length)))
-        return
-    for i in range(1, len(node)):
-        b.round(Recv(node[i], Ref(RECV, owned[i].offset, owned[i].length)))
+    _with_leader(b, node, local, owned, member=Send, leader=Recv)
 
 
 def _scatter_from_leader(b: Builder, node: list, local: int, owned: list) -> None:
+    _with_leader(b, node, local, owned, member=Recv, leader=Send)
+
+
+def _with_leader(b: Builder, node: list, local: int, owned: list, member, leader) -> None:
+    """Local rank i's block ``owned[i]`` of the result moves between it and
+    the leader: a member posts ``member`` (Send or Recv) with the leader,
+    the leader one ``leader`` per member, in local rank order."""
     if local:
         mine = owned[local]
-        b.round(Recv(node[0], Ref(RECV, mine.offset, mine.length)))
+        b.round(member(node[0], Ref(RECV, mine.offset, mine.length)))
         return
     for i in range(1, len(node)):
-        b.round(Send(node[i], Ref(RECV, owned[i].offset, owned[i].length)))
+        b.round(leader(node[i], Ref(RECV, owned[i].offset, owned[i].length)))
