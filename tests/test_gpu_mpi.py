@@ -25,17 +25,23 @@ pytestmark = [pytest.mark.mpi,
 PATHS = ["staged", "direct"]
 
 
-@pytest.fixture(params=PATHS)
-def gpu_path(request, monkeypatch):
+@pytest.fixture(scope="module", autouse=True)
+def gpu_device():
+    """Each rank takes its GPU once, on every rank together (a collective on
+    the world: a test of a sub-communicator runs on some ranks only)."""
     from mpi4py import MPI
 
+    backend.select_device(MPI.COMM_WORLD, "cuda")
+
+
+@pytest.fixture(params=PATHS)
+def gpu_path(request, monkeypatch):
     if request.param == "direct":
         config.refresh()
         if not backend.cuda_aware_support()[0]:
             pytest.skip("the MPI library is not CUDA-aware")
     monkeypatch.setenv(config.CUDA_AWARE_ENV, "1" if request.param == "direct" else "0")
     config.refresh()
-    backend.select_device(MPI.COMM_WORLD, "cuda")
     yield request.param
     monkeypatch.delenv(config.CUDA_AWARE_ENV)
     config.refresh()
