@@ -4,8 +4,10 @@
 >>> y = mar.allreduce(x, op=MPI.SUM, algorithm="ring")
 """
 
-from .api import ArgumentMismatch, allreduce
+from .api import ArgumentMismatch, allreduce, allreduce_init, iallreduce
+from .progress import PersistentRequest, Request, RequestError, waitall
 from .registry import ALGORITHMS
 
-__all__ = ["allreduce", "ALGORITHMS", "ArgumentMismatch"]
+__all__ = ["allreduce", "iallreduce", "allreduce_init", "waitall", "Request",
+           "PersistentRequest", "RequestError", "ALGORITHMS", "ArgumentMismatch"]
 __version__ = "0.1.0"

@@ -26,10 +26,12 @@ from .algorithms.hierarchical import layout
 from .backend import as_array, backend_for
 from .config import environment
 from .context import CALLS, Context, context_for
+from . import progress
 from .executor import Plan
+from .progress import PersistentRequest, Request
 from .ops import Op, check_dtype, resolve_op
 
-__all__ = ["allreduce", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES", "plan_for", "choice"]
+__all__ = ["allreduce", "iallreduce", "allreduce_init", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES", "plan_for", "choice"]
 
 #: default segment: the most one message carries when its data is to be
 #: reduced, and so the scratch of every algorithm
@@ -130,20 +132,8 @@ def allreduce(
         kept.run()
         return recvbuf
 
-    checking = _check_enabled(check)
-    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-        raise TypeError(f"comm must be an MPI intra-communicator, got {comm!r}")
-    try:
-        call = _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inner,
-                         tuning, selection)
-        error = None
-    except (TypeError, ValueError) as exc:
-        if not checking or comm.Get_size() == 1:
-            raise
-        call, error = None, exc
-    if checking and comm.Get_size() > 1:
-        _agree(comm, call, error)
-
+    call, checking = _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
+                            ranks_per_node, inner, tuning, selection)
     if call.recv.size == 0:
         return call.recv
     if comm.Get_size() == 1:
@@ -161,6 +151,70 @@ def allreduce(
                   None if extra == (None,) * 6 else extra)
     run()
     return call.recv
+
+
+def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
+               algorithm: str = "auto", check: Optional[bool] = None,
+               segment_size: Optional[int] = None, ranks_per_node: Optional[int] = None,
+               inner: Optional[str] = None, tuning=None) -> Request:
+    """Start an all-reduce and return at once: a :class:`~.progress.Request`
+    whose ``wait()`` returns ``recvbuf`` once the result is there (``test()``
+    asks without waiting).  Arguments as :func:`allreduce`; ``auto`` uses the
+    decision table.  The buffers must not be touched until the request is
+    complete.  Many calls may be in flight on one communicator; every rank
+    starts them in the same order and may wait for them in any order."""
+    request = _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
+                       ranks_per_node, inner, tuning, persistent=False)
+    request._begin()
+    return request
+
+
+def allreduce_init(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
+                   algorithm: str = "auto", check: Optional[bool] = None,
+                   segment_size: Optional[int] = None, ranks_per_node: Optional[int] = None,
+                   inner: Optional[str] = None, tuning=None) -> PersistentRequest:
+    """Set up an all-reduce of these buffers once (MPI-4's
+    ``MPI_Allreduce_init``): ``start()`` it, ``wait()`` for it, as often as
+    needed, then ``free()`` it.  Each start reduces the buffers' contents at
+    that moment.  The schedule, its compiled stages, its scratch and (for
+    host buffers) MPI persistent requests are made here once; this is the
+    fastest way to repeat a call."""
+    return _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
+                    ranks_per_node, inner, tuning, persistent=True)
+
+
+def _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_per_node, inner,
+             tuning, persistent: bool) -> Request:
+    call, _ = _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
+                     ranks_per_node, inner, tuning, "table")
+    kind = PersistentRequest if persistent else Request
+    if call.recv.size == 0 or comm.Get_size() == 1:
+        return kind(progress.local_operation(call.backend, call.send, call.recv), call.recv)
+    context = context_for(comm)
+    plan = plan_for(context, call, choice(context, call, call.recv.size))
+    bound = plan.bind(call.send, call.recv, own_scratch=True)
+    operation = progress.operation(bound, context.next_tag(), call.recv.nbytes, persistent)
+    return kind(operation, call.recv, (bound,))
+
+
+def _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_per_node, inner,
+           tuning, selection):
+    """Validate a call (the same checks on every rank, before any message);
+    in check mode, also agree with the other ranks.  (call, checking)."""
+    checking = _check_enabled(check)
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"comm must be an MPI intra-communicator, got {comm!r}")
+    try:
+        call = _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inner,
+                         tuning, selection)
+        error = None
+    except (TypeError, ValueError) as exc:
+        if not checking or comm.Get_size() == 1:
+            raise
+        call, error = None, exc
+    if checking and comm.Get_size() > 1:
+        _agree(comm, call, error)
+    return call, checking
 
 
 def choice(context: Context, call: _Call, count: int) -> str:

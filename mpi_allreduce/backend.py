@@ -72,9 +72,10 @@ class Backend:
         return np.asarray(array)
 
     # --- messaging --------------------------------------------------------
-    def post(self, comm, send, dest, recv, source, mpitype, tag, slot: int) -> "Pending":
-        """Start a send and a receive without waiting (``slot`` numbers the
-        messages in flight, for backends that stage); ``Pending.wait()`` ends them."""
+    def post(self, comm, send, dest, recv, source, mpitype, tag, slot: str) -> "Pending":
+        """Start a send and a receive without waiting (``slot`` names the
+        staging buffers of backends that stage: one per message pair in
+        flight); ``Pending.wait()`` or a true ``Pending.test()`` ends them."""
         self.synchronize()
         return Pending(_start(comm, send, dest, recv, source, mpitype, tag))
 
@@ -92,6 +93,15 @@ class Pending:
         MPI.Request.Waitall(self.requests)
         if self.after is not None:
             self.after()
+
+    def test(self) -> bool:
+        """Whether the messages are done (then what follows them has run)."""
+        if not MPI.Request.Testall(self.requests):
+            return False
+        if self.after is not None:
+            self.after()
+            self.after = None
+        return True
 
 
 def _start(comm, send, dest, recv, source, mpitype, tag) -> list:
@@ -150,8 +160,8 @@ class StagedBackend(Backend):
             hrecv = self.staging_buffer(f"recv{slot}", recv.nbytes).view(recv.dtype)
         return hsend, hrecv
 
-    def post(self, comm, send, dest, recv, source, mpitype, tag, slot: int) -> Pending:
-        hsend, hrecv = self._stage(send, recv, str(slot))
+    def post(self, comm, send, dest, recv, source, mpitype, tag, slot: str) -> Pending:
+        hsend, hrecv = self._stage(send, recv, slot)
         self.synchronize()
         after = None if recv is None else (lambda: self._from_host(recv, hrecv))
         return Pending(_start(comm, hsend, dest, hrecv, source, mpitype, tag), after)

@@ -10,6 +10,9 @@ MPI_ALLREDUCE_TUNING=PATH       decision table for algorithm="auto"
 MPI_ALLREDUCE_SELECTION=S       auto: "table" (default; reproducible) or
                                 "live" (also times candidates on live calls)
 MPI_ALLREDUCE_CUDA_AWARE=0|1    force the GPU path (direct or staged)
+MPI_ALLREDUCE_PROGRESS=P        non-blocking calls: "thread" (default where
+                                MPI runs with MPI_THREAD_MULTIPLE) or
+                                "caller" (progress in test/wait only)
 =============================== ==============================================
 
 Call :func:`refresh` after changing them inside a running program.
@@ -28,6 +31,8 @@ INNER_ENV = "MPI_ALLREDUCE_INNER"
 TUNING_ENV = "MPI_ALLREDUCE_TUNING"
 SELECTION_ENV = "MPI_ALLREDUCE_SELECTION"
 CUDA_AWARE_ENV = "MPI_ALLREDUCE_CUDA_AWARE"
+PROGRESS_ENV = "MPI_ALLREDUCE_PROGRESS"
+PROGRESS_CHOICES = ("thread", "caller")
 
 #: values of a yes/no variable that mean yes
 TRUE_WORDS = ("1", "yes", "true", "on")
@@ -41,6 +46,7 @@ class Environment(NamedTuple):
     tuning: Optional[str]
     selection: Optional[str]
     cuda_aware: Optional[str]
+    progress: Optional[str]
 
 
 def _get(name: str) -> Optional[str]:
@@ -68,7 +74,15 @@ def environment() -> Environment:
         tuning=_get(TUNING_ENV),
         selection=_get(SELECTION_ENV),
         cuda_aware=_get(CUDA_AWARE_ENV),
+        progress=_choice(PROGRESS_ENV, PROGRESS_CHOICES),
     )
+
+
+def _choice(name: str, choices: tuple) -> Optional[str]:
+    value = _get(name)
+    if value is not None and value.lower() not in choices:
+        raise ValueError(f"{name}={value!r}: expected one of {', '.join(choices)}")
+    return value and value.lower()
 
 
 def refresh() -> None:

@@ -27,6 +27,8 @@ __all__ = ["Context", "context_for", "release", "MAX_PLANS", "MAX_CALLS"]
 MAX_PLANS = 64
 #: bound calls kept per communicator (the oldest go first)
 MAX_CALLS = 64
+#: tags non-blocking calls cycle through (the blocking calls' tag is above)
+TAGS = 0x6000
 
 
 class Context:
@@ -45,6 +47,16 @@ class Context:
         self.selectors: dict = {}
         #: ids of the caller's comm objects that lead here (see _LIVE)
         self.ids: set = set()
+        self._sequence = 0
+
+    def next_tag(self) -> int:
+        """The tag of the next non-blocking or persistent call: each has its
+        own (as in libnbc), so calls in flight together never match each
+        other's messages; every rank starts calls in the same order, so
+        every rank draws the same tag for the same call.  Tags cycle
+        through :data:`TAGS` values, below the blocking calls' tag."""
+        self._sequence += 1
+        return self._sequence % TAGS
 
     def nodes(self, ranks_per_node: Optional[int]) -> tuple:
         """The node of every rank (collective the first time for real nodes)."""

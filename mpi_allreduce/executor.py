@@ -34,7 +34,7 @@ is the one change to :func:`_compile` it asks for.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -43,7 +43,7 @@ from .backend import Backend
 from .ops import Op
 from .schedule import Recv, Reduce, Schedule, Send
 
-__all__ = ["Plan", "Bound", "TAG", "wire_type"]
+__all__ = ["Plan", "Bound", "Stage", "TAG", "wire_type"]
 
 #: tag of every library message (the library's communicator is private)
 TAG = 0x6172
@@ -76,36 +76,58 @@ class Plan:
     def scratch_bytes(self) -> int:
         return int(self.scratch.nbytes) if self.schedule.scratch else 0
 
-    def bind(self, send, recv) -> "Bound":
+    def bind(self, send, recv, own_scratch: bool = False) -> "Bound":
         """The call on these arrays: ``send`` (None in place) and ``recv``
-        (C-contiguous; any shape)."""
-        return Bound(self, send, recv)
+        (C-contiguous; any shape).  ``own_scratch``: scratch of the call's
+        own, for calls that may be in flight together."""
+        scratch = self.backend.empty(self.scratch.shape[0], self.dtype) if own_scratch else None
+        return Bound(self, send, recv, scratch)
+
+
+class Stage(NamedTuple):
+    """One round, compiled: local steps to run first, the messages to post
+    (``(send view, dest, recv view, source)`` each), and the local steps
+    that run while they travel.  A round ends when its messages are done."""
+
+    before: tuple
+    pairs: tuple
+    overlap: tuple
 
 
 class Bound:
-    """A plan bound to the caller's arrays, compiled to steps."""
+    """A plan bound to the caller's arrays, compiled to stages (what a
+    non-blocking call steps through) and steps (what a blocking call runs).
 
-    __slots__ = ("plan", "steps", "run", "__weakref__")
+    ``scratch``: the plan's own (default; blocking calls run one at a
+    time), or an array of the call's own for calls that may be in flight
+    together."""
 
-    def __init__(self, plan: Plan, send, recv):
+    __slots__ = ("plan", "stages", "steps", "run", "__weakref__")
+
+    def __init__(self, plan: Plan, send, recv, scratch=None):
         self.plan = plan
         backend = plan.backend
         flat = recv.reshape(-1) if recv.ndim != 1 else recv
-        steps = []
+        lead = []
         if backend.device:
-            steps.append((backend.device_synchronize, ()))
+            lead.append((backend.device_synchronize, ()))
         if send is None:
             source = flat
         elif backend.is_contiguous(send):
             source = send.reshape(-1) if send.ndim != 1 else send
         else:  # a strided input is copied into the result first, then reduced in place
-            steps.append((backend.copy, (recv, send)))
+            lead.append((backend.copy, (recv, send)))
             source = flat
-        steps += _compile(plan, (source, flat, plan.scratch))
+        stages = _stages(plan, (source, flat, plan.scratch if scratch is None else scratch))
         if plan.op.finalize is not None and flat.shape[0]:
-            steps.append((backend.ufunc(plan.op.finalize), (flat, plan.comm.Get_size(), flat)))
-        self.steps = steps
-        self.run = _runner(steps)
+            stages.append(Stage(((backend.ufunc(plan.op.finalize),
+                                  (flat, plan.comm.Get_size(), flat)),), (), ()))
+        if lead:
+            first = stages[0] if stages else Stage((), (), ())
+            stages[:1] = [first._replace(before=tuple(lead) + first.before)]
+        self.stages = stages
+        self.steps = _compile(plan, stages)
+        self.run = _runner(self.steps)
 
     def __call__(self) -> None:
         self.run()
@@ -130,10 +152,10 @@ def _runner(steps: list) -> Callable[[], None]:
     return run
 
 
-def _compile(plan: Plan, arrays: tuple) -> list:
-    backend, comm, mpitype = plan.backend, plan.comm, plan.mpitype
+def _stages(plan: Plan, arrays: tuple) -> list:
+    """The schedule's rounds with every view made: a list of :class:`Stage`."""
+    backend = plan.backend
     combine = backend.ufunc(plan.op.ufunc)
-    host = not backend.device
 
     def view(ref):
         return arrays[ref.buf][ref.offset:ref.offset + ref.length]
@@ -149,27 +171,41 @@ def _compile(plan: Plan, arrays: tuple) -> list:
             return None  # a copy onto itself (a one-rank ring in place)
         return backend.copy, (view(action.dst), view(action.src))
 
-    steps = []
+    def locals_of(actions):
+        return tuple(s for s in map(local, actions) if s is not None)
+
+    stages = []
     for actions in plan.schedule.rounds:
         first = next((i for i, a in enumerate(actions) if isinstance(a, (Send, Recv))),
                      len(actions))
-        steps.extend(s for s in map(local, actions[:first]) if s is not None)
         rest = actions[first:]
-        if not rest:
-            continue
-        sends = [a for a in rest if isinstance(a, Send)]
-        recvs = [a for a in rest if isinstance(a, Recv)]
-        overlap = [s for s in map(local, (a for a in rest if not isinstance(a, (Send, Recv))))
-                   if s is not None]
-        if host and not overlap and len(sends) <= 1 and len(recvs) <= 1:
-            send = sends[0] if sends else None
-            recv = recvs[0] if recvs else None
-            steps.append(_blocking(comm, mpitype, send and view(send.src), send and send.peer,
-                                   recv and view(recv.dst), recv and recv.peer))
-            continue
-        steps.append((_overlapped(backend, comm, mpitype,
-                                  [(view(a.src), a.peer) for a in sends],
-                                  [(view(a.dst), a.peer) for a in recvs], overlap), ()))
+        sends = [(view(a.src), a.peer) for a in rest if isinstance(a, Send)]
+        recvs = [(view(a.dst), a.peer) for a in rest if isinstance(a, Recv)]
+        pairs = []
+        for k in range(max(len(sends), len(recvs))):
+            send, dest = sends[k] if k < len(sends) else (None, MPI.PROC_NULL)
+            recv, source = recvs[k] if k < len(recvs) else (None, MPI.PROC_NULL)
+            pairs.append((send, dest, recv, source))
+        stages.append(Stage(locals_of(actions[:first]), tuple(pairs),
+                            locals_of(a for a in rest if not isinstance(a, (Send, Recv)))))
+    return stages
+
+
+def _compile(plan: Plan, stages: list) -> list:
+    """A blocking call's steps: each stage's local steps, then its messages
+    (one MPI call where the round has one send and one receive on the host)."""
+    comm, mpitype = plan.comm, plan.mpitype
+    host = not plan.backend.device
+    steps = []
+    for stage in stages:
+        steps.extend(stage.before)
+        if not stage.pairs:
+            steps.extend(stage.overlap)
+        elif host and not stage.overlap and len(stage.pairs) == 1:
+            steps.append(_blocking(comm, mpitype, *stage.pairs[0]))
+        else:
+            steps.append((_overlapped(plan.backend, comm, mpitype, stage.pairs,
+                                      stage.overlap), ()))
     return steps
 
 
@@ -183,19 +219,16 @@ def _blocking(comm, mpitype, send, dest, recv, source) -> tuple:
     return comm.Recv, ([recv, mpitype], source, TAG)
 
 
-def _overlapped(backend, comm, mpitype, sends: list, recvs: list, overlap: list):
+def _overlapped(backend, comm, mpitype, pairs: tuple, overlap: tuple):
     """A round with several messages, or local work that overlaps them:
     post everything, run the local work, wait for the messages."""
-    pairs = []
-    for k in range(max(len(sends), len(recvs))):
-        send, dest = sends[k] if k < len(sends) else (None, MPI.PROC_NULL)
-        recv, source = recvs[k] if k < len(recvs) else (None, MPI.PROC_NULL)
-        pairs.append((send, dest, recv, source, k))
     post = backend.post
+    slots = [(send, dest, recv, source, str(k))
+             for k, (send, dest, recv, source) in enumerate(pairs)]
 
     def run() -> None:
         pending = [post(comm, send, dest, recv, source, mpitype, TAG, slot)
-                   for send, dest, recv, source, slot in pairs]
+                   for send, dest, recv, source, slot in slots]
         for function, args in overlap:
             function(*args)
         for p in pending:
