@@ -194,7 +194,9 @@ def _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_p
     plan = plan_for(context, call, choice(context, call, call.recv.size))
     bound = plan.bind(call.send, call.recv, own_scratch=True)
     operation = progress.operation(bound, context.next_tag(), call.recv.nbytes, persistent)
-    return kind(operation, call.recv, (bound,))
+    if persistent:
+        return progress.persistent_request(operation, call.recv, (bound,))
+    return Request(operation, call.recv, (bound,))
 
 
 def _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_per_node, inner,

@@ -359,6 +359,65 @@ class PersistentRequest(Request):
         self._state, self._op, self._keep = "freed", None, ()
 
 
+class _OneRound(PersistentRequest):
+    """A persistent call whose messages all travel in one round (2 ranks,
+    short vectors): ``start()`` runs the local steps before that round and
+    starts its MPI persistent requests, ``wait()`` waits for them and runs
+    the rest.  With one round nothing needs advancing in between, so the
+    call bypasses the engine: no more Python than that per call."""
+
+    __slots__ = ("_before", "_requests", "_after", "_after_wait")
+
+    def __init__(self, op: Operation, result, keep=()):
+        super().__init__(op, result, keep)
+        (index,) = [i for i, requests in enumerate(op.persistent) if requests]
+        stages = op.stages
+        self._before = [s for stage in stages[:index] for s in stage.before + stage.overlap]
+        self._before += stages[index].before
+        self._requests = op.persistent[index]
+        self._after = list(stages[index].overlap)  # runs before the wait: it overlaps
+        self._after_wait = [s for stage in stages[index + 1:] for s in stage.before + stage.overlap]
+
+    def start(self) -> None:
+        if self._state != "complete":
+            super().start()  # raises
+        for function, args in self._before:
+            function(*args)
+        _startall(self._requests)
+        for function, args in self._after:
+            function(*args)
+        self._state = "active"
+
+    def wait(self):
+        if self._state != "active":
+            self._check_active("wait")
+        _waitall(self._requests)
+        for function, args in self._after_wait:
+            function(*args)
+        self._state = "complete"
+        return self._result
+
+    def test(self) -> bool:
+        if self._state != "active":
+            self._check_active("test")
+        if not _testall(self._requests):
+            return False
+        self.wait()
+        return True
+
+
+_startall, _waitall, _testall = MPI.Prequest.Startall, MPI.Request.Waitall, MPI.Request.Testall
+
+
+def persistent_request(op: Operation, result, keep=()) -> PersistentRequest:
+    """The persistent request for ``op``: the one-round short cut where it
+    applies (host buffers, progressed by the caller, one round of messages)."""
+    if op.persistent is not None and not op.threaded and \
+            sum(1 for requests in op.persistent if requests) == 1:
+        return _OneRound(op, result, keep)
+    return PersistentRequest(op, result, keep)
+
+
 def persistent_requests(bound: Bound, tag: int) -> list:
     """MPI persistent requests for every stage's messages (host buffers)."""
     plan = bound.plan
