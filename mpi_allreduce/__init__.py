@@ -5,9 +5,10 @@
 """
 
 from .api import ArgumentMismatch, allreduce, allreduce_init, iallreduce
+from .collectives import allgather, reduce_scatter
 from .progress import PersistentRequest, Request, RequestError, waitall
 from .registry import ALGORITHMS
 
-__all__ = ["allreduce", "iallreduce", "allreduce_init", "waitall", "Request",
+__all__ = ["allreduce", "iallreduce", "allreduce_init", "waitall", "reduce_scatter", "allgather", "Request",
            "PersistentRequest", "RequestError", "ALGORITHMS", "ArgumentMismatch"]
 __version__ = "0.1.0"

@@ -215,7 +215,7 @@ def _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_per
             raise
         call, error = None, exc
     if checking and comm.Get_size() > 1:
-        _agree(comm, call, error)
+        agree(comm, _fingerprint(call), error, "allreduce")
     return call, checking
 
 
@@ -440,20 +440,22 @@ def _fingerprint(call: Optional[_Call]):
     }
 
 
-def _agree(comm: MPI.Intracomm, call: Optional[_Call], error: Optional[Exception]) -> None:
-    """Exchange argument fingerprints; raise the same error on every rank if they differ."""
-    mine = (_fingerprint(call), None if error is None else f"{type(error).__name__}: {error}")
+def agree(comm: MPI.Intracomm, fingerprint: Optional[dict], error: Optional[Exception],
+          what: str) -> None:
+    """Exchange argument fingerprints (None where this rank rejected its
+    input with ``error``); raise the same error on every rank if they differ."""
+    mine = (fingerprint, None if error is None else f"{type(error).__name__}: {error}")
     everyone = context_for(comm).comm.allgather(mine)
     failed = [(rank, err) for rank, (_, err) in enumerate(everyone) if err is not None]
     if failed:
         detail = "; ".join(f"rank {rank}: {err}" for rank, err in failed)
-        raise ArgumentMismatch(f"allreduce rejected on {len(failed)} rank(s): {detail}")
+        raise ArgumentMismatch(f"{what} rejected on {len(failed)} rank(s): {detail}")
     reference = everyone[0][0]
     for key in reference:
         values = [fp[key] for fp, _ in everyone]
         if any(v != values[0] for v in values):
             by_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
-            raise ArgumentMismatch(f"allreduce arguments differ across ranks in {key} ({by_rank})")
+            raise ArgumentMismatch(f"{what} arguments differ across ranks in {key} ({by_rank})")
 
 
 def ranks_per_node_setting(value):

@@ -37,7 +37,7 @@ from . import registry
 from .ops import resolve_op
 from .schedule import BUFFER_NAMES, RECV, SCRATCH, SEND, Recv, Reduce, Ref, Send
 
-__all__ = ["simulate", "schedules", "Machine", "Outcome", "SimulationError", "inputs"]
+__all__ = ["simulate", "execute", "schedules", "Machine", "Outcome", "SimulationError", "inputs"]
 
 
 class SimulationError(RuntimeError):
@@ -159,14 +159,12 @@ def simulate(algorithm: str, size: int, count: int, dtype="float32", op="sum", *
     Raises :class:`SimulationError` for a schedule MPI would not complete."""
     dtype, op = np.dtype(dtype), resolve_op(op)
     scheds = schedules(algorithm, size, count, segment_size, options)
-    machine = machine or Machine()
     itemsize = dtype.itemsize
     combine = op.ufunc
 
     result = np.empty((size, count), dtype) if data else None
-    ranks = []
+    arrays = []
     for rank, sched in enumerate(scheds):
-        arrays = None
         if data:
             recv = result[rank]
             if in_place:
@@ -174,8 +172,39 @@ def simulate(algorithm: str, size: int, count: int, dtype="float32", op="sum", *
                 send = recv
             else:
                 send = _LazyInput(dtype, op, rank)
-            arrays = (send, recv, np.zeros(max(sched.scratch, 1), dtype))
-        ranks.append(_Rank(sched.rounds, arrays))
+            arrays.append((send, recv, np.zeros(max(sched.scratch, 1), dtype)))
+        else:
+            arrays.append(None)
+    finish = execute(scheds, arrays, machine, combine, itemsize,
+                     f"{algorithm}, p={size}, count={count}")
+
+    wrong = differing = 0
+    if data and count:
+        if op.finalize is not None:
+            op.finalize(result, size, out=result)
+        expected = reference(dtype, op, size, count)
+        wrong = int(np.count_nonzero(result != expected[None, :]))
+        as_bytes = result.view(np.uint8).reshape(size, -1)
+        differing = int(np.count_nonzero((as_bytes != as_bytes[0]).any(axis=1)))
+
+    return Outcome(
+        algorithm, size, count, dtype.name, op.name, in_place, wrong, differing,
+        [s.messages for s in scheds], [s.sent() * itemsize for s in scheds],
+        [s.reduced() * itemsize for s in scheds], [s.scratch * itemsize for s in scheds],
+        [len(s.rounds) for s in scheds],
+        max(finish) if finish else 0.0, finish)
+
+
+def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, combine=np.add,
+            itemsize: int = 1, label: str = "") -> list:
+    """Run the ranks' schedules against each other on ``arrays`` (per rank
+    ``(send, recv, scratch)``, or None to time only); every rank's finish
+    time.  Raises :class:`SimulationError` as :func:`simulate` does
+    (``label`` names the case in its messages)."""
+    machine = machine or Machine()
+    size = len(scheds)
+    data = any(a is not None for a in arrays)
+    ranks = [_Rank(sched.rounds, a) for sched, a in zip(scheds, arrays)]
 
     # per ordered pair (src, dst): posted, unmatched sends and receives,
     # each (rank, ref, post time)
@@ -199,7 +228,7 @@ def simulate(algorithm: str, size: int, count: int, dtype="float32", op="sum", *
         if sref.length != rref.length:
             raise SimulationError(
                 f"rank {src} sends {sref.length} elements to rank {dst}, which receives "
-                f"{rref.length} ({algorithm}, p={size}, count={count})")
+                f"{rref.length} ({label})")
         if data:
             view(ranks[dst], rref)[...] = view(ranks[src], sref)
         alpha, beta = machine.link(src, dst)
@@ -221,7 +250,7 @@ def simulate(algorithm: str, size: int, count: int, dtype="float32", op="sum", *
                     if (writes or other_writes) and _overlaps(ref, other, r.arrays):
                         raise SimulationError(
                             f"rank {rank}, round {r.index}: two messages of one round overlap "
-                            f"in {BUFFER_NAMES[ref.buf]} ({algorithm}, p={size})")
+                            f"in {BUFFER_NAMES[ref.buf]} ({label})")
                 posted.append((ref, writes))
                 r.clock += machine.overhead
                 r.open += 1
@@ -248,7 +277,7 @@ def simulate(algorithm: str, size: int, count: int, dtype="float32", op="sum", *
                         raise SimulationError(
                             f"rank {rank}, round {r.index}: a local action touches "
                             f"{BUFFER_NAMES[ref.buf]}[{ref.offset}:{ref.stop}] while a message "
-                            f"of its round uses it ({algorithm}, p={size})")
+                            f"of its round uses it ({label})")
             if data:
                 if isinstance(action, Reduce):
                     combine(view(r, action.first), view(r, action.second),
@@ -273,28 +302,13 @@ def simulate(algorithm: str, size: int, count: int, dtype="float32", op="sum", *
             peers = sorted({s for (s, d), q in recvs.items() if d == rank and q} |
                            {d for (s, d), q in sends.items() if s == rank and q})
             waits.append(f"rank {rank} in round {ranks[rank].index} waits for {peers}")
-        raise SimulationError(f"deadlock ({algorithm}, p={size}, count={count}): "
+        raise SimulationError(f"deadlock ({label}): "
                               + "; ".join(waits) + (" ..." if len(stuck) > 8 else ""))
     leftover = [pair for pair, q in list(sends.items()) + list(recvs.items()) if q]
     if leftover:
-        raise SimulationError(f"unmatched messages between {leftover[:8]} ({algorithm})")
+        raise SimulationError(f"unmatched messages between {leftover[:8]} ({label})")
 
-    wrong = differing = 0
-    if data and count:
-        if op.finalize is not None:
-            op.finalize(result, size, out=result)
-        expected = reference(dtype, op, size, count)
-        wrong = int(np.count_nonzero(result != expected[None, :]))
-        as_bytes = result.view(np.uint8).reshape(size, -1)
-        differing = int(np.count_nonzero((as_bytes != as_bytes[0]).any(axis=1)))
-
-    finish = [r.clock for r in ranks]
-    return Outcome(
-        algorithm, size, count, dtype.name, op.name, in_place, wrong, differing,
-        [s.messages for s in scheds], [s.sent() * itemsize for s in scheds],
-        [s.reduced() * itemsize for s in scheds], [s.scratch * itemsize for s in scheds],
-        [len(s.rounds) for s in scheds],
-        max(finish) if finish else 0.0, finish)
+    return [r.clock for r in ranks]
 
 
 class _LazyInput:

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from itertools import zip_longest
 
-from ..partition import block_bounds, ring_allgather_steps, ring_reduce_scatter_steps, segments
-from ..schedule import RECV, SCRATCH, SEND, Builder, Copy, Recv, Reduce, Ref, Send
+from ..partition import (Block, block_bounds, ring_allgather_steps, ring_reduce_scatter_steps,
+                         segments)
+from ..schedule import RECV, SCRATCH, SEND, Builder, Copy, Recv, Reduce, Ref, Schedule, Send
 
 NAME = "ring"
 COMMUTATIVE = True
@@ -76,3 +77,62 @@ def allgather(b: Builder, ring: list, index: int, blocks: list, cut: int) -> Non
         for send, recv in zip_longest(segments(sent, cut), segments(received, cut)):
             b.round(None if send is None else Send(right, Ref(RECV, send.offset, send.length)),
                     None if recv is None else Recv(left, Ref(RECV, recv.offset, recv.length)))
+
+
+# --- the two halves on their own: MPI's Reduce_scatter and Allgather(v) ---------
+
+def blocks_of(counts: tuple) -> list:
+    """The blocks of a vector cut into ``counts`` (rank order)."""
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + c)
+    return [Block(offsets[r], counts[r]) for r in range(len(counts))]
+
+
+def _ring_order(blocks: list) -> list:
+    """``blocks`` as the ring phases index them: after the reduce-scatter
+    (and at the start of the allgather) ring position r holds entry
+    (r+1) mod p, which is then rank r's own block."""
+    p = len(blocks)
+    return [blocks[(j - 1) % p] for j in range(p)]
+
+
+def build_reduce_scatter(rank: int, size: int, counts: tuple, segment_size: int) -> Schedule:
+    """MPI's Reduce_scatter: ``SEND`` holds ``sum(counts)`` elements; rank r
+    ends with the reduced block r (``counts[r]`` elements) in ``RECV``.
+
+    The ring's reduce-scatter, its partial sums kept in scratch after the
+    segment (``RECV`` is only this rank's block long), then this rank's
+    block copied out.  Scratch: one segment plus the vector."""
+    b = Builder()
+    blocks = blocks_of(counts)
+    reduce_scatter(b, list(range(size)), rank, _ring_order(blocks), segment_size)
+    phase = b.schedule("ring", rank, size, sum(counts))
+    work = max(phase.scratch, 1)  # the partial sums live after the segment
+
+    def move(ref):
+        return Ref(SCRATCH, work + ref.offset, ref.length) if ref.buf == RECV else ref
+
+    def moved(action):
+        if isinstance(action, (Send, Recv)):
+            return type(action)(action[0], move(action[1]))
+        return type(action)(*map(move, action))
+
+    rounds = tuple(tuple(moved(a) for a in r) for r in phase.rounds)
+    mine = blocks[rank]
+    rounds += ((Copy(Ref(RECV, 0, mine.length), Ref(SCRATCH, work + mine.offset, mine.length)),),)
+    return phase._replace(rounds=rounds, scratch=work + sum(counts))
+
+
+def build_allgather(rank: int, size: int, counts: tuple, segment_size: int,
+                    in_place: bool) -> Schedule:
+    """MPI's Allgather(v): ``SEND`` holds this rank's ``counts[rank]``
+    elements; every rank ends with all blocks in rank order in ``RECV``
+    (in place, this rank's block is already there).  The ring's allgather."""
+    b = Builder()
+    blocks = blocks_of(counts)
+    mine = blocks[rank]
+    if not in_place:
+        b.local(Copy(Ref(RECV, mine.offset, mine.length), Ref(SEND, 0, mine.length)))
+    allgather(b, list(range(size)), rank, _ring_order(blocks), segment_size)
+    return b.schedule("ring", rank, size, sum(counts))

@@ -1,0 +1,196 @@
+"""The ring's two halves on their own: ``reduce_scatter`` and ``allgather``.
+
+Sharded data parallelism (ZeRO, FSDP) uses them apart: gradients are
+reduce-scattered so each rank keeps the reduced shard it updates, and the
+updated shards are allgathered back.  Both follow MPI's conventions
+(``MPI_Reduce_scatter``/``_block``, ``MPI_Allgather``/``v``): blocks in rank
+order, ``counts`` per rank for the vector forms, ``MPI.IN_PLACE``.  They run
+the ring's phase functions as schedules through the one executor, so they
+share its segments, staging and device handling.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from .algorithms.ring import build_allgather, build_reduce_scatter
+from .api import DEFAULT_SEGMENT_BYTES, _check_enabled, agree
+from .backend import as_array, backend_for
+from .config import environment
+from .context import context_for
+from .executor import Plan
+from .ops import check_dtype, resolve_op
+
+__all__ = ["reduce_scatter", "allgather"]
+
+
+def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
+                   comm: MPI.Intracomm = MPI.COMM_WORLD, check: Optional[bool] = None,
+                   segment_size: Optional[int] = None):
+    """Reduce ``sendbuf`` over ``comm`` and leave block ``rank`` of the
+    result in ``recvbuf``; return ``recvbuf``.
+
+    ``counts`` (one per rank, summing to the send size) gives the blocks
+    (``MPI_Reduce_scatter``); without it every block has ``recvbuf.size``
+    elements, or ``sendbuf.size / comm.size`` when ``recvbuf`` is omitted
+    (``MPI_Reduce_scatter_block``).  With ``sendbuf=MPI.IN_PLACE`` the input
+    is the whole of ``recvbuf`` and the result lands at its start.  ``op`` as
+    for :func:`~mpi_allreduce.allreduce`."""
+    op = resolve_op(op)
+    size, rank = comm.Get_size(), comm.Get_rank()
+
+    def validate():
+        in_place = _is_in_place(sendbuf)
+        send = None if in_place else _array(sendbuf, "sendbuf")
+        if in_place and recvbuf is None:
+            raise ValueError("sendbuf is MPI.IN_PLACE but no recvbuf was given")
+        recv = None if recvbuf is None else _array(recvbuf, "recvbuf")
+        full = recv if in_place else send
+        blocks = _counts(counts, size, full.size,
+                         None if in_place or recv is None else recv.size, "reduce_scatter")
+        if recv is None:
+            recv = backend_for(send).empty(blocks[rank], send.dtype)
+        elif not in_place and recv.size != blocks[rank]:
+            raise ValueError(f"recvbuf has {recv.size} elements; this rank's block has "
+                             f"{blocks[rank]}")
+        _check_pair(send, recv)
+        check_dtype(recv.dtype, op)
+        return send, recv, blocks
+
+    send, recv, blocks = _validated(validate, comm, check, "reduce_scatter",
+                                    lambda v: {"counts": v[2], "dtype": v[1].dtype.str,
+                                               "op": op.name})
+    return _run(comm, "reduce_scatter", send, recv, blocks, op, segment_size)
+
+
+def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
+              check: Optional[bool] = None, segment_size: Optional[int] = None):
+    """Gather every rank's ``sendbuf`` into ``recvbuf`` on every rank, in
+    rank order; return ``recvbuf``.
+
+    Without ``counts`` every rank gives the same number of elements
+    (``MPI_Allgather``; an omitted ``recvbuf`` is allocated with shape
+    ``(comm.size,) + sendbuf.shape``); with ``counts`` (one per rank) rank r
+    gives ``counts[r]`` elements (``MPI_Allgatherv``).  With
+    ``sendbuf=MPI.IN_PLACE`` this rank's block is already in place in
+    ``recvbuf``."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+
+    def validate():
+        in_place = _is_in_place(sendbuf)
+        send = None if in_place else _array(sendbuf, "sendbuf")
+        if in_place and recvbuf is None:
+            raise ValueError("sendbuf is MPI.IN_PLACE but no recvbuf was given")
+        recv = None if recvbuf is None else _array(recvbuf, "recvbuf")
+        if recv is None:
+            total = send.size * size if counts is None else sum(counts)
+            shape = (size,) + send.shape if counts is None else (total,)
+            recv = backend_for(send).empty_shaped(shape, send.dtype)
+        blocks = _counts(counts, size, recv.size, None, "allgather")
+        if not in_place and send.size != blocks[rank]:
+            raise ValueError(f"sendbuf has {send.size} elements; this rank's block has "
+                             f"{blocks[rank]} (recvbuf {recv.size} / {size} ranks)")
+        _check_pair(send, recv)
+        return send, recv, blocks
+
+    send, recv, blocks = _validated(validate, comm, check, "allgather",
+                                    lambda v: {"counts": v[2], "dtype": v[1].dtype.str})
+    return _run(comm, "allgather", send, recv, blocks, resolve_op(MPI.SUM), segment_size)
+
+
+# --- shared by both ---------------------------------------------------------
+
+def _is_in_place(buf) -> bool:
+    return buf is MPI.IN_PLACE or (isinstance(buf, MPI.BottomType) and buf == MPI.IN_PLACE)
+
+
+def _array(buf, name: str):
+    if buf is None:
+        raise TypeError(f"{name} is None; pass an array or MPI.IN_PLACE")
+    return as_array(buf)
+
+
+def _counts(counts, size: int, total: int, block: Optional[int], what: str) -> tuple:
+    """Every rank's block: ``counts`` checked, or ``total`` cut evenly."""
+    if counts is None:
+        if block is not None and block * size != total:
+            raise ValueError(f"{what}: {total} elements do not make {size} blocks of {block}")
+        if total % size:
+            raise ValueError(f"{what}: {total} elements do not split into {size} equal blocks; "
+                             "pass counts= for unequal blocks")
+        return (total // size,) * size
+    counts = tuple(counts)
+    if len(counts) != size or not all(isinstance(c, (int, np.integer)) and c >= 0
+                                       for c in counts):
+        raise ValueError(f"{what}: counts must be {size} non-negative integers, got {counts!r}")
+    if sum(counts) != total:
+        raise ValueError(f"{what}: counts sum to {sum(counts)}, the vector has {total} elements")
+    return tuple(int(c) for c in counts)
+
+
+def _check_pair(send, recv) -> None:
+    backend = backend_for(recv)
+    if not recv.dtype.isnative:
+        raise TypeError(f"dtype {recv.dtype.str} is not in native byte order")
+    if not backend.is_contiguous(recv):
+        raise ValueError("recvbuf must be C-contiguous")
+    if not backend.is_writeable(recv):
+        raise ValueError("recvbuf is read-only")
+    if send is None:
+        return
+    if backend_for(send) is not backend:
+        raise TypeError("sendbuf and recvbuf live in different places")
+    if send.dtype != recv.dtype:
+        raise TypeError(f"sendbuf dtype {send.dtype} != recvbuf dtype {recv.dtype}")
+    if backend.shares_memory(send, recv):
+        raise ValueError("sendbuf and recvbuf overlap; use MPI.IN_PLACE for in-place")
+
+
+def _validated(validate, comm, check, what: str, fingerprint):
+    """``validate()`` on every rank; in check mode the ranks also agree."""
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"comm must be an MPI intra-communicator, got {comm!r}")
+    checking = _check_enabled(check) and comm.Get_size() > 1
+    try:
+        values, error = validate(), None
+    except (TypeError, ValueError) as exc:
+        if not checking:
+            raise
+        values, error = None, exc
+    if checking:
+        agree(comm, None if values is None else fingerprint(values), error, what)
+    return values
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule(what: str, rank: int, size: int, blocks: tuple, segment: int, in_place: bool):
+    if what == "reduce_scatter":
+        return build_reduce_scatter(rank, size, blocks, segment)
+    return build_allgather(rank, size, blocks, segment, in_place)
+
+
+def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size):
+    backend, dtype = backend_for(recv), recv.dtype
+    if segment_size is None:
+        segment_bytes = environment().segment_bytes or DEFAULT_SEGMENT_BYTES
+        segment_size = max(1, segment_bytes // dtype.itemsize)
+    if sum(blocks) == 0:
+        return recv
+    if comm.Get_size() == 1:
+        if send is not None:
+            backend.device_synchronize()
+            backend.copy(recv.reshape(-1)[:send.size], send)
+        return recv
+    context = context_for(comm)
+    key = (what, blocks, dtype.str, op.name, backend, int(segment_size), send is None)
+
+    def build():
+        schedule = _schedule(what, context.comm.Get_rank(), context.size, blocks,
+                             int(segment_size), send is None)
+        return Plan(context.comm, schedule, dtype, op, backend)
+    context.plan(key, build).bind(send, recv).run()
+    return recv

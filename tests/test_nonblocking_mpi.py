@@ -1,0 +1,221 @@
+"""Non-blocking and persistent all-reduce, reduce-scatter and allgather,
+under mpiexec on every kind of sub-communicator, against the expected
+result computed locally (and against MPI's own collectives)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpi_allreduce as mar
+from mpi_allreduce import config, progress
+
+from .helpers import VARIANTS, VARIANT_IDS, expected, mine
+
+pytestmark = pytest.mark.mpi
+
+DTYPE_OPS = [("float32", "sum"), ("int64", "max"), ("complex64", "prod"), ("bool", "lxor"),
+             ("float64", "avg")]
+
+
+def counts_for(p: int) -> list:
+    return sorted({0, 1, max(p - 1, 0), p + 1, 13, 257})
+
+
+@pytest.fixture(params=["thread", "caller"])
+def progress_mode(request, monkeypatch):
+    """Both ways calls are advanced: the progress thread (calls of at least
+    THREAD_MIN_BYTES; lowered here so short test vectors use it) and the caller."""
+    monkeypatch.setenv(config.PROGRESS_ENV, request.param)
+    monkeypatch.setattr(progress, "THREAD_MIN_BYTES", 64)
+    config.refresh()
+    yield request.param
+    monkeypatch.delenv(config.PROGRESS_ENV)
+    config.refresh()
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+@pytest.mark.parametrize("dtype,op", DTYPE_OPS, ids=[f"{d}-{o}" for d, o in DTYPE_OPS])
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_iallreduce_many_in_flight(comm, variant, dtype, op, in_place, progress_mode):
+    """Every count started at once, waited in reverse order."""
+    _, algorithm, options = variant
+    cases, requests = [], []
+    for count in counts_for(comm.Get_size()):
+        data = mine(comm, dtype, op, count)
+        if in_place:
+            out = data
+            request = mar.iallreduce(MPI_IN_PLACE(), out, op, comm=comm, algorithm=algorithm,
+                                     segment_size=4, **options)
+        else:
+            out = np.full_like(data, 0)
+            request = mar.iallreduce(data, out, op, comm=comm, algorithm=algorithm,
+                                     segment_size=4, **options)
+        cases.append((count, out))
+        requests.append(request)
+    for request, (count, out) in zip(reversed(requests), reversed(cases)):
+        assert request.wait() is out
+        np.testing.assert_array_equal(out, expected(comm, dtype, op, count),
+                                      err_msg=f"count {count}")
+
+
+def MPI_IN_PLACE():
+    from mpi4py import MPI
+
+    return MPI.IN_PLACE
+
+
+def test_requests_complete_in_any_order_by_test(comm, progress_mode):
+    """Requests polled with test() in a shuffled order until all are done
+    (each rank its own order), then waitall."""
+    rng = np.random.default_rng(comm.Get_rank())
+    sizes = [1, 3000, 17, 40000, 5]
+    sends = [np.arange(n, dtype=np.float64) * (comm.Get_rank() + 1) for n in sizes]
+    outs = [np.empty_like(s) for s in sends]
+    requests = [mar.iallreduce(s, o, "sum", comm=comm, algorithm=a, segment_size=1000)
+                for s, o, a in zip(sends, outs, ["ring", "driver", "rabenseifner",
+                                                 "ring_pipelined", "recursive_doubling"])]
+    pending = set(range(len(requests)))
+    while pending:
+        for k in rng.permutation(sorted(pending)):
+            if requests[k].test():
+                pending.discard(k)
+    p = comm.Get_size()
+    for n, out in zip(sizes, outs):
+        np.testing.assert_array_equal(out, np.arange(n) * (p * (p + 1) // 2))
+    with pytest.raises(mar.RequestError):
+        mar.waitall(requests)  # each was completed by its true test()
+
+
+@pytest.mark.parametrize("count", [1, 2, 1000, 70000])
+@pytest.mark.parametrize("algorithm", ["auto", "recursive_doubling", "ring", "driver"])
+def test_persistent_restarts_with_new_data(comm, algorithm, count, progress_mode):
+    send = np.empty(count, np.float32)
+    out = np.empty_like(send)
+    request = mar.allreduce_init(send, out, "sum", comm=comm, algorithm=algorithm)
+    p, rank = comm.Get_size(), comm.Get_rank()
+    for step in range(4):
+        send[...] = np.arange(count) % 7 + rank * step
+        request.start()
+        if step % 2:
+            while not request.test():
+                pass
+        else:
+            assert request.wait() is out
+        np.testing.assert_array_equal(out, (np.arange(count) % 7) * p + step * p * (p - 1) // 2)
+    request.free()
+
+
+def test_persistent_in_place(comm):
+    buf = np.empty(9, np.int32)
+    request = mar.allreduce_init(MPI_IN_PLACE(), buf, "max", comm=comm)
+    for step in range(3):
+        buf[...] = comm.Get_rank() + step
+        request.start()
+        request.wait()
+        assert (buf == comm.Get_size() - 1 + step).all()
+    request.free()
+
+
+def test_request_misuse_raises(comm):
+    x = np.ones(4)
+    request = mar.iallreduce(x, None, comm=comm)
+    request.wait()
+    with pytest.raises(mar.RequestError, match="already complete"):
+        request.wait()
+    with pytest.raises(mar.RequestError, match="already complete"):
+        request.test()
+    persistent = mar.allreduce_init(x, np.empty(4), comm=comm)
+    with pytest.raises(mar.RequestError, match="not started"):
+        persistent.wait()
+    persistent.start()
+    with pytest.raises(mar.RequestError, match="still active"):
+        persistent.start()
+    with pytest.raises(mar.RequestError, match="active"):
+        persistent.free()
+    persistent.wait()
+    persistent.free()
+    with pytest.raises(mar.RequestError, match="freed"):
+        persistent.start()
+
+
+def test_nonblocking_check_mode_raises_on_every_rank(comm):
+    if comm.Get_size() == 1:
+        pytest.skip("one rank cannot disagree")
+    count = 3 + (comm.Get_rank() == 0)
+    with pytest.raises(mar.ArgumentMismatch, match="count"):
+        mar.iallreduce(np.ones(count), comm=comm, check=True)
+    with pytest.raises(mar.ArgumentMismatch, match="count"):
+        mar.allreduce_init(np.ones(count), comm=comm, check=True)
+
+
+# --- reduce_scatter and allgather ---------------------------------------------
+
+def block_counts(p: int) -> list:
+    """Vector forms: uneven, empty and long blocks (the same on every rank)."""
+    return [[(3 * r + 1) % 4 for r in range(p)], [0] * (p - 1) + [5], [2] * p]
+
+
+@pytest.mark.parametrize("dtype,op", DTYPE_OPS[:4], ids=[f"{d}-{o}" for d, o in DTYPE_OPS[:4]])
+def test_reduce_scatter_matches_mpi(comm, dtype, op):
+    from mpi4py import MPI
+
+    from mpi_allreduce.ops import resolve_op
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    mpi_op = resolve_op(op).mpi_op
+    for counts in block_counts(p):
+        n = sum(counts)
+        data = mine(comm, dtype, op, n)
+        ours = mar.reduce_scatter(data, None, op, counts, comm=comm, segment_size=2)
+        theirs = np.empty(counts[rank], data.dtype)
+        comm.Reduce_scatter(data, theirs, counts, mpi_op)
+        np.testing.assert_array_equal(ours, theirs, err_msg=f"counts {counts}")
+        inplace = data.copy()
+        mar.reduce_scatter(MPI.IN_PLACE, inplace, op, counts, comm=comm)
+        np.testing.assert_array_equal(inplace[:counts[rank]], theirs)
+    block = mine(comm, dtype, op, 3 * p)
+    theirs = np.empty(3, block.dtype)
+    comm.Reduce_scatter_block(block, theirs, mpi_op)
+    np.testing.assert_array_equal(mar.reduce_scatter(block, np.empty_like(theirs), op, comm=comm),
+                                  theirs)
+    np.testing.assert_array_equal(mar.reduce_scatter(block, None, op, comm=comm), theirs)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int8", "bool"])
+def test_allgather_matches_mpi(comm, dtype):
+    from mpi4py import MPI
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    mine_ = (np.arange(5) + 10 * rank).astype(dtype)
+    theirs = np.empty((p, 5), dtype)
+    comm.Allgather(mine_, theirs)
+    np.testing.assert_array_equal(mar.allgather(mine_, comm=comm, segment_size=3), theirs)
+    inplace = np.zeros((p, 5), dtype)
+    inplace[rank] = mine_
+    np.testing.assert_array_equal(mar.allgather(MPI.IN_PLACE, inplace, comm=comm), theirs)
+    for counts in block_counts(p):
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        part = (np.arange(counts[rank]) + offsets[rank]).astype(dtype)
+        want = np.empty(sum(counts), dtype)
+        comm.Allgatherv(part, [want, counts])
+        np.testing.assert_array_equal(mar.allgather(part, None, counts, comm=comm, segment_size=2),
+                                      want, err_msg=f"counts {counts}")
+
+
+def test_reduce_scatter_bad_counts_raise_on_every_rank(comm):
+    p = comm.Get_size()
+    with pytest.raises(ValueError, match="counts sum to"):
+        mar.reduce_scatter(np.ones(p + 1), None, "sum", [1] * p, comm=comm)
+    with pytest.raises(ValueError, match="counts must be"):
+        mar.reduce_scatter(np.ones(p), None, "sum", [1] * (p + 1), comm=comm)
+    if p > 1:
+        with pytest.raises(ValueError, match="equal blocks"):
+            mar.reduce_scatter(np.ones(p + 1), comm=comm)
+
+
+def test_allgather_check_mode_finds_mismatched_blocks(comm):
+    if comm.Get_size() == 1:
+        pytest.skip("one rank cannot disagree")
+    with pytest.raises(mar.ArgumentMismatch, match="counts"):
+        mar.allgather(np.ones(2 + (comm.Get_rank() == 0)), comm=comm, check=True)
