@@ -219,3 +219,52 @@ def test_allgather_check_mode_finds_mismatched_blocks(comm):
         pytest.skip("one rank cannot disagree")
     with pytest.raises(mar.ArgumentMismatch, match="counts"):
         mar.allgather(np.ones(2 + (comm.Get_rank() == 0)), comm=comm, check=True)
+
+
+# --- fusion -------------------------------------------------------------------------
+
+def model_like_arrays(rank: int, rng_seed: int = 3) -> list:
+    """Mixed shapes and dtypes, as a model's gradients: many small, a few large."""
+    rng = np.random.default_rng(rng_seed)
+    shapes = [(64, 3, 3, 3), (64,), (64,), (128, 64, 1, 1), (128,), (1000, 128), (1000,), (7,),
+              (3, 5), ()]
+    arrays = [np.array(rng.integers(-50, 50, size=s) * (rank + 1), dtype=np.float32)
+              for s in shapes]
+    arrays += [np.arange(11, dtype=np.int64) * (rank + 2), np.arange(5, dtype=np.float64)[::2]]
+    return arrays
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 600, 1 << 22])
+def test_fusion_matches_per_array_allreduce(comm, bucket_bytes, progress_mode):
+    from mpi4py import MPI
+
+    from mpi_allreduce.fusion import Fusion, bucket_bounds
+
+    fusion = Fusion(comm, op="sum", bucket_bytes=bucket_bytes)
+    for step in range(3):  # the later steps reuse the kept buckets
+        arrays = model_like_arrays(comm.Get_rank() + step)
+        want = [a.copy() for a in arrays]
+        for w in want:
+            comm.Allreduce(MPI.IN_PLACE, w, MPI.SUM)
+        started = []
+        for a in arrays:
+            fusion.add(a)
+            started.append(fusion.buckets_in_flight)
+        fusion.wait()
+        for k, (a, w) in enumerate(zip(arrays, want)):
+            np.testing.assert_array_equal(a, w, err_msg=f"array {k}, step {step}")
+        # float32 arrays come first: their buckets started as bucket_bounds
+        # groups them; the last group only on wait() unless it is full
+        floats = [a.nbytes for a in arrays if a.dtype == np.float32]
+        groups = bucket_bounds(floats, bucket_bytes)
+        last_full = sum(floats[groups[-1][0]:]) >= bucket_bytes
+        assert started[len(floats) - 1] == len(groups) - (not last_full)
+
+
+def test_fusion_rejects_read_only(comm):
+    from mpi_allreduce.fusion import Fusion
+
+    frozen = np.ones(3)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        Fusion(comm).add(frozen)
