@@ -10,7 +10,8 @@ buckets).  Every rank must add the same arrays (shape and dtype) in the
 same order.
 
 Bucket boundaries depend only on that sequence, so the same inputs give the
-same bytes every run.  A bucket that comes back with the same arrays'
+same bytes every run.  A bucket of one array (one larger than a bucket, or
+the last of its dtype) is reduced where it is, without packing.  A bucket that comes back with the same arrays'
 shapes reuses its packing buffer and its persistent request
 (:func:`~mpi_allreduce.allreduce_init`): a training loop's steady state
 allocates nothing and builds nothing.
@@ -23,7 +24,7 @@ from typing import Optional
 
 from mpi4py import MPI
 
-from .api import allreduce_init
+from .api import allreduce_init, iallreduce
 from .backend import as_array, backend_for
 
 __all__ = ["Fusion", "bucket_bounds", "DEFAULT_BUCKET_BYTES"]
@@ -116,6 +117,8 @@ class Fusion:
         started, self._started = self._started, []
         for bucket in started:
             bucket.request.wait()
+            if bucket.buffer is None:  # reduced in place
+                continue
             backend = backend_for(bucket.buffer)
             offset = 0
             for array in bucket.arrays:
@@ -134,6 +137,14 @@ class Fusion:
 
     def _start(self, key) -> None:
         bucket = self._open.pop(key)
+        (first, *more), backend = bucket.arrays, key[1]
+        if not more and backend.is_contiguous(first):
+            # one array alone (one larger than a bucket, say): reduced where
+            # it is, without packing
+            bucket.request = iallreduce(MPI.IN_PLACE, first, self.op, comm=self.comm,
+                                        algorithm=self.algorithm)
+            self._started.append(bucket)
+            return
         bucket.buffer, bucket.request = self._reusable(key, bucket.arrays)
         backend = backend_for(bucket.buffer)
         offset = 0

@@ -1,0 +1,1 @@
+"""Examples: ``python -m mpi_allreduce.examples.sgd`` under mpiexec."""
