@@ -10,7 +10,10 @@ For every algorithm x dtype x op x count x (in place, out of place):
   magnitude <= 1 rounded p-1 times).
 
 It also checks that every rank holds the same bytes, and that the element
-after the receive buffer is untouched.  A wrong element anywhere makes the
+after the receive buffer is untouched.  Then ``reduce_scatter`` (block and
+vector forms) and ``allgather`` (``Allgather`` and ``Allgatherv`` forms)
+against ``MPI.Reduce_scatter``/``_block`` and ``MPI.Allgather``/``v`` on
+exact data, in place and not.  A wrong element anywhere makes the
 command exit non-zero.
 """
 
@@ -25,7 +28,7 @@ from typing import Optional
 import numpy as np
 from mpi4py import MPI
 
-from .. import ALGORITHMS, allreduce
+from .. import ALGORITHMS, allgather, allreduce, reduce_scatter
 from ..backend import cuda_aware_support, to_device, to_host
 from ..ops import OPS, SUPPORTED_DTYPES, resolve_op
 from ..executor import wire_type
@@ -182,8 +185,10 @@ def verify(
     options: Optional[dict] = None,
     out=sys.stdout,
     device: str = "cpu",
+    halves: bool = True,
 ) -> int:
-    """Run the matrix, print the table on rank 0, return the total #wrong."""
+    """Run the matrix, print the table on rank 0, return the total #wrong.
+    ``halves``: also reduce_scatter and allgather."""
     size, rank = comm.Get_size(), comm.Get_rank()
     counts = counts_for(size) if counts is None else counts
     rows: list[Row] = []
@@ -212,11 +217,71 @@ def verify(
                             row.wrong += wrong
                             row.not_identical += differing
                             row.kinds.add(kind)
+    if halves:
+        rows += verify_halves(comm, dtypes, ops, counts, device)
     elapsed = time.perf_counter() - start
     total = sum(r.wrong + r.not_identical for r in rows)
     if rank == 0:
         print_table(rows, comm, counts, elapsed, out, device)
     return total
+
+
+def verify_halves(comm, dtypes, ops, counts, device: str = "cpu") -> list:
+    """reduce_scatter and allgather against MPI's on exact data: per dtype,
+    every valid op (reduce_scatter), blocks of every count (block forms) and
+    uneven blocks (vector forms), in place and not."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    rows = []
+    uneven = [[(c + r) % (c + 2) for r in range(size)] for c in counts]
+    for dtype_name in dtypes:
+        dtype = np.dtype(dtype_name)
+        if wire_type(dtype) == MPI.BYTE:
+            continue  # no MPI type to reduce with (float16): nothing to compare against
+        scatter, gather = Row("reduce_scatter", dtype_name), Row("allgather", dtype_name)
+        for op in valid_ops(dtype, ops):
+            scatter.ops.append(op)
+            for blocks in [[c] * size for c in counts] + uneven:
+                for in_place in (False, True):
+                    wrong = _check_reduce_scatter(comm, dtype, op, blocks, in_place, device)
+                    scatter.cases += 1
+                    scatter.max_count = max(scatter.max_count, sum(blocks))
+                    scatter.wrong += wrong
+        gather.ops.append("-")
+        for blocks in [[c] * size for c in counts] + uneven:
+            for in_place in (False, True):
+                part = make_data(dtype, "sum", blocks[rank], rank, "exact", 11)
+                want = np.empty(sum(blocks), dtype)
+                comm.Allgatherv(part, [want, blocks])
+                got = np.zeros(sum(blocks), dtype)
+                if in_place:
+                    got[sum(blocks[:rank]):sum(blocks[:rank + 1])] = part
+                    result = allgather(MPI.IN_PLACE, to_device(got, device), blocks, comm=comm)
+                else:
+                    result = allgather(to_device(part, device), to_device(got, device), blocks,
+                                       comm=comm)
+                gather.cases += 1
+                gather.max_count = max(gather.max_count, sum(blocks))
+                gather.wrong += comm.allreduce(int(np.count_nonzero(to_host(result) != want)))
+        for row in (scatter, gather):
+            row.kinds.add("exact")
+        rows += [scatter, gather]
+    return rows
+
+
+def _check_reduce_scatter(comm, dtype, op, blocks, in_place, device) -> int:
+    rank = comm.Get_rank()
+    ours = resolve_op(op)
+    data = make_data(dtype, op, sum(blocks), rank, "exact", 13)
+    want = np.empty(blocks[rank], dtype)
+    comm.Reduce_scatter([data, wire_type(dtype)], [want, wire_type(dtype)], blocks, ours.mpi_op)
+    if ours.finalize is not None:
+        ours.finalize(want, comm.Get_size(), out=want)
+    if in_place:
+        buf = to_device(data.copy(), device)
+        got = to_host(reduce_scatter(MPI.IN_PLACE, buf, op, blocks, comm=comm))[:blocks[rank]]
+    else:
+        got = to_host(reduce_scatter(to_device(data, device), None, op, blocks, comm=comm))
+    return comm.allreduce(int(np.count_nonzero(got != want)))
 
 
 def print_table(rows, comm, counts, elapsed, out, device="cpu") -> None:
