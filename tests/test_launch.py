@@ -87,3 +87,19 @@ def test_info_command():
     assert result.returncode == 0, tail(result.stdout)
     assert "ranks       : 2" in result.stdout
     assert "staged through host memory -- forced by MPI_ALLREDUCE_CUDA_AWARE=0" in result.stdout
+
+
+def test_sgd_example_keeps_ranks_bit_identical(tmp_path):
+    """The data-parallel example: every mode leaves every rank's weights
+    bit-identical to rank 0's, and the loss curve is written."""
+    png = tmp_path / "loss.png"
+    result = run_mpi(3, [sys.executable, "-m", "mpi_allreduce.examples.sgd", "--steps", "12",
+                         "--warmup", "2", "--hidden", "96", "--bucket-bytes", "20000",
+                         "--png", str(png)], timeout=300, cwd=str(ROOT))
+    assert result.returncode == 0, tail(result.stdout)
+    for mode in ("fused", "ours", "mpi"):
+        assert re.search(rf"{mode}: weights on all 3 ranks bit-identical to rank 0's: yes",
+                         result.stdout), tail(result.stdout)
+    assert "ms/step" in result.stdout
+    pytest.importorskip("matplotlib")
+    assert png.stat().st_size > 1000
