@@ -83,3 +83,44 @@ def test_busy_stream(comm, gpu_path, algorithm):
         send[...] = cp.asarray(target)
     out = mar.allreduce(send, comm=comm, algorithm=algorithm)
     np.testing.assert_array_equal(cp.asnumpy(out), expected(comm, "float32", "sum", n))
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["iallreduce", "persistent"])
+def test_cupy_nonblocking(comm, gpu_path, persistent):
+    """Several calls in flight on device buffers (staging slots of their
+    own), short ones progressed by the caller, long ones by the thread."""
+    p = comm.Get_size()
+    counts = [3 * p + 2, 1 << 17, 5]
+    sends = [cp.asarray(mine(comm, "float32", "sum", n)) for n in counts]
+    outs = [cp.zeros_like(s) for s in sends]
+    if persistent:
+        requests = [mar.allreduce_init(s, o, "sum", comm=comm) for s, o in zip(sends, outs)]
+        for _ in range(2):
+            for r in requests:
+                r.start()
+            mar.waitall(requests[::-1])
+        for r in requests:
+            r.free()
+    else:
+        mar.waitall([mar.iallreduce(s, o, "sum", comm=comm, segment_size=4096)
+                     for s, o in zip(sends, outs)][::-1])
+    for n, out in zip(counts, outs):
+        np.testing.assert_array_equal(cp.asnumpy(out), expected(comm, "float32", "sum", n))
+
+
+def test_cupy_halves_and_fusion(comm, gpu_path):
+    from mpi4py import MPI
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    data = mine(comm, "int64", "sum", 4 * p)
+    want = np.empty(4, np.int64)
+    comm.Reduce_scatter_block(data, want, MPI.SUM)
+    got = mar.reduce_scatter(cp.asarray(data), None, "sum", comm=comm)
+    np.testing.assert_array_equal(cp.asnumpy(got), want)
+    gathered = mar.allgather(cp.arange(3) + 10 * rank, comm=comm)
+    np.testing.assert_array_equal(cp.asnumpy(gathered),
+                                  np.arange(3)[None, :] + 10 * np.arange(p)[:, None])
+    arrays = [cp.full(s, rank + 1, cp.float32) for s in [(7,), (300, 3), (1 << 16,), ()]]
+    mar.Fusion(comm, op="sum", bucket_bytes=4096).allreduce(arrays)
+    for a in arrays:
+        assert (cp.asnumpy(a) == p * (p + 1) / 2).all()
