@@ -45,11 +45,8 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
     size, rank = comm.Get_size(), comm.Get_rank()
 
     def validate():
-        in_place = _is_in_place(sendbuf)
-        send = None if in_place else _array(sendbuf, "sendbuf")
-        if in_place and recvbuf is None:
-            raise ValueError("sendbuf is MPI.IN_PLACE but no recvbuf was given")
-        recv = None if recvbuf is None else _array(recvbuf, "recvbuf")
+        send, recv = _buffers(sendbuf, recvbuf)
+        in_place = send is None
         full = recv if in_place else send
         blocks = _counts(counts, size, full.size,
                          None if in_place or recv is None else recv.size, "reduce_scatter")
@@ -82,11 +79,8 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
     size, rank = comm.Get_size(), comm.Get_rank()
 
     def validate():
-        in_place = _is_in_place(sendbuf)
-        send = None if in_place else _array(sendbuf, "sendbuf")
-        if in_place and recvbuf is None:
-            raise ValueError("sendbuf is MPI.IN_PLACE but no recvbuf was given")
-        recv = None if recvbuf is None else _array(recvbuf, "recvbuf")
+        send, recv = _buffers(sendbuf, recvbuf)
+        in_place = send is None
         if recv is None:
             total = send.size * size if counts is None else sum(counts)
             shape = (size,) + send.shape if counts is None else (total,)
@@ -105,14 +99,16 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
 
 # --- shared by both ---------------------------------------------------------
 
-def _is_in_place(buf) -> bool:
-    return buf is MPI.IN_PLACE or (isinstance(buf, MPI.BottomType) and buf == MPI.IN_PLACE)
-
-
-def _array(buf, name: str):
-    if buf is None:
-        raise TypeError(f"{name} is None; pass an array or MPI.IN_PLACE")
-    return as_array(buf)
+def _buffers(sendbuf, recvbuf) -> tuple:
+    """(send array, or None in place; recv array, or None when omitted)."""
+    in_place = sendbuf is MPI.IN_PLACE or (
+        isinstance(sendbuf, MPI.BottomType) and sendbuf == MPI.IN_PLACE)
+    if in_place and recvbuf is None:
+        raise ValueError("sendbuf is MPI.IN_PLACE but no recvbuf was given")
+    if sendbuf is None:
+        raise TypeError("sendbuf is None; pass an array or MPI.IN_PLACE")
+    send = None if in_place else as_array(sendbuf)
+    return send, None if recvbuf is None else as_array(recvbuf)
 
 
 def _counts(counts, size: int, total: int, block: Optional[int], what: str) -> tuple:

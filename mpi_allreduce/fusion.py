@@ -20,7 +20,6 @@ allocates nothing and builds nothing.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Optional
 
 from mpi4py import MPI
 
