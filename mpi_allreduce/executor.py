@@ -47,6 +47,9 @@ __all__ = ["Plan", "Bound", "Stage", "TAG", "wire_type"]
 
 #: tag of every library message (the library's communicator is private)
 TAG = 0x6172
+#: the most elements (of the wire type) one MPI message carries: MPI's
+#: counts are C ints
+MAX_MESSAGE_COUNT = 2**31 - 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -174,13 +177,21 @@ def _stages(plan: Plan, arrays: tuple) -> list:
     def locals_of(actions):
         return tuple(s for s in map(local, actions) if s is not None)
 
+    # MPI counts are C ints: a longer message travels as several, cut the
+    # same way on both sides (they have the same length), in order
+    limit = MAX_MESSAGE_COUNT // (plan.dtype.itemsize if plan.mpitype == MPI.BYTE else 1)
+
+    def pieces(ref):
+        return [view(ref._replace(offset=o, length=min(limit, ref.stop - o)))
+                for o in range(ref.offset, ref.stop, limit)] or [view(ref)]
+
     stages = []
     for actions in plan.schedule.rounds:
         first = next((i for i, a in enumerate(actions) if isinstance(a, (Send, Recv))),
                      len(actions))
         rest = actions[first:]
-        sends = [(view(a.src), a.peer) for a in rest if isinstance(a, Send)]
-        recvs = [(view(a.dst), a.peer) for a in rest if isinstance(a, Recv)]
+        sends = [(v, a.peer) for a in rest if isinstance(a, Send) for v in pieces(a.src)]
+        recvs = [(v, a.peer) for a in rest if isinstance(a, Recv) for v in pieces(a.dst)]
         pairs = []
         for k in range(max(len(sends), len(recvs))):
             send, dest = sends[k] if k < len(sends) else (None, MPI.PROC_NULL)

@@ -13,6 +13,7 @@ import pytest
 from mpi4py import MPI
 
 import mpi_allreduce as mar
+from mpi_allreduce import config
 from mpi_allreduce.ops import OPS, SUPPORTED_DTYPES
 
 from .helpers import VARIANT_IDS, VARIANTS, expected, mine
@@ -379,3 +380,41 @@ def test_live_selection_leaves_short_vectors_to_the_table(comm):
 def test_unknown_selection_is_refused(comm):
     with pytest.raises(ValueError, match="selection must be one of table, live"):
         mar.allreduce(np.ones(3), comm=comm, selection="fastest")
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_messages_longer_than_the_count_limit_are_cut(comm, variant, monkeypatch):
+    """MPI counts are C ints: a message of more elements travels as several
+    (the driver's whole-vector messages hit this at 2**31 elements).  The
+    limit is lowered here so that every algorithm's messages are cut, with
+    raw-byte (float16) and typed (int64) wire types, blocking and not."""
+    from mpi_allreduce import executor, registry
+    from mpi_allreduce.backend import backend_for
+    from mpi_allreduce.context import context_for
+    from mpi_allreduce.ops import resolve_op
+
+    monkeypatch.setattr(executor, "MAX_MESSAGE_COUNT", 14)
+    config.refresh()  # no plan or bound call made with the real limit
+    _, algorithm, options = variant
+    try:
+        for dtype in ("float16", "int64"):
+            count = 97
+            data = mine(comm, dtype, "sum", count)
+            out = mar.allreduce(data, None, "sum", comm=comm, algorithm=algorithm,
+                                segment_size=1 << 20, **options)
+            np.testing.assert_array_equal(out, expected(comm, dtype, "sum", count))
+            request = mar.iallreduce(data, np.empty_like(data), "sum", comm=comm,
+                                     algorithm=algorithm, segment_size=1 << 20, **options)
+            np.testing.assert_array_equal(request.wait(), expected(comm, dtype, "sum", count))
+            if comm.Get_size() > 1 and algorithm != "hierarchical":
+                plan = executor.Plan(context_for(comm).comm, registry.schedule(
+                    algorithm, comm.Get_rank(), comm.Get_size(), count, 1 << 20),
+                    data.dtype, resolve_op("sum"), backend_for(data))
+                lengths = [len(v) for stage in plan.bind(data, out).stages
+                           for send, _, recv, _ in stage.pairs for v in (send, recv)
+                           if v is not None]
+                limit = 14 // (2 if executor.wire_type(data.dtype) == MPI.BYTE else 1)
+                assert lengths and max(lengths) <= limit
+    finally:
+        monkeypatch.undo()
+        config.refresh()

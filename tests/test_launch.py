@@ -103,3 +103,36 @@ def test_sgd_example_keeps_ranks_bit_identical(tmp_path):
     assert "ms/step" in result.stdout
     pytest.importorskip("matplotlib")
     assert png.stat().st_size > 1000
+
+
+def _available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+BIG_VECTOR = """
+import numpy as np, mpi_allreduce as mar
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+n = 2**31 + 17
+x = np.ones(n, np.int8)
+x[-1] = comm.rank
+y = mar.allreduce(x, None, 'sum', algorithm='driver')
+assert y[0] == comm.size and y[n // 2] == comm.size and y[-1] == sum(range(comm.size)), y[-3:]
+print('big vector ok', comm.rank, flush=True)
+"""
+
+
+@pytest.mark.skipif(_available_bytes() < 14 << 30, reason="needs about 14 GiB of free memory")
+def test_driver_takes_more_than_2_31_elements():
+    """2**31 + 17 int8 elements through the driver, whose whole-vector
+    messages used to exceed MPI's int count (MPI_ERR_ARG)."""
+    result = run_mpi(2, [sys.executable, "-c", BIG_VECTOR], timeout=300, cwd=str(ROOT))
+    assert result.returncode == 0, tail(result.stdout)
+    assert result.stdout.count("big vector ok") == 2, tail(result.stdout)
