@@ -10,6 +10,7 @@ from .fusion import Fusion
 from .progress import PersistentRequest, Request, RequestError, waitall
 from .registry import ALGORITHMS
 
-__all__ = ["allreduce", "iallreduce", "allreduce_init", "waitall", "reduce_scatter", "allgather", "Fusion", "Request",
-           "PersistentRequest", "RequestError", "ALGORITHMS", "ArgumentMismatch"]
+__all__ = ["allreduce", "iallreduce", "allreduce_init", "waitall", "reduce_scatter", "allgather",
+           "Fusion", "Request", "PersistentRequest", "RequestError", "ALGORITHMS",
+           "ArgumentMismatch"]
 __version__ = "0.1.0"

@@ -50,6 +50,8 @@ def test_verify_job_spans_two_nodes(cluster, tmp_path):
     job, text = submit(cluster, "verify.sbatch", tmp_path,
                        {"MAR_VERIFY_ARGS": "--no-large -d int32,float32 --counts 0,1,5,97"})
     assert "# OK:" in text and " 0 wrong elements" in text, text[-3000:]
+    # the bundled Open MPI finds its help files under srun too (OPAL_PREFIX)
+    assert "Sorry!" not in text and "No such file or directory" not in text, text[:3000]
     assert "slurm nodes : node1, node2" in text
     assert "ranks       : 4" in text
     # (Open MPI under this Slurm's pmix reports no shared-memory peers, so
