@@ -129,7 +129,10 @@ def allreduce(
             and (kept.extra is None
                  and check is segment_size is ranks_per_node is inner is tuning is selection is None
                  or kept.extra == (check, segment_size, ranks_per_node, inner, tuning, selection))):
-        kept.run()
+        try:
+            kept.run()
+        except Exception as exc:  # noqa: BLE001 - after messages started
+            failed(kept.comm, exc, kept.algorithm)
         return recvbuf
 
     call, checking = _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
@@ -149,8 +152,27 @@ def allreduce(
         _remember(context, run, sendbuf, recvbuf, op, comm, algorithm, call,
                   [after - before for before, after in zip(held, _refcounts(call))],
                   None if extra == (None,) * 6 else extra)
-    run()
+    try:
+        run()
+    except Exception as exc:  # noqa: BLE001 - after messages started
+        failed(comm, exc, call.algorithm)
     return call.recv
+
+
+def failed(comm: MPI.Comm, exc: Exception, algorithm: str) -> None:
+    """An error inside an algorithm, after this rank's messages started: the
+    other ranks may be waiting for messages this rank will never send.
+    Abort the job with a clear message, or (``MPI_ALLREDUCE_ON_ERROR=raise``)
+    raise -- then the caller owns the consequences."""
+    if environment().on_error == "raise":
+        raise exc
+    sys.stderr.write(
+        f"mpi_allreduce: rank {MPI.COMM_WORLD.Get_rank()}: {type(exc).__name__}: {exc}\n"
+        f"mpi_allreduce: the error came inside {algorithm!r} after messages had started, so "
+        "other ranks may wait forever; aborting the job (set MPI_ALLREDUCE_ON_ERROR=raise "
+        "to raise instead)\n")
+    sys.stderr.flush()
+    comm.Abort(1)
 
 
 def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,

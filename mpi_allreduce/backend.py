@@ -314,7 +314,9 @@ def as_array(obj):
         if isinstance(obj, array_type):
             return obj
     if isinstance(obj, np.ndarray):
-        return obj
+        # a subclass (np.matrix: 2-D views, its own broadcasting) as the
+        # plain array it is; the result still lands in the caller's memory
+        return obj if type(obj) is np.ndarray else obj.view(np.ndarray)
     if _is_device_array(obj):
         cp = _cupy()
         if cp is None:

@@ -10,6 +10,8 @@ MPI_ALLREDUCE_TUNING=PATH       decision table for algorithm="auto"
 MPI_ALLREDUCE_SELECTION=S       auto: "table" (default; reproducible) or
                                 "live" (also times candidates on live calls)
 MPI_ALLREDUCE_CUDA_AWARE=0|1    force the GPU path (direct or staged)
+MPI_ALLREDUCE_ON_ERROR=E        an error inside an algorithm, after messages
+                                started: "abort" the job (default) or "raise"
 MPI_ALLREDUCE_PROGRESS=P        non-blocking calls: "thread" (default where
                                 MPI runs with MPI_THREAD_MULTIPLE) or
                                 "caller" (progress in test/wait only)
@@ -33,6 +35,8 @@ SELECTION_ENV = "MPI_ALLREDUCE_SELECTION"
 CUDA_AWARE_ENV = "MPI_ALLREDUCE_CUDA_AWARE"
 PROGRESS_ENV = "MPI_ALLREDUCE_PROGRESS"
 PROGRESS_CHOICES = ("thread", "caller")
+ON_ERROR_ENV = "MPI_ALLREDUCE_ON_ERROR"
+ON_ERROR_CHOICES = ("abort", "raise")
 
 #: values of a yes/no variable that mean yes
 TRUE_WORDS = ("1", "yes", "true", "on")
@@ -47,6 +51,7 @@ class Environment(NamedTuple):
     selection: Optional[str]
     cuda_aware: Optional[str]
     progress: Optional[str]
+    on_error: str
 
 
 def _get(name: str) -> Optional[str]:
@@ -75,6 +80,7 @@ def environment() -> Environment:
         selection=_get(SELECTION_ENV),
         cuda_aware=_get(CUDA_AWARE_ENV),
         progress=_choice(PROGRESS_ENV, PROGRESS_CHOICES),
+        on_error=_choice(ON_ERROR_ENV, ON_ERROR_CHOICES) or "abort",
     )
 
 

@@ -318,7 +318,8 @@ class Request:
         self._state = "complete"
         if op is not None and op.error is not None:
             error, op.error = op.error, None
-            raise error
+            from .api import failed  # (api imports this module)
+            failed(getattr(op, "comm", MPI.COMM_WORLD), error, "a non-blocking call")
 
     def _check_active(self, what: str) -> None:
         if self._state == "active":

@@ -167,3 +167,22 @@ def test_duplicate_is_cached_and_released():
     release(comm)
     assert ctx.comm == MPI.COMM_NULL
     comm.Free()
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_numpy_subclasses_are_plain_arrays(comm, variant):
+    """An np.matrix (the same on every rank) used to hang or raise on some
+    ranks after messages had started; it is reduced as the plain array it
+    is, into the caller's matrix."""
+    _, algorithm, options = variant
+    count = 2 * comm.Get_size() + 3
+    data = np.asmatrix(mine(comm, "float64", "sum", count))
+    out = np.asmatrix(np.zeros(count))
+    mar.allreduce(data, out, "sum", comm=comm, algorithm=algorithm, **options)
+    np.testing.assert_array_equal(np.asarray(out).ravel(), expected(comm, "float64", "sum", count))
+    inplace = data.copy()
+    mar.allreduce(MPI.IN_PLACE, inplace, "sum", comm=comm, algorithm=algorithm, **options)
+    np.testing.assert_array_equal(np.asarray(inplace).ravel(), expected(comm, "float64", "sum",
+                                                                        count))
+    result = mar.allreduce(data, None, "sum", comm=comm, algorithm=algorithm, **options)
+    np.testing.assert_array_equal(np.ravel(result), expected(comm, "float64", "sum", count))

@@ -136,3 +136,26 @@ def test_driver_takes_more_than_2_31_elements():
     result = run_mpi(2, [sys.executable, "-c", BIG_VECTOR], timeout=300, cwd=str(ROOT))
     assert result.returncode == 0, tail(result.stdout)
     assert result.stdout.count("big vector ok") == 2, tail(result.stdout)
+
+
+MID_ALGORITHM_ERROR = """
+import numpy as np, mpi_allreduce as mar
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+if comm.rank == 1:
+    def broken(*args, **kwargs):
+        raise FloatingPointError('injected: the reduction fails on rank 1 only')
+    np.add = broken  # bound when the plan is made, inside the algorithm
+x = np.ones(1000)
+mar.allreduce(x, None, 'sum', algorithm='ring', segment_size=10)
+print('returned on rank', comm.rank, flush=True)
+"""
+
+
+def test_error_inside_an_algorithm_aborts_the_job():
+    """One rank fails after messages started (the others would wait for it
+    forever): the job is aborted at once, with the reason on stderr."""
+    result = run_mpi(3, [sys.executable, "-c", MID_ALGORITHM_ERROR], timeout=120, cwd=str(ROOT))
+    assert result.returncode not in (0, 124), tail(result.stdout)
+    assert "injected: the reduction fails on rank 1 only" in result.stdout, tail(result.stdout)
+    assert "aborting the job" in result.stdout, tail(result.stdout)
