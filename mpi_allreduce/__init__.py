@@ -4,13 +4,14 @@
 >>> y = mar.allreduce(x, op=MPI.SUM, algorithm="ring")
 """
 
-from .api import ArgumentMismatch, allreduce, allreduce_init, iallreduce
+from .api import ArgumentMismatch, allreduce, allreduce_init, iallreduce, setup
 from .collectives import allgather, reduce_scatter
 from .fusion import Fusion
 from .progress import PersistentRequest, Request, RequestError, waitall
 from .registry import ALGORITHMS
+from .watchdog import Stalled
 
 __all__ = ["allreduce", "iallreduce", "allreduce_init", "waitall", "reduce_scatter", "allgather",
            "Fusion", "Request", "PersistentRequest", "RequestError", "ALGORITHMS",
-           "ArgumentMismatch"]
+           "ArgumentMismatch", "Stalled", "setup"]
 __version__ = "0.1.0"

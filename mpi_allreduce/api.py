@@ -26,12 +26,12 @@ from .algorithms.hierarchical import layout
 from .backend import as_array, backend_for
 from .config import environment
 from .context import CALLS, Context, context_for
-from . import progress
+from . import progress, watchdog
 from .executor import Plan
 from .progress import PersistentRequest, Request
 from .ops import Op, check_dtype, resolve_op
 
-__all__ = ["allreduce", "iallreduce", "allreduce_init", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES", "plan_for", "choice"]
+__all__ = ["allreduce", "iallreduce", "allreduce_init", "setup", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES", "plan_for", "choice"]
 
 #: default segment: the most one message carries when its data is to be
 #: reduced, and so the scratch of every algorithm
@@ -138,6 +138,7 @@ def allreduce(
     call, checking = _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
                             ranks_per_node, inner, tuning, selection)
     if call.recv.size == 0:
+        setup(comm)  # the set-up is collective: every rank takes part, whatever its count
         return call.recv
     if comm.Get_size() == 1:
         if call.send is not None:
@@ -164,8 +165,8 @@ def failed(comm: MPI.Comm, exc: Exception, algorithm: str) -> None:
     other ranks may be waiting for messages this rank will never send.
     Abort the job with a clear message, or (``MPI_ALLREDUCE_ON_ERROR=raise``)
     raise -- then the caller owns the consequences."""
-    if environment().on_error == "raise":
-        raise exc
+    if environment().on_error == "raise" or isinstance(exc, watchdog.Stalled):
+        raise exc  # (a stalled call raises by the watchdog's configuration)
     sys.stderr.write(
         f"mpi_allreduce: rank {MPI.COMM_WORLD.Get_rank()}: {type(exc).__name__}: {exc}\n"
         f"mpi_allreduce: the error came inside {algorithm!r} after messages had started, so "
@@ -211,11 +212,13 @@ def _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_p
                      ranks_per_node, inner, tuning, "table")
     kind = PersistentRequest if persistent else Request
     if call.recv.size == 0 or comm.Get_size() == 1:
+        setup(comm)
         return kind(progress.local_operation(call.backend, call.send, call.recv), call.recv)
     context = context_for(comm)
     plan = plan_for(context, call, choice(context, call, call.recv.size))
     bound = plan.bind(call.send, call.recv, own_scratch=True)
-    operation = progress.operation(bound, context.next_tag(), call.recv.nbytes, persistent)
+    operation = progress.operation(bound, context.next_tag(plan.fingerprint), call.recv.nbytes,
+                                   persistent)
     if persistent:
         return progress.persistent_request(operation, call.recv, (bound,))
     return Request(operation, call.recv, (bound,))
@@ -239,6 +242,18 @@ def _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_per
     if checking and comm.Get_size() > 1:
         agree(comm, _fingerprint(call), error, "allreduce")
     return call, checking
+
+
+def setup(comm: MPI.Intracomm) -> None:
+    """Do now what the first call on ``comm`` would: duplicate it (the
+    library's private communicator) and find whether its node is
+    oversubscribed -- both collective over ``comm``.  Call it on every rank
+    from one thread before threads start calls on their own communicators
+    (concurrent first uses on several communicators can deadlock in the MPI
+    library's communicator creation), or to keep that cost out of a timed
+    first call.  A communicator of one rank needs none."""
+    if comm.Get_size() > 1:
+        context_for(comm)
 
 
 def choice(context: Context, call: _Call, count: int) -> str:
@@ -276,7 +291,8 @@ def _runner(context: Context, call: _Call):
     name = choice(context, call, recv.size)
     if call.algorithm != "auto" or call.selection == "table" or \
             recv.nbytes < LIVE_MIN_BYTES:
-        return plan_for(context, call, name).bind(send, recv).run
+        bound = plan_for(context, call, name).bind(send, recv)
+        return watchdog.watched(bound.run, context, "allreduce", bound)
     shape = (recv.size, recv.dtype.str, call.op.name, call.backend, call.segment_size)
     selector = context.selectors.get(shape)
     if selector is None:
@@ -291,7 +307,8 @@ def _runner(context: Context, call: _Call):
     def bound_run(chosen):
         run = bound.get(chosen)
         if run is None:
-            run = bound[chosen] = plan_for(context, call, chosen).bind(send, recv).run
+            b = plan_for(context, call, chosen).bind(send, recv)
+            run = bound[chosen] = watchdog.watched(b.run, context, "allreduce", b)
         return run
 
     def run():

@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .algorithms.ring import build_allgather, build_reduce_scatter
-from .api import DEFAULT_SEGMENT_BYTES, _check_enabled, agree
+from .api import DEFAULT_SEGMENT_BYTES, _check_enabled, agree, setup
 from .backend import as_array, backend_for
 from .config import environment, on_refresh
 from .context import context_for
@@ -176,6 +176,7 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size):
         segment_bytes = environment().segment_bytes or DEFAULT_SEGMENT_BYTES
         segment_size = max(1, segment_bytes // dtype.itemsize)
     if sum(blocks) == 0:
+        setup(comm)  # collective the first time: every rank takes part
         return recv
     if comm.Get_size() == 1:
         if send is not None:
@@ -194,7 +195,7 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size):
     def build():
         schedule = _schedule(what, context.comm.Get_rank(), context.size, blocks,
                              int(segment_size), send is None)
-        return Plan(context.comm, schedule, dtype, op, backend)
+        return Plan(context.comm, schedule, dtype, op, backend, kind=what)
     bound = context.plan(key, build).bind(send, recv)
     _BOUND[bound_key] = (bound, send, recv, context)  # holds the arrays: ids stay theirs
     while len(_BOUND) > MAX_BOUND:

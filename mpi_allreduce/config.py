@@ -12,6 +12,10 @@ MPI_ALLREDUCE_SELECTION=S       auto: "table" (default; reproducible) or
 MPI_ALLREDUCE_CUDA_AWARE=0|1    force the GPU path (direct or staged)
 MPI_ALLREDUCE_ON_ERROR=E        an error inside an algorithm, after messages
                                 started: "abort" the job (default) or "raise"
+MPI_ALLREDUCE_WATCHDOG=S        report a call that waits S seconds (default 600;
+                                0: off), then act:
+MPI_ALLREDUCE_WATCHDOG_ACTION=A "abort" the job (default), "raise" Stalled, or
+                                "warn" only
 MPI_ALLREDUCE_PROGRESS=P        non-blocking calls: "thread" (default where
                                 MPI runs with MPI_THREAD_MULTIPLE) or
                                 "caller" (progress in test/wait only)
@@ -35,6 +39,11 @@ SELECTION_ENV = "MPI_ALLREDUCE_SELECTION"
 CUDA_AWARE_ENV = "MPI_ALLREDUCE_CUDA_AWARE"
 PROGRESS_ENV = "MPI_ALLREDUCE_PROGRESS"
 PROGRESS_CHOICES = ("thread", "caller")
+WATCHDOG_ENV = "MPI_ALLREDUCE_WATCHDOG"
+WATCHDOG_ACTION_ENV = "MPI_ALLREDUCE_WATCHDOG_ACTION"
+WATCHDOG_ACTIONS = ("abort", "raise", "warn")
+#: seconds a call may wait before the watchdog acts, unless set
+DEFAULT_WATCHDOG_SECONDS = 600.0
 ON_ERROR_ENV = "MPI_ALLREDUCE_ON_ERROR"
 ON_ERROR_CHOICES = ("abort", "raise")
 
@@ -52,6 +61,8 @@ class Environment(NamedTuple):
     cuda_aware: Optional[str]
     progress: Optional[str]
     on_error: str
+    watchdog: float
+    watchdog_action: str
 
 
 def _get(name: str) -> Optional[str]:
@@ -81,7 +92,22 @@ def environment() -> Environment:
         cuda_aware=_get(CUDA_AWARE_ENV),
         progress=_choice(PROGRESS_ENV, PROGRESS_CHOICES),
         on_error=_choice(ON_ERROR_ENV, ON_ERROR_CHOICES) or "abort",
+        watchdog=_seconds(WATCHDOG_ENV, DEFAULT_WATCHDOG_SECONDS),
+        watchdog_action=_choice(WATCHDOG_ACTION_ENV, WATCHDOG_ACTIONS) or "abort",
     )
+
+
+def _seconds(name: str, default: float) -> float:
+    value = _get(name)
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a number of seconds") from None
+    if seconds < 0:
+        raise ValueError(f"{name}={value!r} must be 0 (off) or more")
+    return seconds
 
 
 def _choice(name: str, choices: tuple) -> Optional[str]:

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 from mpi4py import MPI
 
 from .config import on_refresh
+from .executor import tag_space
 from .topology import node_map, oversubscribed
 
 __all__ = ["Context", "context_for", "release", "MAX_PLANS", "MAX_CALLS"]
@@ -27,8 +28,9 @@ __all__ = ["Context", "context_for", "release", "MAX_PLANS", "MAX_CALLS"]
 MAX_PLANS = 64
 #: bound calls kept per communicator (the oldest go first)
 MAX_CALLS = 64
-#: tags non-blocking calls cycle through (the blocking calls' tag is above)
-TAGS = 0x6000
+#: non-blocking calls in flight together on one communicator with
+#: different tags for sure (their sequence numbers cycle through these)
+SEQUENCE_SLOTS = 4096
 
 
 class Context:
@@ -48,15 +50,20 @@ class Context:
         #: ids of the caller's comm objects that lead here (see _LIVE)
         self.ids: set = set()
         self._sequence = 0
+        #: why this communicator is unusable (a call stalled and raised), or None
+        self.broken: Optional[str] = None
 
-    def next_tag(self) -> int:
-        """The tag of the next non-blocking or persistent call: each has its
-        own (as in libnbc), so calls in flight together never match each
-        other's messages; every rank starts calls in the same order, so
-        every rank draws the same tag for the same call.  Tags cycle
-        through :data:`TAGS` values, below the blocking calls' tag."""
+    def next_tag(self, fingerprint: int) -> int:
+        """The tag of the next non-blocking or persistent call, in the lower
+        half of the tag space (blocking calls take the upper half): its
+        place in the sequence of such calls (every rank starts them in the
+        same order, so each call has one tag everywhere, and calls in flight
+        together have different ones, as in libnbc), and above that bits of
+        the call's fingerprint, so mismatched calls cannot match."""
         self._sequence += 1
-        return self._sequence % TAGS
+        half = tag_space(self.comm)
+        slots = min(SEQUENCE_SLOTS, half)
+        return self._sequence % slots + slots * (fingerprint % (half // slots))
 
     def nodes(self, ranks_per_node: Optional[int]) -> tuple:
         """The node of every rank (collective the first time for real nodes)."""

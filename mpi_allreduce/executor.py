@@ -34,6 +34,7 @@ is the one change to :func:`_compile` it asks for.
 from __future__ import annotations
 
 import functools
+import zlib
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -43,10 +44,13 @@ from .backend import Backend
 from .ops import Op
 from .schedule import Recv, Reduce, Schedule, Send
 
-__all__ = ["Plan", "Bound", "Stage", "TAG", "wire_type"]
+__all__ = ["Plan", "Bound", "Stage", "wire_type", "tag_space", "fingerprint"]
 
-#: tag of every library message (the library's communicator is private)
-TAG = 0x6172
+#: derive every blocking call's tag from the call (see :func:`tag_space`);
+#: False: one fixed tag (what the guard costs is measured against that)
+TAG_GUARD = True
+#: the tag of every blocking call's messages without the guard
+FIXED_TAG = 0x6172
 #: the most elements (of the wire type) one MPI message carries: MPI's
 #: counts are C ints
 MAX_MESSAGE_COUNT = 2**31 - 1
@@ -62,11 +66,32 @@ def wire_type(dtype: np.dtype) -> MPI.Datatype:
     return mpitype
 
 
+def fingerprint(kind: str, schedule: Schedule, dtype: np.dtype, op: Op) -> int:
+    """A 32-bit digest of what every rank of a call must agree on."""
+    text = f"{kind}/{schedule.algorithm}/{schedule.size}/{schedule.count}/{dtype.str}/{op.name}"
+    return zlib.crc32(text.encode())
+
+
+def tag_space(comm: MPI.Comm) -> int:
+    """Half the tags this MPI offers (``MPI_TAG_UB`` + 1, at least 32768):
+    blocking calls take ``half + fingerprint % half``; non-blocking calls
+    the lower half (:meth:`~mpi_allreduce.context.Context.next_tag`)."""
+    upper = comm.Get_attr(MPI.TAG_UB) or 32767
+    return (int(upper) + 1) // 2
+
+
 class Plan:
-    """A schedule on ``comm`` for one dtype and op, with its scratch."""
+    """A schedule on ``comm`` for one dtype and op, with its scratch.
+
+    ``tag``: the tag of its blocking messages, derived from the call's
+    fingerprint (kind, algorithm, ranks, count, dtype, op).  Ranks that
+    disagree on any of these post messages that cannot match each other's,
+    so a mismatched call waits (and the watchdog reports it) instead of
+    returning a wrong result; the tag is fixed when the plan is made, so
+    the guard costs nothing per call."""
 
     def __init__(self, comm: MPI.Intracomm, schedule: Schedule, dtype: np.dtype, op: Op,
-                 backend: Backend):
+                 backend: Backend, kind: str = "allreduce"):
         self.comm = comm
         self.schedule = schedule
         self.dtype = np.dtype(dtype)
@@ -74,6 +99,9 @@ class Plan:
         self.backend = backend
         self.mpitype = wire_type(self.dtype)
         self.scratch = backend.empty(max(schedule.scratch, 1), self.dtype)
+        self.fingerprint = fingerprint(kind, schedule, self.dtype, op)
+        half = tag_space(comm)
+        self.tag = half + self.fingerprint % half if TAG_GUARD else FIXED_TAG
 
     @property
     def scratch_bytes(self) -> int:
@@ -213,24 +241,24 @@ def _compile(plan: Plan, stages: list) -> list:
         if not stage.pairs:
             steps.extend(stage.overlap)
         elif host and not stage.overlap and len(stage.pairs) == 1:
-            steps.append(_blocking(comm, mpitype, *stage.pairs[0]))
+            steps.append(_blocking(comm, mpitype, plan.tag, *stage.pairs[0]))
         else:
-            steps.append((_overlapped(plan.backend, comm, mpitype, stage.pairs,
+            steps.append((_overlapped(plan.backend, comm, mpitype, plan.tag, stage.pairs,
                                       stage.overlap), ()))
     return steps
 
 
-def _blocking(comm, mpitype, send, dest, recv, source) -> tuple:
+def _blocking(comm, mpitype, tag, send, dest, recv, source) -> tuple:
     """One round of at most one send and one receive, host memory: the MPI
     call with its message specs made once."""
     if send is not None and recv is not None:
-        return comm.Sendrecv, ([send, mpitype], dest, TAG, [recv, mpitype], source, TAG)
+        return comm.Sendrecv, ([send, mpitype], dest, tag, [recv, mpitype], source, tag)
     if send is not None:
-        return comm.Send, ([send, mpitype], dest, TAG)
-    return comm.Recv, ([recv, mpitype], source, TAG)
+        return comm.Send, ([send, mpitype], dest, tag)
+    return comm.Recv, ([recv, mpitype], source, tag)
 
 
-def _overlapped(backend, comm, mpitype, pairs: tuple, overlap: tuple):
+def _overlapped(backend, comm, mpitype, tag, pairs: tuple, overlap: tuple):
     """A round with several messages, or local work that overlaps them:
     post everything, run the local work, wait for the messages."""
     post = backend.post
@@ -238,7 +266,7 @@ def _overlapped(backend, comm, mpitype, pairs: tuple, overlap: tuple):
              for k, (send, dest, recv, source) in enumerate(pairs)]
 
     def run() -> None:
-        pending = [post(comm, send, dest, recv, source, mpitype, TAG, slot)
+        pending = [post(comm, send, dest, recv, source, mpitype, tag, slot)
                    for send, dest, recv, source, slot in slots]
         for function, args in overlap:
             function(*args)

@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 from typing import Optional
 
 from mpi4py import MPI
 
+from . import watchdog
 from .config import environment
 from .executor import Bound, Stage
 
@@ -59,12 +61,12 @@ class RequestError(RuntimeError):
 class Operation:
     """One call in flight: a bound plan's stages, run in order."""
 
-    __slots__ = ("stages", "comm", "mpitype", "post", "tag", "slot", "index", "pending", "done",
-                 "error", "event", "threaded", "persistent")
+    __slots__ = ("stages", "plan", "comm", "mpitype", "post", "tag", "slot", "index", "pending",
+                 "done", "error", "event", "threaded", "persistent")
 
     def __init__(self, stages: list, plan, tag: int, slot: str, threaded: bool,
                  persistent=None):
-        self.stages, self.tag = stages, tag
+        self.stages, self.tag, self.plan = stages, tag, plan
         if plan is not None:
             self.comm, self.mpitype, self.post = plan.comm, plan.mpitype, plan.backend.post
         self.slot = slot  # names this call's staging buffers (device backends)
@@ -127,6 +129,19 @@ class Operation:
         except BaseException as exc:  # noqa: BLE001 - raised again by wait()
             self.error, self.done, self.pending = exc, True, []
         return True
+
+    def abandon(self) -> None:
+        """Give up on the messages in flight (a stalled call): receives are
+        cancelled, every request is freed, so none is left for MPI_Finalize."""
+        for request in self.requests():
+            if request == MPI.REQUEST_NULL:
+                continue
+            try:
+                request.Cancel()
+                request.Free()
+            except MPI.Exception:  # pragma: no cover - depends on the MPI
+                pass
+        self.pending, self.done = [], True
 
     def requests(self) -> list:
         """The MPI requests of the current stage."""
@@ -305,13 +320,43 @@ class Request:
         self._check_active("wait")
         op = self._op
         if op is not None and not op.done:
-            if op.threaded:
-                while not op.event.wait(1.0):
-                    pass
+            seconds, action = watchdog.settings()
+            if seconds > 0 and action == "raise":
+                self._wait_until(op, time.monotonic() + seconds, seconds)
+            elif seconds > 0:
+                watchdog.WATCH.ensure_monitor()
+                watchdog.WATCH.current = ("non-blocking call", op.plan)
+                watchdog.WATCH.calls += 1
+                try:
+                    self._wait(op)
+                finally:
+                    watchdog.WATCH.current = None
             else:
-                _ENGINE.wait_caller(op)
+                self._wait(op)
         self._complete()
         return self._result
+
+    @staticmethod
+    def _wait(op: Operation) -> None:
+        if op.threaded:
+            while not op.event.wait(1.0):
+                pass
+        else:
+            _ENGINE.wait_caller(op)
+
+    def _wait_until(self, op: Operation, deadline: float, seconds: float) -> None:
+        """Wait by polling; past the deadline, raise :class:`~.watchdog.Stalled`."""
+        while not (op.event.wait(0.01) if op.threaded else op.done):
+            if not op.threaded:
+                _ENGINE.progress_caller()
+            if time.monotonic() > deadline and not op.done:
+                self._state = "complete"  # abandoned: not waitable again
+                if not op.threaded:
+                    _ENGINE.caller = [o for o in _ENGINE.caller if o is not op]
+                    op.abandon()
+                raise watchdog.Stalled(watchdog.report(
+                    watchdog.describe("non-blocking call", op.plan), seconds,
+                    watchdog.WATCH.calls))
 
     def _complete(self) -> None:
         op = self._op

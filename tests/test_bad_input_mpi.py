@@ -186,3 +186,57 @@ def test_numpy_subclasses_are_plain_arrays(comm, variant):
                                                                         count))
     result = mar.allreduce(data, None, "sum", comm=comm, algorithm=algorithm, **options)
     np.testing.assert_array_equal(np.ravel(result), expected(comm, "float64", "sum", count))
+
+
+# --- ranks that disagree, without check mode: never a wrong result --------------
+
+#: per kind of disagreement, rank -> (count, dtype, op, algorithm or None)
+MISMATCHES = {
+    "op": lambda r: (5, "float64", "max" if r == 0 else "sum", None),
+    "count": lambda r: (5 + (r == 0), "float64", "sum", None),
+    "dtype": lambda r: (5, "float32" if r == 0 else "float64", "sum", None),
+    "count0": lambda r: (0 if r == 0 else 5, "float64", "sum", None),
+    "algorithm": lambda r: (5, "float64", "sum", "driver" if r == 0 else None),
+}
+
+
+@pytest.fixture
+def raising_watchdog(monkeypatch):
+    """A watchdog that raises Stalled after half a second."""
+    monkeypatch.setenv(config.WATCHDOG_ENV, "0.5")
+    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
+    config.refresh()
+    yield
+    monkeypatch.undo()
+    config.refresh()
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["allreduce", "iallreduce"])
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+@pytest.mark.parametrize("what", list(MISMATCHES))
+def test_mismatched_calls_stall_and_raise_never_return_wrong(raising_watchdog, what, algorithm,
+                                                             blocking):
+    """Messages of calls the ranks disagree about cannot match (their tags
+    come from the call's fingerprint): ranks wait, and the watchdog raises
+    Stalled there; a rank may only return when it had nothing to receive."""
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank cannot disagree")
+    comm = world.Dup()  # its private communicator is left unusable: a fresh one per case
+    count, dtype, op, other = MISMATCHES[what](comm.Get_rank())
+    data = np.arange(count, dtype=dtype) + 1
+    try:
+        call = mar.allreduce if blocking else (lambda *a, **k: mar.iallreduce(*a, **k).wait())
+        out = call(data, None, op, comm=comm, algorithm=other or algorithm)
+        stalled = False
+        assert out.size == 0, f"a mismatched call returned {out}"
+    except mar.Stalled as exc:
+        stalled = True
+        assert "call #" in str(exc) and "ranks" in str(exc)
+        with pytest.raises(mar.Stalled, match="stalled"):  # the communicator stays unusable
+            if blocking:
+                mar.allreduce(data, None, op, comm=comm, algorithm=other or algorithm)
+            else:
+                raise mar.Stalled(context_for(comm).broken or "stalled")
+    assert world.allreduce(int(stalled)) >= 1
+    comm.Free()
