@@ -19,8 +19,8 @@ Who advances an operation:
   on a condition variable and costs nothing.  ``wait()`` then waits for
   the thread to say the call is done; ``test()`` only reads that.
 * **the caller**, otherwise (``MPI_ALLREDUCE_PROGRESS=caller``, a lower
-  thread level, or a short vector): ``test()`` advances every such call in
-  flight without blocking, and ``wait()`` advances them until its own is
+  thread level, or a short vector): ``test()`` advances every such call the
+  calling thread has in flight without blocking, and ``wait()`` advances them until its own is
   done -- a call alone in flight waits in ``MPI_Waitall`` stage by stage,
   several in ``MPI_Waitany`` over all of them, so calls may be waited in
   any order.  Short vectors stay with the caller because their messages
@@ -167,7 +167,7 @@ class _Engine:
     """The calls in flight in this process, and the progress thread."""
 
     def __init__(self):
-        self.caller: list = []  # advanced by test()/wait(), oldest first
+        self._local = threading.local()  # each thread's calls advanced by test()/wait()
         self.threaded: list = []  # advanced by the thread (under ``cond``)
         self.cond = threading.Condition()
         self.thread: Optional[threading.Thread] = None
@@ -179,6 +179,20 @@ class _Engine:
     def slot(self) -> str:
         self._slots += 1
         return f"nb{self._slots}"
+
+    @property
+    def caller(self) -> list:
+        """This thread's calls advanced by test()/wait(), oldest first (a
+        thread advances its own calls only: MPI requests are never waited
+        on by two threads)."""
+        ops = getattr(self._local, "ops", None)
+        if ops is None:
+            ops = self._local.ops = []
+        return ops
+
+    @caller.setter
+    def caller(self, ops: list) -> None:
+        self._local.ops = ops
 
     # --- caller progress ----------------------------------------------------
     def progress_caller(self) -> None:

@@ -418,3 +418,40 @@ def test_messages_longer_than_the_count_limit_are_cut(comm, variant, monkeypatch
     finally:
         monkeypatch.undo()
         config.refresh()
+
+
+def test_threads_each_on_their_own_communicator():
+    """Four threads per rank, each calling on its own communicator (set up
+    first, from one thread, with ``mar.setup``), all at once."""
+    import threading
+
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        pytest.skip("the MPI library does not run MPI_THREAD_MULTIPLE")
+    world = MPI.COMM_WORLD
+    comms = [world.Dup() for _ in range(4)]
+    for c in comms:
+        mar.setup(c)
+    p, rank = world.Get_size(), world.Get_rank()
+    errors = []
+
+    def work(k, comm):
+        try:
+            algorithm = ("ring", "recursive_doubling", "rabenseifner", "auto")[k]
+            for i in range(20):
+                x = np.full(50 + k + i, rank + k, np.int64)
+                y = mar.allreduce(x, None, "sum", comm=comm, algorithm=algorithm)
+                assert (y == sum(range(p)) + p * k).all(), (k, i)
+                z = mar.iallreduce(x, np.empty_like(x), "max", comm=comm).wait()
+                assert (z == p - 1 + k).all(), (k, i)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(f"thread {k}: {exc!r}")
+
+    threads = [threading.Thread(target=work, args=(k, c)) for k, c in enumerate(comms)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert not any(t.is_alive() for t in threads), "a thread is stuck"
+    assert not errors, errors
+    for c in comms:
+        c.Free()

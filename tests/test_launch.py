@@ -159,3 +159,28 @@ def test_error_inside_an_algorithm_aborts_the_job():
     assert result.returncode not in (0, 124), tail(result.stdout)
     assert "injected: the reduction fails on rank 1 only" in result.stdout, tail(result.stdout)
     assert "aborting the job" in result.stdout, tail(result.stdout)
+
+
+MISMATCHED_OP = """
+import numpy as np, mpi_allreduce as mar
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+x = np.ones(4)
+y = mar.allreduce(x, None, 'max' if comm.rank == 0 else 'sum', algorithm='recursive_doubling')
+print('returned', y, flush=True)
+"""
+
+
+def test_watchdog_aborts_a_mismatched_call_and_says_where():
+    """Default action: ranks that disagree on the op wait (their messages
+    cannot match) until the watchdog reports the call and its peers and
+    aborts the job; no rank returns a result."""
+    result = run_mpi(3, [sys.executable, "-c", MISMATCHED_OP], timeout=120, cwd=str(ROOT),
+                     env_extra={"MPI_ALLREDUCE_WATCHDOG": "2"},
+                     extra=["-x", "MPI_ALLREDUCE_WATCHDOG"] if _openmpi() else [])
+    assert result.returncode not in (0, 124), tail(result.stdout)
+    assert "returned" not in result.stdout, tail(result.stdout)
+    assert re.search(r"watchdog: world rank \d has waited \d+ s in call #1 of this process: "
+                     r"allreduce of 4 x float64, op (max|sum), algorithm recursive_doubling",
+                     result.stdout), tail(result.stdout)
+    assert "aborting the job" in result.stdout, tail(result.stdout)
