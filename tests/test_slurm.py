@@ -9,6 +9,7 @@ munge and Slurm's pmix plugin are installed and we are root:
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,17 @@ def test_bench_job_writes_json_csv_png(cluster, tmp_path):
     assert meta["env"]["SLURM_JOB_ID"] == job and "Open MPI" in meta["mpi_library"]
     assert (out / "bench.csv").read_text().count("\n") == len(doc["results"]) + 2
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_launchers_job_runs_srun_and_mpiexec_side_by_side(cluster, tmp_path):
+    """srun and mpiexec in one allocation, each verify with 0 wrong; times printed."""
+    job, text = submit(cluster, "launchers.sbatch", tmp_path,
+                       {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    assert text.count(" 0 wrong elements") == 3, text[-3000:]
+    for launcher in ("srun-busy", "srun", "mpiexec"):
+        assert re.search(rf"# +{launcher}: verify [\d.]+ s, bench [\d.]+ s", text), text[-3000:]
+    # this cluster's nodes declare more CPUs than the machine has: the scripts let ranks yield
+    assert "OMPI_MCA_mpi_yield_when_idle=1" in text
 
 
 def test_scripts_are_valid_bash():
