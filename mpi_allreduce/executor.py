@@ -3,10 +3,15 @@
 The one place that turns schedules into messages: scratch memory, the MPI
 datatype on the wire, device staging and stream synchronisation (both
 through the :class:`~mpi_allreduce.backend.Backend`), and the final step of
-an op (``avg`` divides).  A :class:`Plan` is a schedule on a communicator
-for one dtype and op, with its scratch; :meth:`Plan.bind` fixes the
-caller's arrays and compiles the rounds into *steps*, ``(function,
-arguments)`` pairs with every view and message spec made once:
+an op (``avg`` divides); and the tag of every message (derived from the
+call, see :class:`Plan`), with messages longer than MPI's ``int`` count
+cut into several.  A :class:`Plan` is a schedule on a communicator for one
+dtype and op, with its scratch; :meth:`Plan.bind` fixes the caller's
+arrays and compiles the rounds into :class:`Stage` objects (what
+non-blocking and persistent calls step through, see
+:mod:`~mpi_allreduce.progress`) and into *steps*, ``(function, arguments)``
+pairs with every view and message spec made once, which a blocking call
+runs:
 
 =================================== ==========================================
 round                                step
@@ -26,9 +31,7 @@ device buffers                       receive (it synchronises the stream and
 A :class:`Bound` call is ``for function, args in steps: function(*args)``,
 so a repeated call with the same arrays does no more Python than that.
 Every round waits for its messages, so a blocking call is a bound call run
-to its end.  The steps are one flat list today; a non-blocking or
-persistent call needs them kept per round (post, then test or wait), which
-is the one change to :func:`_compile` it asks for.
+to its end.
 """
 
 from __future__ import annotations
