@@ -169,6 +169,7 @@ def test_duplicate_is_cached_and_released():
     comm.Free()
 
 
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_numpy_subclasses_are_plain_arrays(comm, variant):
     """An np.matrix (the same on every rank) used to hang or raise on some
