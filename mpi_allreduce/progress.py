@@ -34,6 +34,7 @@ Ranks must start collective calls on one communicator in the same order
 from __future__ import annotations
 
 import atexit
+import itertools
 import threading
 import time
 from typing import Optional
@@ -174,11 +175,10 @@ class _Engine:
         self.in_mpi = False  # the thread waits in MPI (wake it with a message)
         self.stopping = False
         self.wake_comm = None
-        self._slots = 0
+        self._slots = itertools.count(1)  # next() is atomic: threads get distinct slots
 
     def slot(self) -> str:
-        self._slots += 1
-        return f"nb{self._slots}"
+        return f"nb{next(self._slots)}"
 
     @property
     def caller(self) -> list:
