@@ -9,22 +9,29 @@ from __future__ import annotations
 
 import functools
 
-from .algorithms import driver, hierarchical, rabenseifner, recursive_doubling, ring, ring_pipelined
+from .algorithms import (driver, hierarchical, naive, rabenseifner, recursive_doubling, ring,
+                         ring_pipelined, tree)
 from .schedule import Schedule
 
 __all__ = ["ALGORITHMS", "FLAT_ALGORITHMS", "get", "builder", "check_name", "schedule"]
 
 _ALGORITHMS = {
     module.NAME: module
-    for module in (driver, ring, recursive_doubling, hierarchical, ring_pipelined, rabenseifner)
+    for module in (driver, ring, recursive_doubling, hierarchical, ring_pipelined, rabenseifner,
+                   naive, tree)
 }
+
+#: algorithms run by name only, not yet candidates of ``auto``, ``tune`` or
+#: live selection (the O(p^2) baseline; the tree until the model says where it wins)
+NOT_CANDIDATES = ("naive", "tree")
 
 #: the names ``algorithm=`` accepts besides "auto"
 ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)
 
 #: the flat algorithms: what ``auto`` may choose and ``tune`` measures;
 #: ``hierarchical`` is chosen by name, for its node layout
-FLAT_ALGORITHMS: tuple[str, ...] = tuple(a for a in ALGORITHMS if a != "hierarchical")
+FLAT_ALGORITHMS: tuple[str, ...] = tuple(a for a in ALGORITHMS
+                                         if a not in ("hierarchical",) + NOT_CANDIDATES)
 
 
 def get(name: str):

@@ -18,6 +18,8 @@ VARIANTS = [
     ("hierarchical-rpn3-ring", "hierarchical", {"ranks_per_node": 3, "inner": "ring"}),
     ("ring_pipelined", "ring_pipelined", {}),
     ("rabenseifner", "rabenseifner", {}),
+    ("naive", "naive", {}),
+    ("tree", "tree", {}),
 ]
 VARIANT_IDS = [v[0] for v in VARIANTS]
 
