@@ -83,9 +83,10 @@ class Fusion:
             raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
         self.comm, self.op, self.algorithm = comm, op, algorithm
         self.bucket_bytes = bucket_bytes
-        self._open: dict = {}  # dtype -> the bucket being filled
+        self._open: dict = {}  # (dtype, backend) -> the bucket being filled
         self._started: list = []  # buckets in flight, in the order started
-        self._kept: "OrderedDict[tuple, tuple]" = OrderedDict()  # shapes -> (buffer, request)
+        #: (dtype, backend, shapes) -> [(buffer, persistent request), ...], least recent first
+        self._kept: "OrderedDict[tuple, list]" = OrderedDict()
 
     def add(self, array) -> None:
         """Queue ``array`` (reduced in place; do not touch it until
