@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 
-from .algorithms import (driver, hierarchical, naive, rabenseifner, recursive_doubling, ring,
-                         ring_pipelined, tree)
+from .algorithms import (double_binary_tree, driver, hierarchical, naive, rabenseifner,
+                         recursive_doubling, ring, ring_pipelined, tree)
 from .schedule import Schedule
 
 __all__ = ["ALGORITHMS", "FLAT_ALGORITHMS", "get", "builder", "check_name", "schedule"]
@@ -18,12 +18,12 @@ __all__ = ["ALGORITHMS", "FLAT_ALGORITHMS", "get", "builder", "check_name", "sch
 _ALGORITHMS = {
     module.NAME: module
     for module in (driver, ring, recursive_doubling, hierarchical, ring_pipelined, rabenseifner,
-                   naive, tree)
+                   naive, tree, double_binary_tree)
 }
 
 #: algorithms run by name only, not yet candidates of ``auto``, ``tune`` or
-#: live selection (the O(p^2) baseline; the tree until the model says where it wins)
-NOT_CANDIDATES = ("naive", "tree")
+#: live selection (the O(p^2) baseline; the trees until the model says where they win)
+NOT_CANDIDATES = ("naive", "tree", "double_binary_tree")
 
 #: the names ``algorithm=`` accepts besides "auto"
 ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)

@@ -20,6 +20,7 @@ VARIANTS = [
     ("rabenseifner", "rabenseifner", {}),
     ("naive", "naive", {}),
     ("tree", "tree", {}),
+    ("double_binary_tree", "double_binary_tree", {}),
 ]
 VARIANT_IDS = [v[0] for v in VARIANTS]
 

@@ -48,6 +48,7 @@ def test_ops_dtypes_and_in_place(algorithm, op, dtype, in_place):
     ("recursive_doubling", 1024), ("rabenseifner", 1024), ("driver", 1024),
     ("hierarchical", 1024), ("ring", 200), ("ring_pipelined", 129), ("rabenseifner", 1000),
     ("recursive_doubling", 1023), ("tree", 1024), ("tree", 1000), ("naive", 128),
+    ("double_binary_tree", 1024), ("double_binary_tree", 999),
 ])
 def test_large_communicators(algorithm, size):
     options = {"ranks_per_node": 16, "inner": "rabenseifner"} if algorithm == "hierarchical" else {}
