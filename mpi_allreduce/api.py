@@ -216,7 +216,7 @@ def _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_p
         return kind(progress.local_operation(call.backend, call.send, call.recv), call.recv)
     context = context_for(comm)
     plan = plan_for(context, call, choice(context, call, call.recv.size))
-    bound = plan.bind(call.send, call.recv, own_scratch=True)
+    bound = plan.bind(call.send, call.recv, request=True)
     operation = progress.operation(bound, context.next_tag(plan.fingerprint), call.recv.nbytes,
                                    persistent)
     if persistent:

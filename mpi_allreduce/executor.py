@@ -110,12 +110,13 @@ class Plan:
     def scratch_bytes(self) -> int:
         return int(self.scratch.nbytes) if self.schedule.scratch else 0
 
-    def bind(self, send, recv, own_scratch: bool = False) -> "Bound":
+    def bind(self, send, recv, request: bool = False) -> "Bound":
         """The call on these arrays: ``send`` (None in place) and ``recv``
-        (C-contiguous; any shape).  ``own_scratch``: scratch of the call's
-        own, for calls that may be in flight together."""
-        scratch = self.backend.empty(self.scratch.shape[0], self.dtype) if own_scratch else None
-        return Bound(self, send, recv, scratch)
+        (C-contiguous; any shape).  ``request``: for a non-blocking or
+        persistent call, which may be in flight with others: scratch of its
+        own, and its stages only (no blocking steps)."""
+        scratch = self.backend.empty(self.scratch.shape[0], self.dtype) if request else None
+        return Bound(self, send, recv, scratch, blocking=not request)
 
 
 class Stage(NamedTuple):
@@ -134,11 +135,12 @@ class Bound:
 
     ``scratch``: the plan's own (default; blocking calls run one at a
     time), or an array of the call's own for calls that may be in flight
-    together."""
+    together.  ``blocking``: also compile the steps (``steps`` and ``run``
+    are None otherwise)."""
 
     __slots__ = ("plan", "stages", "steps", "run", "__weakref__")
 
-    def __init__(self, plan: Plan, send, recv, scratch=None):
+    def __init__(self, plan: Plan, send, recv, scratch=None, blocking: bool = True):
         self.plan = plan
         backend = plan.backend
         flat = recv.reshape(-1) if recv.ndim != 1 else recv
@@ -160,8 +162,8 @@ class Bound:
             first = stages[0] if stages else Stage((), (), ())
             stages[:1] = [first._replace(before=tuple(lead) + first.before)]
         self.stages = stages
-        self.steps = _compile(plan, stages)
-        self.run = _runner(self.steps)
+        self.steps = _compile(plan, stages) if blocking else None
+        self.run = _runner(self.steps) if blocking else None
 
     def __call__(self) -> None:
         self.run()
