@@ -25,13 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-from statistics import median, quantiles
+from statistics import median
 
 import numpy as np
 from mpi4py import MPI
 
 import mpi_allreduce as mar
-from mpi_allreduce.tools.bench import batch_mean_us, parse_size, repeat_order
+from mpi_allreduce.tools.bench import batch_mean_us, paired_ratios, parse_size, repeat_order
 from mpi_allreduce.tools.verify import mpi_library
 
 
@@ -85,10 +85,9 @@ def main() -> None:
               f"{args.iters} calls; {mpi_library()}; {platform.node()}")
         print(f"# {'call':>20} {'median us':>10} {'x floor':>8} {'q1-q3 (per repeat)':>20}")
         for name in names:
-            ratios = [t / f for t, f in zip(per_repeat[name], per_repeat["floor"])]
-            q1, _, q3 = quantiles(ratios, n=4)
+            ratio, q1, q3 = paired_ratios(per_repeat[name], per_repeat["floor"])
             row = {"call": name, "median_us": median(per_repeat[name]),
-                   "ratio_to_floor": median(ratios), "ratio_q1": q1, "ratio_q3": q3,
+                   "ratio_to_floor": ratio, "ratio_q1": q1, "ratio_q3": q3,
                    "repeats_us": per_repeat[name]}
             rows.append(row)
             print(f"  {name:>20} {row['median_us']:10.2f} {row['ratio_to_floor']:8.2f} "

@@ -1,8 +1,9 @@
 """What the always-on guards cost at 8 B: the tag fingerprint and the watchdog.
 
 Side by side in one run, recursive doubling on 8 B (float32 SUM), the same
-buffers, in interleaved repeats (order rotated per repeat), each batch
-``--iters`` calls after a warm-up, the slowest rank's mean:
+buffers, in interleaved repeats (a shuffled order per repeat, the same on
+every rank), each batch ``--iters`` calls after a warm-up, the slowest
+rank's mean:
 
 * ``bare``: one fixed tag, watchdog off (the library before the guards);
 * ``tags``: tags from the call's fingerprint, watchdog off;
@@ -21,14 +22,14 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-from statistics import median, quantiles
+from statistics import median
 
 import numpy as np
 from mpi4py import MPI
 
 import mpi_allreduce as mar
 from mpi_allreduce import config, executor
-from mpi_allreduce.tools.bench import batch_mean_us
+from mpi_allreduce.tools.bench import batch_mean_us, paired_ratios, repeat_order
 from mpi_allreduce.tools.verify import mpi_library
 
 CONFIGS = {"bare": (False, "0"), "tags": (True, "0"), "default": (True, None)}
@@ -59,7 +60,7 @@ def main() -> None:
     names = list(CONFIGS)
     times = {name: [] for name in names}
     for repeat in range(args.repeats):
-        for name in names[repeat % 3:] + names[:repeat % 3]:
+        for name in repeat_order(names, 8, repeat):
             use(name)
             times[name].append(batch_mean_us(comm, call, args.iters, 200))
     assert np.all(recv == comm.Get_size() * (comm.Get_size() + 1) / 2)
@@ -68,9 +69,8 @@ def main() -> None:
               f"repeats of {args.iters} calls; {mpi_library()}; {platform.node()}")
         print(f"# {'config':>8} {'median us':>10} {'x bare':>7} {'q1-q3 (per repeat)':>20}")
         for name in names:
-            ratios = [t / b for t, b in zip(times[name], times["bare"])]
-            q1, _, q3 = quantiles(ratios, n=4)
-            print(f"  {name:>8} {median(times[name]):10.2f} {median(ratios):7.3f} "
+            ratio, q1, q3 = paired_ratios(times[name], times["bare"])
+            print(f"  {name:>8} {median(times[name]):10.2f} {ratio:7.3f} "
                   f"{q1:9.3f} - {q3:<8.3f}")
     comm.Free()
 

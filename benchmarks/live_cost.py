@@ -15,14 +15,14 @@ per repeat, with quartiles, and what live selection ran at the end.  Run::
 from __future__ import annotations
 
 import argparse
-from statistics import median, quantiles
+from statistics import median
 
 import numpy as np
 from mpi4py import MPI
 
 import mpi_allreduce as mar
 from mpi_allreduce.context import context_for, release
-from mpi_allreduce.tools.bench import parse_size
+from mpi_allreduce.tools.bench import paired_ratios, parse_size
 from mpi_allreduce.tools.verify import mpi_library
 
 
@@ -64,7 +64,7 @@ def main() -> None:
         send = np.random.default_rng(rank).random(count, dtype=np.float32)
         recv = np.empty_like(send)
         for calls in map(int, args.calls.split(",")):
-            table, live, ratios, ran = [], [], [], None
+            table, live, ran = [], [], None
             for repeat in range(args.repeats):
                 order = ("table", "live") if repeat % 2 == 0 else ("live", "table")
                 got = {}
@@ -72,12 +72,11 @@ def main() -> None:
                     got[selection] = loop_seconds(comm, send, recv, selection, calls)
                 table.append(got["table"][0])
                 live.append(got["live"][0])
-                ratios.append(got["live"][0] / got["table"][0])
                 ran = got["live"][1]
             if rank == 0:
-                q1, _, q3 = quantiles(ratios, n=4)
+                ratio, q1, q3 = paired_ratios(live, table)
                 print(f"{text:>8} {calls:>6} {median(table) * 1e3:9.2f} {median(live) * 1e3:9.2f} "
-                      f"{median(ratios):10.3f} {q1:6.3f}-{q3:<6.3f}  {ran[0]} ({ran[1]}, {ran[2]})",
+                      f"{ratio:10.3f} {q1:6.3f}-{q3:<6.3f}  {ran[0]} ({ran[1]}, {ran[2]})",
                       flush=True)
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from statistics import quantiles
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,6 +35,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from mpi_allreduce.launch import find_mpiexec, mpiexec_flavor, run_mpi  # noqa: E402
 from mpi_allreduce.selection import choose  # noqa: E402
+from mpi_allreduce.tools.bench import paired_ratios  # noqa: E402
 
 VENDOR_FORCED = {3: "recursive_doubling", 4: "ring", 6: "rabenseifner"}
 
@@ -53,11 +53,8 @@ def bench(ranks, out: Path, args, extra, env=None, timeout=2400):
 def paired(numerator: dict, denominator: dict) -> tuple[float, float, float]:
     """Quartiles (q1, median, q3) of the ratio taken repeat by repeat (each
     repeat runs every algorithm at that size side by side)."""
-    ratios = [a / b for a, b in zip(numerator["repeats_avg_us"], denominator["repeats_avg_us"])]
-    if len(ratios) < 2:
-        return ratios[0], ratios[0], ratios[0]
-    q1, q2, q3 = quantiles(ratios, n=4)
-    return q1, q2, q3
+    middle, q1, q3 = paired_ratios(numerator["repeats_avg_us"], denominator["repeats_avg_us"])
+    return q1, middle, q3
 
 
 def verdict(name: str, size: int, ratio: float, spread: tuple, limit: float) -> tuple:

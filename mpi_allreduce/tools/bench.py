@@ -21,6 +21,7 @@ import platform
 import subprocess
 import sys
 import tracemalloc
+from statistics import median, quantiles
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -232,6 +233,16 @@ def timing_data(dtype: np.dtype, op, count: int, rank: int, in_place: bool) -> n
     if fixed is not None:
         return np.full(count, fixed, dtype=dtype)
     return make_data(dtype, op, count, rank, "exact", 5)
+
+
+def paired_ratios(times: list, base: list) -> tuple:
+    """(median, q1, q3) of ``times[i] / base[i]``: a ratio taken repeat by
+    repeat, where each repeat ran both side by side."""
+    ratios = [t / b for t, b in zip(times, base)]
+    if len(ratios) < 2:
+        return ratios[0], ratios[0], ratios[0]
+    q1, q2, q3 = quantiles(ratios, n=4)
+    return median(ratios), q1, q3
 
 
 def repeat_order(algorithms: list, nbytes: int, repeat: int) -> list:
