@@ -23,7 +23,8 @@ from mpi4py import MPI
 
 from . import registry, selection as _selection
 from .algorithms.hierarchical import layout
-from .backend import as_array, backend_for
+from .backend import backend_for
+from .buffers import in_place, message
 from .config import environment
 from .context import CALLS, Context, context_for
 from . import progress, watchdog
@@ -63,6 +64,7 @@ class _Call(NamedTuple):
     inner: Optional[str]
     tuning: object  # selection.DecisionTable, or None unless algorithm == "auto"
     selection: str
+    datatype: object = None  # the caller's MPI datatype (a message spec), else None
 
 
 def allreduce(
@@ -261,7 +263,8 @@ def choice(context: Context, call: _Call, count: int) -> str:
     if call.algorithm != "auto":
         return call.algorithm
     nbytes = count * call.recv.dtype.itemsize
-    return call.tuning.choose(nbytes, context.size, context.oversubscribed)
+    name = call.tuning.choose(nbytes, context.size, context.oversubscribed)
+    return name if call.op.commutative else registry.in_rank_order(name)
 
 
 def plan_for(context: Context, call: _Call, name: str) -> Plan:
@@ -275,12 +278,14 @@ def plan_for(context: Context, call: _Call, name: str) -> Plan:
             leaders = len(layout(nodes)[1])
             inner = call.tuning.choose(count * dtype.itemsize, leaders, context.oversubscribed)
         options = (("inner", inner), ("nodes", nodes))
-    key = (name, count, dtype.str, call.op.name, call.backend, call.segment_size, options)
+    datatype = call.datatype
+    key = (name, count, dtype.str, call.op.name, call.backend, call.segment_size, options,
+           None if datatype is None else datatype.py2f())
 
     def build():
         schedule = registry.schedule(name, context.comm.Get_rank(), context.size, count,
                                      call.segment_size, options)
-        return Plan(context.comm, schedule, dtype, call.op, call.backend)
+        return Plan(context.comm, schedule, dtype, call.op, call.backend, datatype=datatype)
     return context.plan(key, build)
 
 
@@ -297,7 +302,8 @@ def _runner(context: Context, call: _Call):
     selector = context.selectors.get(shape)
     if selector is None:
         selector = context.selectors[shape] = _selection.LiveSelector(
-            context.comm, name, registry.FLAT_ALGORITHMS)
+            context.comm, name, registry.FLAT_ALGORITHMS if call.op.commutative
+            else tuple(a for a in registry.FLAT_ALGORITHMS if a in registry.ORDERED))
     bound = {}
     clock = time.perf_counter
     n = counted = 0  # calls made, calls told to the selector
@@ -417,19 +423,20 @@ def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inn
     if selection not in SELECTIONS:
         raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
 
-    in_place = sendbuf is MPI.IN_PLACE or (
-        isinstance(sendbuf, MPI.BottomType) and sendbuf == MPI.IN_PLACE
-    )
-    if in_place:
+    user = op.reduce_local
+    if in_place(sendbuf, recvbuf):
         if recvbuf is None:
             raise ValueError("sendbuf is MPI.IN_PLACE but no recvbuf was given")
         send = None
-        recv = as_array(recvbuf)
+        recv, datatype = message(recvbuf, user, "recvbuf")
     else:
         if sendbuf is None:
-            raise TypeError("sendbuf is None; pass an array or MPI.IN_PLACE")
-        send = as_array(sendbuf)
-        recv = None if recvbuf is None else as_array(recvbuf)
+            raise TypeError("sendbuf and recvbuf are both None; pass an array")
+        send, datatype = message(sendbuf, user, "sendbuf")
+        recv = None
+        if recvbuf is not None:
+            recv, recv_type = message(recvbuf, user, "recvbuf")
+            datatype = recv_type if recv_type is not None else datatype
 
     backend = backend_for(send if send is not None else recv)
     if recv is None:
@@ -439,6 +446,10 @@ def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inn
             f"sendbuf and recvbuf live in different places "
             f"({backend.name} vs {backend_for(recv).name})"
         )
+    if backend.device and not op.device:
+        raise TypeError(f"op {op.name!r} runs on host memory only (MPI_Reduce_local); for "
+                        "device arrays pass a Python callable (mpi_allreduce.user_op)")
+    _check_order(op, algorithm, inner)
 
     dtype = recv.dtype
     if not dtype.isnative:
@@ -462,7 +473,18 @@ def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inn
     if not isinstance(segment_size, (int, np.integer)) or segment_size < 1:
         raise ValueError(f"segment_size must be a positive integer, got {segment_size!r}")
     return _Call(send, recv, op, algorithm, backend, int(segment_size), ranks_per_node, inner,
-                 tuning, selection)
+                 tuning, selection, datatype)
+
+
+def _check_order(op: Op, algorithm: str, inner) -> None:
+    """A non-commutative op runs only where operands combine in rank order."""
+    if op.commutative:
+        return
+    for name in (algorithm, inner):
+        if name not in (None, "auto") and registry.get(name).COMMUTATIVE:
+            raise ValueError(
+                f"algorithm {name!r} needs a commutative op and {op.name!r} is not; "
+                f"choose one that combines in rank order: {', '.join(registry.ORDERED)}")
 
 
 def _fingerprint(call: Optional[_Call]):

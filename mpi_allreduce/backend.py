@@ -309,7 +309,12 @@ def unregister_backend(array_type: type) -> None:
 
 
 def as_array(obj):
-    """Return ``obj`` as a numpy or cupy array (no copy for arrays we know)."""
+    """Return ``obj`` as a numpy or cupy array viewing its memory (no copy
+    for anything with a buffer): numpy arrays (subclasses viewed as plain
+    arrays), cupy arrays, objects with ``__cuda_array_interface__`` or
+    ``__dlpack__`` (CPU or CUDA), and the buffer protocol (``bytearray``,
+    ``array.array``, ``memoryview``...).  Lists and other array-likes become
+    new numpy arrays."""
     for array_type, _ in _REGISTERED:
         if isinstance(obj, array_type):
             return obj
@@ -317,21 +322,70 @@ def as_array(obj):
         # a subclass (np.matrix: 2-D views, its own broadcasting) as the
         # plain array it is; the result still lands in the caller's memory
         return obj if type(obj) is np.ndarray else obj.view(np.ndarray)
-    if _is_device_array(obj):
+    if hasattr(obj, "__cuda_array_interface__"):
         cp = _cupy()
+        if _host_pointer(obj, cp):  # host memory behind the interface
+            return _host_view(obj)
         if cp is None:
             raise TypeError(
                 f"{type(obj).__name__} is a device array but cupy is not installed "
                 "(pip install 'mpi_allreduce[gpu]')"
             )
-        if isinstance(obj, cp.ndarray):
-            return obj
-        if hasattr(obj, "__cuda_array_interface__"):
-            return cp.asarray(obj)
-        return cp.from_dlpack(obj)
+        return obj if isinstance(obj, cp.ndarray) else cp.asarray(obj)
+    if hasattr(obj, "__dlpack_device__") and hasattr(obj, "__dlpack__"):
+        if _dlpack_is_cuda(obj):
+            cp = _cupy()
+            if cp is None:
+                raise TypeError(
+                    f"{type(obj).__name__} is a device array but cupy is not installed "
+                    "(pip install 'mpi_allreduce[gpu]')"
+                )
+            return cp.from_dlpack(obj)
+        return np.from_dlpack(obj)
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        view = None
+    if view is not None:
+        return np.asarray(view)
     if hasattr(obj, "__array__") or isinstance(obj, (list, tuple)):
         return np.asarray(obj)
-    raise TypeError(f"expected a numpy or cupy array, got {type(obj).__name__}")
+    raise TypeError(f"expected an array or a buffer, got {type(obj).__name__}")
+
+
+def _host_pointer(obj, cp) -> bool:
+    """Whether the memory behind a CUDA array interface is host memory: the
+    CUDA runtime says so, or there is no CUDA driver at all (then no
+    pointer can be device memory)."""
+    pointer = obj.__cuda_array_interface__["data"][0]
+    if cp is not None:
+        try:
+            return int(cp.cuda.runtime.pointerGetAttributes(pointer).type) in (0, 1)
+        except Exception:  # noqa: BLE001 - no device, or an old runtime
+            return not _cuda_driver()
+    return not _cuda_driver()
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_driver() -> bool:
+    import ctypes.util
+    return ctypes.util.find_library("cuda") is not None
+
+
+class _Interface:
+    """Holds a host array interface (and its owner) for numpy to view."""
+
+    def __init__(self, owner, interface):
+        self.owner, self.__array_interface__ = owner, interface
+
+
+def _host_view(obj) -> np.ndarray:
+    cai = obj.__cuda_array_interface__
+    interface = {"version": 3, "shape": tuple(cai["shape"]), "typestr": cai["typestr"],
+                 "data": tuple(cai["data"]), "strides": cai.get("strides")}
+    if cai.get("descr"):
+        interface["descr"] = cai["descr"]
+    return np.asarray(_Interface(obj, interface))
 
 
 def backend_for(array) -> Backend:

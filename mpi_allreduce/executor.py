@@ -44,10 +44,10 @@ import numpy as np
 from mpi4py import MPI
 
 from .backend import Backend
-from .ops import Op
+from .ops import Op, reduce_step
 from .schedule import Recv, Reduce, Schedule, Send
 
-__all__ = ["Plan", "Bound", "Stage", "wire_type", "tag_space", "fingerprint"]
+__all__ = ["Plan", "Bound", "Stage", "wire_type", "element_type", "tag_space", "fingerprint"]
 
 #: derive every blocking call's tag from the call (see :func:`tag_space`);
 #: False: one fixed tag (what the guard costs is measured against that)
@@ -67,6 +67,20 @@ def wire_type(dtype: np.dtype) -> MPI.Datatype:
     if mpitype is None or mpitype == MPI.DATATYPE_NULL or mpitype.Get_size() != dtype.itemsize:
         return MPI.BYTE
     return mpitype
+
+
+@functools.lru_cache(maxsize=None)
+def element_type(dtype: np.dtype) -> MPI.Datatype:
+    """The MPI datatype of one element of ``dtype`` (predefined where there
+    is one; pair and other structured types built and committed once)."""
+    mpitype = wire_type(dtype)
+    if mpitype != MPI.BYTE or np.dtype(dtype).itemsize == 1:
+        return mpitype
+    from mpi4py.util import dtlib
+    try:
+        return dtlib.from_numpy_dtype(np.dtype(dtype)).Commit()
+    except (ValueError, TypeError, KeyError):  # no MPI equivalent: the element's bytes
+        return MPI.BYTE.Create_contiguous(np.dtype(dtype).itemsize).Commit()
 
 
 def fingerprint(kind: str, schedule: Schedule, dtype: np.dtype, op: Op) -> int:
@@ -94,8 +108,11 @@ class Plan:
     the guard costs nothing per call."""
 
     def __init__(self, comm: MPI.Intracomm, schedule: Schedule, dtype: np.dtype, op: Op,
-                 backend: Backend, kind: str = "allreduce"):
+                 backend: Backend, kind: str = "allreduce", datatype=None):
         self.comm = comm
+        #: the MPI datatype of one element, for a user MPI.Op's Reduce_local
+        #: (the caller's, from a message spec; else the dtype's)
+        self.datatype = datatype
         self.schedule = schedule
         self.dtype = np.dtype(dtype)
         self.op = op
@@ -190,18 +207,21 @@ def _runner(steps: list) -> Callable[[], None]:
 
 def _stages(plan: Plan, arrays: tuple) -> list:
     """The schedule's rounds with every view made: a list of :class:`Stage`."""
-    backend = plan.backend
-    combine = backend.ufunc(plan.op.ufunc)
+    backend, op = plan.backend, plan.op
+    temp = datatype = None
+    if op.ufunc is None and op.function is None:  # a user MPI.Op: MPI_Reduce_local
+        datatype = plan.datatype or element_type(plan.dtype)
+        longest = max((a.out.length for r in plan.schedule.rounds for a in r
+                       if isinstance(a, Reduce)), default=0)
+        temp = backend.empty(max(longest, 1), plan.dtype)
 
     def view(ref):
         return arrays[ref.buf][ref.offset:ref.offset + ref.length]
 
     def local(action):
         if isinstance(action, Reduce):
-            if plan.op.ufunc in (np.maximum, np.minimum):  # they take out= by keyword only
-                return functools.partial(combine, out=view(action.out)), (
-                    view(action.first), view(action.second))
-            return combine, (view(action.first), view(action.second), view(action.out))
+            return reduce_step(op, backend, view(action.first), view(action.second),
+                               view(action.out), datatype, temp)
         dst, src = action
         if dst[1:] == src[1:] and arrays[dst.buf] is arrays[src.buf]:
             return None  # a copy onto itself (a one-rank ring in place)

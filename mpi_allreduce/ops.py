@@ -3,39 +3,67 @@
 Every predefined MPI operation is commutative and associative (up to
 floating-point rounding); the algorithms still apply operands in a fixed
 order by rank so that every rank gets bit-identical results.
+
+Besides the predefined ops (and ``avg``) an :class:`Op` may be
+
+* ``MAXLOC`` / ``MINLOC`` on MPI's pair types (a value and an ``int``
+  index, e.g. ``MPI.DOUBLE_INT`` as a numpy structured dtype);
+* a user-defined ``MPI.Op`` (``MPI.Op.Create(fn, commute)``), applied with
+  ``MPI_Reduce_local`` on host buffers;
+* a Python callable ``fn(a, b)`` returning ``a OP b`` elementwise (``a``
+  holds the lower ranks' operand), on numpy or cupy arrays -- see
+  :func:`user_op`.
+
+An op that is not commutative runs only on the algorithms that combine
+operands in rank order (``COMMUTATIVE = False`` in their module); its
+result is then exactly MPI's: ``x_0 OP x_1 OP ... OP x_{p-1}``.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["Op", "resolve_op", "OPS", "SUPPORTED_DTYPES", "check_dtype"]
+__all__ = ["Op", "resolve_op", "OPS", "SUPPORTED_DTYPES", "check_dtype", "user_op",
+           "dtype_kind", "reduce_step"]
 
 _INTEGER = "integer"
 _FLOAT = "float"
 _COMPLEX = "complex"
 _BOOL = "bool"
+_PAIR = "pair"
+#: the kinds a user-defined op takes: any element at all
+_ANY = "any"
 
-#: dtypes the library reduces (numpy names)
-SUPPORTED_DTYPES: tuple[str, ...] = (
+#: dtypes the library reduces with the predefined ops (numpy names; long
+#: double and its complex are the platform's, e.g. float128/complex256);
+#: also bfloat16 where ``ml_dtypes`` is installed, and MPI's pair types
+#: with MAXLOC/MINLOC
+SUPPORTED_DTYPES: tuple[str, ...] = tuple(dict.fromkeys((
     "int8", "int16", "int32", "int64",
     "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64",
-    "complex64", "complex128",
+    "float16", "float32", "float64", np.dtype(np.longdouble).name,
+    "complex64", "complex128", np.dtype(np.clongdouble).name,
     "bool",
-)
+)))
 
 
 def dtype_kind(dtype: np.dtype) -> str:
+    dtype = np.dtype(dtype)
     if dtype == np.bool_:
         return _BOOL
+    if dtype.names is not None:
+        if len(dtype.names) == 2 and dtype.fields[dtype.names[1]][0].kind == "i" \
+                and dtype.fields[dtype.names[0]][0].kind in "if":
+            return _PAIR
+        return "other"
     if np.issubdtype(dtype, np.integer):
         return _INTEGER
-    if np.issubdtype(dtype, np.floating):
+    if np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16":
         return _FLOAT
     if np.issubdtype(dtype, np.complexfloating):
         return _COMPLEX
@@ -44,23 +72,52 @@ def dtype_kind(dtype: np.dtype) -> str:
 
 @dataclass(frozen=True)
 class Op:
-    """A reduction: ``reduce(a, b, out)`` computes ``out = a OP b`` in place."""
+    """A reduction: ``reduce(a, b, out)`` computes ``out = a OP b`` in place,
+    ``a`` the operand of the lower ranks."""
 
     name: str
-    ufunc: np.ufunc
+    ufunc: Optional[np.ufunc]
     mpi_op: MPI.Op
     kinds: frozenset
     #: applied to the result after the reduction (``avg`` divides by size)
     finalize: Optional[Callable] = None
+    #: whether operands may be combined in any order (else: rank order only)
+    commutative: bool = True
+    #: ``fn(a, b) -> a OP b`` for Python callables; for pair ops the combine
+    function: Optional[Callable] = None
+    #: whether the op runs on device arrays (MPI_Reduce_local needs host memory)
+    device: bool = True
 
     def valid_for(self, dtype: np.dtype) -> bool:
-        return dtype_kind(np.dtype(dtype)) in self.kinds
+        return _ANY in self.kinds or dtype_kind(np.dtype(dtype)) in self.kinds
+
+    @property
+    def reduce_local(self) -> bool:
+        """A user-defined MPI.Op: applied with ``MPI_Reduce_local``."""
+        return self.ufunc is None and self.function is None
+
+    @property
+    def user(self) -> bool:
+        """A user-defined op (an MPI.Op of the caller's, or a Python callable)."""
+        return _ANY in self.kinds
 
 
 _NUMERIC = frozenset({_INTEGER, _FLOAT, _COMPLEX})
 _ORDERED = frozenset({_INTEGER, _FLOAT})
 _LOGICAL = frozenset({_INTEGER, _BOOL})
 _BITWISE = frozenset({_INTEGER})
+
+
+def _loc(better):
+    """MAXLOC/MINLOC: the better value, and on a tie the smaller index (MPI's rule)."""
+    def combine(first, second, out):
+        value, index = first.dtype.names
+        v1, i1, v2, i2 = first[value], first[index], second[value], second[index]
+        take = better(v2, v1) | ((v2 == v1) & (i2 < i1))
+        values, indices = np.where(take, v2, v1), np.where(take, i2, i1)
+        out[value], out[index] = values, indices  # computed first: out may be an operand
+    return combine
+
 
 OPS: dict[str, Op] = {
     "sum": Op("sum", np.add, MPI.SUM, _NUMERIC),
@@ -73,6 +130,10 @@ OPS: dict[str, Op] = {
     "band": Op("band", np.bitwise_and, MPI.BAND, _BITWISE),
     "bor": Op("bor", np.bitwise_or, MPI.BOR, _BITWISE),
     "bxor": Op("bxor", np.bitwise_xor, MPI.BXOR, _BITWISE),
+    "maxloc": Op("maxloc", None, MPI.MAXLOC, frozenset({_PAIR}), function=_loc(np.greater),
+                 device=False),
+    "minloc": Op("minloc", None, MPI.MINLOC, frozenset({_PAIR}), function=_loc(np.less),
+                 device=False),
     # the mean over ranks: a sum, then a division by the communicator size
     "avg": Op("avg", np.add, MPI.SUM, frozenset({_FLOAT, _COMPLEX}), finalize=np.true_divide),
 }
@@ -80,8 +141,36 @@ OPS: dict[str, Op] = {
 _BY_MPI_OP = [(op.mpi_op, op) for name, op in OPS.items() if name != "avg"]
 
 
+def user_op(function: Callable, commute: bool = False, name: Optional[str] = None) -> Op:
+    """An op from a Python callable ``function(a, b)`` that returns ``a OP b``
+    elementwise for arrays ``a`` and ``b`` of equal shape (numpy or cupy,
+    ``a`` holding the lower ranks' operand).  ``commute=False`` (the default
+    for a bare callable) keeps it to the algorithms that combine in rank
+    order.  ``name`` (default: the function's qualified name) must be the
+    same on every rank: it is part of the call's fingerprint."""
+    if not callable(function):
+        raise TypeError(f"a user op needs a callable, got {type(function).__name__}")
+    label = name or getattr(function, "__qualname__", None) or type(function).__name__
+    return Op(f"user:{label}", None, MPI.OP_NULL, frozenset({_ANY}), commutative=bool(commute),
+              function=_applied(function))
+
+
+def _applied(function):
+    def combine(first, second, out):
+        out[...] = function(first, second)
+    return combine
+
+
+@functools.lru_cache(maxsize=64)
+def _mpi_user_op(handle: int, commutative: bool) -> Op:
+    return Op(f"mpi-user-op:{handle}", None, MPI.Op.f2py(handle), frozenset({_ANY}),
+              commutative=commutative, device=False)
+
+
 def resolve_op(op) -> Op:
-    """Accept a predefined ``MPI.Op``, its lower-case name, or ``"avg"``."""
+    """Accept a predefined ``MPI.Op``, its lower-case name, ``"avg"``, a
+    user-defined ``MPI.Op``, a Python callable (see :func:`user_op`) or an
+    :class:`Op`."""
     if isinstance(op, Op):
         return op
     if isinstance(op, str):
@@ -89,17 +178,21 @@ def resolve_op(op) -> Op:
             return OPS[op.lower()]
         except KeyError:
             raise ValueError(
-                f"unknown op {op!r}; expected one of {', '.join(OPS)} or a predefined MPI.Op"
+                f"unknown op {op!r}; expected one of {', '.join(OPS)}, an MPI.Op or a callable"
             ) from None
     if isinstance(op, MPI.Op):
+        if op == MPI.OP_NULL:
+            raise ValueError("op is MPI.OP_NULL")
         for mpi_op, ours in _BY_MPI_OP:
             if op == mpi_op:
                 return ours
-        raise ValueError(
-            f"unsupported MPI.Op {op!r}: only the predefined ops "
-            f"{', '.join(n.upper() for n in OPS if n != 'avg')} are supported"
-        )
-    raise TypeError(f"op must be an MPI.Op or a string, got {type(op).__name__}")
+        if op in (MPI.REPLACE, MPI.NO_OP):
+            raise ValueError(f"MPI.{op.Get_name() if hasattr(op, 'Get_name') else op} is for "
+                             "one-sided accumulates, not for a reduction")
+        return _mpi_user_op(op.py2f(), bool(op.Is_commutative()))
+    if callable(op):
+        return user_op(op)
+    raise TypeError(f"op must be an MPI.Op, a string or a callable, got {type(op).__name__}")
 
 
 def check_dtype(dtype: np.dtype, op: Op) -> None:
@@ -107,11 +200,21 @@ def check_dtype(dtype: np.dtype, op: Op) -> None:
     if (dtype, op.name) in _VALID_PAIRS:
         return
     dtype = np.dtype(dtype)
-    if dtype.name not in SUPPORTED_DTYPES:
+    kind = dtype_kind(dtype)
+    if op.user:
+        if dtype.hasobject:
+            raise TypeError(f"dtype {dtype} holds Python objects; MPI cannot send them")
+    elif kind == _PAIR:
+        if not op.valid_for(dtype):
+            raise TypeError(f"op {op.name!r} is not defined for the pair type {dtype}; "
+                            "pair types take maxloc or minloc")
+    elif dtype.name not in SUPPORTED_DTYPES and not (kind == _FLOAT and dtype.name == "bfloat16"):
         raise TypeError(
-            f"unsupported dtype {dtype}; expected one of {', '.join(SUPPORTED_DTYPES)}"
+            f"unsupported dtype {dtype}; expected one of {', '.join(SUPPORTED_DTYPES)}, "
+            "bfloat16 (ml_dtypes), a pair type (MPI.DOUBLE_INT ...) with maxloc/minloc, "
+            "or any dtype with a user-defined op"
         )
-    if not op.valid_for(dtype):
+    elif not op.valid_for(dtype):
         kinds = " or ".join(sorted(op.kinds))
         raise TypeError(f"op {op.name!r} is not defined for dtype {dtype} (needs {kinds} data)")
     _VALID_PAIRS.add((dtype, op.name))
@@ -119,3 +222,46 @@ def check_dtype(dtype: np.dtype, op: Op) -> None:
 
 #: (dtype, op name) pairs already checked (dtypes hash and compare by value)
 _VALID_PAIRS: set = set()
+
+
+def reduce_step(op: Op, backend, first, second, out, datatype=None, temp=None):
+    """``out = first OP second`` as a ``(function, arguments)`` step, views made.
+
+    ``datatype``: the MPI datatype of one element (user ``MPI.Op`` only, which
+    runs ``MPI_Reduce_local(in, inout)``: ``inout = in OP inout``); ``temp``:
+    an array of at least ``len(out)`` elements it may use when ``out`` is
+    ``first`` (then ``second`` must be combined into a copy)."""
+    if op.ufunc is not None:
+        combine = backend.ufunc(op.ufunc)
+        if op.ufunc in (np.maximum, np.minimum):  # they take out= by keyword only
+            return functools.partial(combine, out=out), (first, second)
+        return combine, (first, second, out)
+    if op.function is not None:
+        return op.function, (first, second, out)
+    spec = functools.partial(_spec, datatype=datatype)
+    reduce_local = op.mpi_op.Reduce_local
+    if backend.shares_memory(out, second):
+        return reduce_local, (spec(first), spec(out))
+    if backend.shares_memory(out, first):
+        tmp = temp[:len(out)]
+        return _through(reduce_local, backend.copy), (spec(first), spec(tmp), second, tmp, out)
+    return _into(reduce_local, backend.copy), (spec(first), spec(out), second, out)
+
+
+def _spec(array, datatype):
+    return [array, datatype]
+
+
+def _through(reduce_local, copy):
+    def step(first, tmp_spec, second, tmp, out):
+        copy(tmp, second)
+        reduce_local(first, tmp_spec)
+        copy(out, tmp)
+    return step
+
+
+def _into(reduce_local, copy):
+    def step(first, out_spec, second, out):
+        copy(out, second)
+        reduce_local(first, out_spec)
+    return step

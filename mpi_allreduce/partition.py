@@ -224,16 +224,19 @@ class HalvingStep(NamedTuple):
 
 
 def halving_steps(newrank: int, pof2: int) -> list[HalvingStep]:
-    """Recursive-halving schedule over ``pof2`` blocks (distance pof2/2 first).
+    """Recursive-halving schedule over ``pof2`` blocks, by distance doubling
+    (peer at distance 1 first, as MPICH does): after step k a rank's range
+    holds the reduction over its 2^(k+1) consecutive ranks, so operands meet
+    in rank order and a non-commutative op gets MPI's result.
 
-    After the steps ``newrank`` keeps exactly block ``newrank``.  The
-    allgather by recursive doubling replays these steps in reverse order
-    with ``keep`` and ``send`` swapped.
+    After the steps ``newrank`` keeps exactly block ``bit_reversed(newrank)``.
+    The allgather by recursive doubling replays these steps in reverse
+    order with ``keep`` and ``send`` swapped.
     """
     steps = []
     lo, hi = 0, pof2
-    dist = pof2 // 2
-    while dist >= 1:
+    dist = 1
+    while dist < pof2:
         peer = newrank ^ dist
         mid = lo + (hi - lo) // 2
         if newrank < peer:
@@ -242,6 +245,6 @@ def halving_steps(newrank: int, pof2: int) -> list[HalvingStep]:
             keep, send = (mid, hi), (lo, mid)
         steps.append(HalvingStep(peer, keep, send))
         lo, hi = keep
-        dist //= 2
+        dist *= 2
     return steps
 

@@ -13,7 +13,7 @@ from .algorithms import (double_binary_tree, driver, hierarchical, naive, rabens
                          recursive_doubling, ring, ring_pipelined, tree)
 from .schedule import Schedule
 
-__all__ = ["ALGORITHMS", "FLAT_ALGORITHMS", "get", "builder", "check_name", "schedule"]
+__all__ = ["ALGORITHMS", "FLAT_ALGORITHMS", "ORDERED", "in_rank_order", "get", "builder", "check_name", "schedule"]
 
 _ALGORITHMS = {
     module.NAME: module
@@ -32,6 +32,18 @@ ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)
 #: ``hierarchical`` is chosen by name, for its node layout
 FLAT_ALGORITHMS: tuple[str, ...] = tuple(a for a in ALGORITHMS
                                          if a not in ("hierarchical",) + NOT_CANDIDATES)
+
+
+#: the algorithms that combine operands in rank order: a non-commutative op
+#: gets exactly MPI's result from them (and only them)
+ORDERED: tuple[str, ...] = tuple(a for a in ALGORITHMS if not _ALGORITHMS[a].COMMUTATIVE)
+
+
+def in_rank_order(name: str) -> str:
+    """``auto``'s choice ``name`` for a non-commutative op: itself if it
+    combines in rank order, else Rabenseifner (the ring's bandwidth term,
+    2 lg p messages, operands in rank order)."""
+    return name if name in ORDERED else "rabenseifner"
 
 
 def get(name: str):

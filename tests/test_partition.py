@@ -124,8 +124,9 @@ def test_fold_and_doubling_simulated(size):
 
 @pytest.mark.parametrize("pof2", [1, 2, 4, 8, 16])
 def test_halving_steps(pof2):
-    """Recursive halving leaves each new rank exactly its own block, and
-    partners always split the same range between them."""
+    """Recursive halving (distance doubling) leaves each new rank exactly
+    the block of its bit-reversed rank, and partners always split the same
+    range between them."""
     steps = {nr: pt.halving_steps(nr, pof2) for nr in range(pof2)}
     for nr, mine in steps.items():
         assert len(mine) == pof2.bit_length() - 1
@@ -136,7 +137,9 @@ def test_halving_steps(pof2):
             assert theirs.keep == step.send and theirs.send == step.keep
             assert {step.keep, step.send} == {(lo, lo + (hi - lo) // 2), (lo + (hi - lo) // 2, hi)}
             lo, hi = step.keep
-        assert (lo, hi) == (nr, nr + 1)
+        bits = pof2.bit_length() - 1
+        reversed_rank = int(format(nr, f"0{bits}b")[::-1], 2) if bits else 0
+        assert (lo, hi) == (reversed_rank, reversed_rank + 1)
 
 
 @pytest.mark.parametrize("segment_size", [1, 3, 100])

@@ -2,22 +2,26 @@
 
 After the fold to ``pof2`` ranks (as in recursive doubling), the vector is
 cut into ``pof2`` blocks.  Halving: in step k a rank swaps half of its
-current range with the peer at distance pof2/2^(k+1), keeps the half on its
-own side and reduces the peer's copy of it in; after lg pof2 steps new rank
-i holds block i fully reduced.  Doubling replays the steps backwards and
-hands the reduced halves over, so every rank ends with every block::
+current range with the peer at distance 2^k, keeps the half on its own
+side and reduces the peer's copy of it in; after lg pof2 steps new rank i
+holds block bit_reversed(i) fully reduced.  Doubling replays the steps
+backwards and hands the reduced halves over, so every rank ends with every
+block::
 
     pof2 = 4, blocks b0..b3         new 0      new 1      new 2      new 3
-    halving, distance 2     keep    b0 b1      b0 b1      b2 b3      b2 b3
-    halving, distance 1     keep    b0         b1         b2         b3
-    doubling, distance 1    gets    b1         b0         b3         b2
-    doubling, distance 2    gets    b2 b3      b2 b3      b0 b1      b0 b1
+    halving, distance 1     keep    b0 b1      b2 b3      b0 b1      b2 b3
+    halving, distance 2     keep    b0         b2         b1         b3
+    doubling, distance 2    gets    b1         b3         b0         b2
+    doubling, distance 1    gets    b2 b3      b0 b1      b2 b3      b0 b1
+
+The distance doubles (1 first, as in MPICH), so after each halving step a
+rank holds the reduction over a run of consecutive ranks: operands meet in
+rank order, lower first, and a non-commutative op gets MPI's result.
 
 Cost: 2 lg p alpha + 2 n (p-1)/p beta + n (p-1)/p gamma (plus the fold when
 p is not a power of two): the ring's bandwidth with lg p latency terms,
 which is why vendors choose it for long vectors.  Messages travel in
 segments, so scratch is one segment at most (min(n, segment) elements).
-Operands are combined lower rank first, so it needs associativity only.
 """
 
 from __future__ import annotations

@@ -1,0 +1,152 @@
+"""What the calls accept as buffers: mpi4py's conventions, made arrays.
+
+A buffer argument is anything mpi4py's upper-case calls take:
+
+* an array or buffer (:func:`~mpi_allreduce.backend.as_array`: numpy,
+  cupy, the CUDA array interface, DLPack, the buffer protocol);
+* a message spec ``[buf, datatype]``, ``[buf, count, datatype]``,
+  ``[buf, count, displ, datatype]`` or ``[buf, (count, displ), datatype]``
+  (lists or tuples): the buffer's memory taken as ``count`` elements of
+  the MPI datatype from element ``displ`` on.
+
+:func:`message` turns one into an array of the element's numpy dtype that
+views the caller's memory (so the result lands there whatever the type),
+and the datatype the caller named, if any.  Datatypes are predefined ones
+(``MPI.DOUBLE``, ``MPI.C_LONG_DOUBLE_COMPLEX``...), MPI's pair types
+(``MPI.DOUBLE_INT``... as numpy structured dtypes) and contiguous derived
+types (``MPI.INT.Create_contiguous(9)``): with a predefined op these are
+reduced as their base type, element by element; with a user-defined
+``MPI.Op`` an element is the whole derived type.
+
+:func:`in_place` knows mpi4py's three spellings of "in place": a send
+buffer of ``MPI.IN_PLACE``, of ``None``, or the receive buffer object itself.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from .backend import as_array, backend_for
+
+__all__ = ["Message", "message", "in_place"]
+
+
+class Message(NamedTuple):
+    array: object  # numpy or cupy array of elements, viewing the caller's memory
+    datatype: Optional[MPI.Datatype]  # the caller's datatype (a spec), else None
+
+
+def in_place(sendbuf, recvbuf) -> bool:
+    """Whether ``sendbuf`` asks for an in-place call: ``MPI.IN_PLACE``, or
+    ``None`` or the receive buffer object itself (mpi4py's conventions)."""
+    if sendbuf is MPI.IN_PLACE or (isinstance(sendbuf, MPI.BottomType)
+                                   and sendbuf == MPI.IN_PLACE):
+        return True
+    return recvbuf is not None and (sendbuf is None or sendbuf is recvbuf)
+
+
+def message(obj, user_op: bool = False, what: str = "buffer") -> Message:
+    """``obj`` (an array, a buffer or a message spec) as an array of elements.
+
+    ``user_op``: the call's op is a user-defined MPI.Op, so an element of a
+    derived datatype stays whole (an opaque void element)."""
+    if isinstance(obj, (list, tuple)) and obj and isinstance(obj[-1], MPI.Datatype):
+        return _spec(obj, user_op, what)
+    return Message(as_array(obj), None)
+
+
+def _spec(spec, user_op: bool, what: str) -> Message:
+    datatype = spec[-1]
+    if len(spec) == 2:
+        count = displ = None
+    elif len(spec) == 3:
+        count, displ = (spec[1], None) if not isinstance(spec[1], (tuple, list)) \
+            else tuple(spec[1])
+    elif len(spec) == 4:
+        count, displ = spec[1], spec[2]
+    else:
+        raise TypeError(f"{what}: a message spec is [buf, datatype], [buf, count, datatype] or "
+                        f"[buf, count, displ, datatype], got {len(spec)} items")
+    if datatype == MPI.DATATYPE_NULL:
+        raise TypeError(f"{what}: datatype is MPI.DATATYPE_NULL")
+    element, base, per = _element(datatype, user_op, what)
+    extent = datatype.Get_extent()[1]
+    raw = _raw_bytes(as_array(spec[0]), what)
+    available = raw.shape[0] // extent if extent else 0
+    displ = 0 if displ is None else _integer(displ, "displacement", what)
+    count = (available - displ) if count is None else _integer(count, "count", what)
+    if count < 0 or displ < 0 or displ + count > available:
+        raise ValueError(f"{what}: {count} elements of {datatype_name(datatype)} from element "
+                         f"{displ} do not fit in {raw.shape[0]} bytes")
+    if count == 0 and len(spec) == 2 and raw.shape[0] % max(extent, 1):
+        raise ValueError(f"{what}: {raw.shape[0]} bytes are not a whole number of "
+                         f"{datatype_name(datatype)} ({extent} bytes)")
+    array = raw[displ * extent:(displ + count) * extent].view(base)
+    return Message(array, datatype if element is not None else None)
+
+
+def _element(datatype: MPI.Datatype, user_op: bool, what: str):
+    """(the datatype kept for Reduce_local or None, the numpy dtype of the
+    array, elements of it per datatype element)."""
+    dtype = _numpy_dtype(datatype, what)
+    size, (lb, extent) = datatype.Get_size(), datatype.Get_extent()
+    if lb != 0 or extent <= 0:
+        raise TypeError(f"{what}: datatype {datatype_name(datatype)} has lower bound {lb} and "
+                        f"extent {extent}; only types that start at their first byte are taken")
+    if dtype.subdtype is not None:  # a contiguous derived type: k elements of a base type
+        base, shape = dtype.subdtype
+        if base.itemsize * int(np.prod(shape)) != extent or size != extent:
+            raise TypeError(f"{what}: datatype {datatype_name(datatype)} has gaps; pack the data "
+                            "into a contiguous buffer first")
+        if user_op:
+            return datatype, np.dtype((np.void, extent)), 1
+        return None, base, int(np.prod(shape))
+    if dtype.itemsize != extent:
+        raise TypeError(f"{what}: datatype {datatype_name(datatype)} spans {extent} bytes but "
+                        f"its numpy dtype {dtype} has {dtype.itemsize}")
+    if dtype.names is not None and size != extent and len(dtype.names) != 2:
+        raise TypeError(f"{what}: datatype {datatype_name(datatype)} has gaps; pack the data "
+                        "into a contiguous buffer first")
+    return (datatype if user_op else None), dtype, 1
+
+
+@functools.lru_cache(maxsize=128)
+def _numpy_dtype_of(handle: int) -> np.dtype:
+    from mpi4py.util import dtlib
+    return np.dtype(dtlib.to_numpy_dtype(MPI.Datatype.f2py(handle)))
+
+
+def _numpy_dtype(datatype: MPI.Datatype, what: str) -> np.dtype:
+    try:
+        if datatype.is_predefined:
+            return _numpy_dtype_of(datatype.py2f())
+        from mpi4py.util import dtlib
+        return np.dtype(dtlib.to_numpy_dtype(datatype))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise TypeError(f"{what}: datatype {datatype_name(datatype)} has no numpy equivalent "
+                        f"({exc})") from None
+
+
+def _raw_bytes(array, what: str):
+    backend = backend_for(array)
+    if not backend.is_contiguous(array):
+        raise ValueError(f"{what}: the buffer of a message spec must be C-contiguous")
+    flat = array.reshape(-1)
+    return flat.view(np.uint8) if flat.dtype != np.uint8 else flat
+
+
+def _integer(value, name: str, what: str) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise TypeError(f"{what}: the {name} of a message spec must be an integer, got {value!r}")
+    return int(value)
+
+
+def datatype_name(datatype: MPI.Datatype) -> str:
+    try:
+        return datatype.Get_name() or repr(datatype)
+    except MPI.Exception:  # pragma: no cover - an MPI without names
+        return repr(datatype)
