@@ -6,12 +6,14 @@
 
 from .api import ArgumentMismatch, allreduce, allreduce_init, iallreduce, setup
 from .collectives import allgather, reduce_scatter
+from .comm import Comm
 from .fusion import Fusion
 from .progress import PersistentRequest, Request, RequestError, waitall
+from .ops import user_op
 from .registry import ALGORITHMS
 from .watchdog import Stalled
 
 __all__ = ["allreduce", "iallreduce", "allreduce_init", "waitall", "reduce_scatter", "allgather",
            "Fusion", "Request", "PersistentRequest", "RequestError", "ALGORITHMS",
-           "ArgumentMismatch", "Stalled", "setup"]
+           "ArgumentMismatch", "Stalled", "setup", "Comm", "user_op"]
 __version__ = "0.1.0"

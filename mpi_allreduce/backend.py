@@ -341,7 +341,7 @@ def as_array(obj):
                     "(pip install 'mpi_allreduce[gpu]')"
                 )
             return cp.from_dlpack(obj)
-        return np.from_dlpack(obj)
+        return _from_dlpack(obj)
     try:
         view = memoryview(obj)
     except TypeError:
@@ -377,6 +377,93 @@ class _Interface:
 
     def __init__(self, owner, interface):
         self.owner, self.__array_interface__ = owner, interface
+
+
+class _Exported:
+    """One DLPack capsule already taken from its producer, for numpy."""
+
+    def __init__(self, capsule, device):
+        self.capsule, self.device = capsule, device
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return self.device
+
+
+def _from_dlpack(obj) -> np.ndarray:
+    """A CPU DLPack object as a numpy view of its memory.  Some producers
+    tie the tensor's description to the capsule object rather than to
+    the tensor's deleter; the view keeps the capsule alive until numpy's
+    array (whose deleter reads that description) is gone."""
+    device = obj.__dlpack_device__()
+    legacy = False
+    try:
+        capsule = obj.__dlpack__(max_version=(1, 0))
+    except TypeError:  # a producer of DLPack before 1.0
+        capsule, legacy = obj.__dlpack__(), True
+    try:
+        array = np.from_dlpack(_Exported(capsule, device))
+    except (RuntimeError, BufferError, TypeError):  # a dtype numpy does not import
+        return _dlpack_raw(capsule, legacy)
+    interface = dict(array.__array_interface__)
+    if legacy:  # before 1.0 DLPack had no read-only flag: writeable, as MPI takes it
+        interface["data"] = (interface["data"][0], False)
+    # (a tuple releases its items last first: the array, then the capsule)
+    return np.asarray(_Interface((capsule, array), interface))
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+#: DLPack (type code, bits) -> numpy dtype, for the ones numpy will not import
+_DLPACK_DTYPES = {(2, 8 * np.dtype(np.longdouble).itemsize): np.dtype(np.longdouble),
+                  (5, 8 * np.dtype(np.clongdouble).itemsize): np.dtype(np.clongdouble)}
+
+
+def _dlpack_raw(capsule, legacy: bool) -> np.ndarray:
+    """A contiguous CPU DLPack tensor read directly (numpy refuses some
+    dtypes, long double among them): its elements as the matching numpy
+    dtype, else as opaque items of its size.  The capsule is not consumed:
+    the view keeps it, and its producer frees the tensor when it goes."""
+    api = ctypes.pythonapi
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    name = b"dltensor" if legacy else b"dltensor_versioned"
+    pointer = api.PyCapsule_GetPointer(capsule, name)
+    # DLManagedTensor starts with the DLTensor; the versioned one with a
+    # version, a manager context, a deleter and flags (2*4 + 8 + 8 + 8 bytes)
+    offset = 0 if legacy else 32
+    tensor = _DLTensor.from_address(pointer + offset)
+    if not legacy and ctypes.c_uint64.from_address(pointer + 24).value & 1:
+        readonly = True  # DLPACK_FLAG_BITMASK_READ_ONLY
+    else:
+        readonly = False
+    shape = [tensor.shape[i] for i in range(tensor.ndim)]
+    count = int(np.prod(shape)) if shape else 1
+    itemsize = tensor.dtype.bits * tensor.dtype.lanes // 8
+    if tensor.strides and tensor.ndim:
+        expected, strides = 1, [tensor.strides[i] for i in range(tensor.ndim)]
+        for extent, stride in zip(reversed(shape), reversed(strides)):
+            if extent > 1 and stride != expected:
+                raise TypeError("a strided DLPack tensor of a dtype numpy cannot import")
+            expected *= extent
+    dtype = _DLPACK_DTYPES.get((tensor.dtype.code, tensor.dtype.bits * tensor.dtype.lanes),
+                               np.dtype((np.void, itemsize)))
+    interface = {"version": 3, "shape": (count,), "typestr": dtype.str,
+                 "data": ((tensor.data or 0) + tensor.byte_offset, readonly)}
+    if dtype.kind == "V":
+        interface["descr"] = dtype.descr
+    return np.asarray(_Interface(capsule, interface))
 
 
 def _host_view(obj) -> np.ndarray:

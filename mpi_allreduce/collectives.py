@@ -20,7 +20,8 @@ from mpi4py import MPI
 
 from .algorithms.ring import build_allgather, build_reduce_scatter
 from .api import DEFAULT_SEGMENT_BYTES, _check_enabled, agree, setup
-from .backend import as_array, backend_for
+from .backend import backend_for
+from .buffers import in_place, message
 from .config import environment, on_refresh
 from .context import context_for
 from .executor import Plan
@@ -45,7 +46,14 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
     size, rank = comm.Get_size(), comm.Get_rank()
 
     def validate():
-        send, recv = _buffers(sendbuf, recvbuf)
+        if not op.commutative:
+            raise ValueError(f"reduce_scatter runs the ring, which needs a commutative op; "
+                             f"{op.name!r} is not (allreduce it with an algorithm that keeps "
+                             "rank order and take this rank's block)")
+        send, recv = _buffers(sendbuf, recvbuf, op)
+        datatype = next((m.datatype for m in (recv, send) if m is not None and m.datatype),
+                        None)
+        send, recv = _arrays(send, recv)
         in_place = send is None
         full = recv if in_place else send
         blocks = _counts(counts, size, full.size,
@@ -57,12 +65,14 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
                              f"{blocks[rank]}")
         _check_pair(send, recv)
         check_dtype(recv.dtype, op)
-        return send, recv, blocks
+        if backend_for(recv).device and not op.device:
+            raise TypeError(f"op {op.name!r} runs on host memory only")
+        return send, recv, blocks, datatype
 
-    send, recv, blocks = _validated(validate, comm, check, "reduce_scatter",
-                                    lambda v: {"counts": v[2], "dtype": v[1].dtype.str,
-                                               "op": op.name})
-    return _run(comm, "reduce_scatter", send, recv, blocks, op, segment_size)
+    send, recv, blocks, datatype = _validated(
+        validate, comm, check, "reduce_scatter",
+        lambda v: {"counts": v[2], "dtype": v[1].dtype.str, "op": op.name})
+    return _run(comm, "reduce_scatter", send, recv, blocks, op, segment_size, datatype)
 
 
 def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
@@ -79,7 +89,7 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
     size, rank = comm.Get_size(), comm.Get_rank()
 
     def validate():
-        send, recv = _buffers(sendbuf, recvbuf)
+        send, recv = _arrays(*_buffers(sendbuf, recvbuf))
         in_place = send is None
         if recv is None:
             total = send.size * size if counts is None else sum(counts)
@@ -99,16 +109,22 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
 
 # --- shared by both ---------------------------------------------------------
 
-def _buffers(sendbuf, recvbuf) -> tuple:
-    """(send array, or None in place; recv array, or None when omitted)."""
-    in_place = sendbuf is MPI.IN_PLACE or (
-        isinstance(sendbuf, MPI.BottomType) and sendbuf == MPI.IN_PLACE)
-    if in_place and recvbuf is None:
-        raise ValueError("sendbuf is MPI.IN_PLACE but no recvbuf was given")
+def _buffers(sendbuf, recvbuf, op=None) -> tuple:
+    """(send array, or None in place; recv array, or None when omitted), by
+    mpi4py's conventions (see :mod:`~mpi_allreduce.buffers`)."""
+    user = op is not None and op.reduce_local
+    if in_place(sendbuf, recvbuf):
+        if recvbuf is None:
+            raise ValueError("sendbuf is MPI.IN_PLACE but no recvbuf was given")
+        return None, message(recvbuf, user, "recvbuf")
     if sendbuf is None:
-        raise TypeError("sendbuf is None; pass an array or MPI.IN_PLACE")
-    send = None if in_place else as_array(sendbuf)
-    return send, None if recvbuf is None else as_array(recvbuf)
+        raise TypeError("sendbuf and recvbuf are both None; pass an array")
+    send = message(sendbuf, user, "sendbuf")
+    return send, None if recvbuf is None else message(recvbuf, user, "recvbuf")
+
+
+def _arrays(send, recv) -> tuple:
+    return (None if send is None else send.array), (None if recv is None else recv.array)
 
 
 def _counts(counts, size: int, total: int, block: Optional[int], what: str) -> tuple:
@@ -170,7 +186,7 @@ def _schedule(what: str, rank: int, size: int, blocks: tuple, segment: int, in_p
     return build_allgather(rank, size, blocks, segment, in_place)
 
 
-def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size):
+def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size, datatype=None):
     backend, dtype = backend_for(recv), recv.dtype
     if segment_size is None:
         segment_bytes = environment().segment_bytes or DEFAULT_SEGMENT_BYTES
@@ -184,7 +200,8 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size):
             backend.copy(recv.reshape(-1)[:send.size], send)
         return recv
     context = context_for(comm)
-    key = (what, blocks, dtype.str, op.name, backend, int(segment_size), send is None)
+    key = (what, blocks, dtype.str, op.name, backend, int(segment_size), send is None,
+           None if datatype is None else datatype.py2f())
     bound_key = key + (id(send), id(recv))
     kept = _BOUND.get(bound_key)
     if kept is not None and kept[1] is send and kept[2] is recv and kept[3] is context:
@@ -195,7 +212,7 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size):
     def build():
         schedule = _schedule(what, context.comm.Get_rank(), context.size, blocks,
                              int(segment_size), send is None)
-        return Plan(context.comm, schedule, dtype, op, backend, kind=what)
+        return Plan(context.comm, schedule, dtype, op, backend, kind=what, datatype=datatype)
     bound = context.plan(key, build).bind(send, recv)
     _BOUND[bound_key] = (bound, send, recv, context)  # holds the arrays: ids stay theirs
     while len(_BOUND) > MAX_BOUND:

@@ -372,6 +372,14 @@ class Request:
                     watchdog.describe("non-blocking call", op.plan), seconds,
                     watchdog.WATCH.calls))
 
+    # mpi4py's spellings, so code written for MPI.Request runs unchanged
+    def Wait(self, status=None) -> bool:  # noqa: N802
+        self.wait()
+        return True
+
+    def Test(self, status=None) -> bool:  # noqa: N802
+        return self.test()
+
     def _complete(self) -> None:
         op = self._op
         self._state = "complete"
@@ -406,6 +414,12 @@ class PersistentRequest(Request):
         if self._state == "freed":
             raise RequestError("start() on a freed request")
         self._begin()
+
+    def Start(self) -> None:  # noqa: N802
+        self.start()
+
+    def Free(self) -> None:  # noqa: N802
+        self.free()
 
     def free(self) -> None:
         """Release the request (not while it is active)."""

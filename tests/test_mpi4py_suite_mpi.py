@@ -1,0 +1,110 @@
+"""mpi4py's own tests of the calls ``mar.Comm`` takes over, run unchanged
+through it: ``test_cco_buf`` (Allreduce, Reduce_scatter, Reduce_scatter_block,
+Allgather, in place and not, on COMM_WORLD, COMM_SELF and their Dups),
+``test_cco_nb_buf`` (Iallreduce) and ``test_cco_pr_buf`` (Allreduce_init).
+Their array kinds (array.array, numpy, DLPack, objects with a CUDA array
+interface over host memory), typecodes (long double and its complex
+included) and message specs ``(buf, datatype)`` come from mpi4py's
+``arrayimpl``.  Only ``COMM`` is ours: a counting subclass of
+:class:`mpi_allreduce.Comm`, so the test also shows that our calls ran."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import sys
+import unittest
+from collections import Counter
+
+import pytest
+
+pytestmark = pytest.mark.mpi
+
+OURS = ("testAllreduce", "testReduceScatter", "testReduceScatterBlock", "testAllgather")
+MODULES = ("test_cco_buf", "test_cco_nb_buf", "test_cco_pr_buf")
+CALLED: Counter = Counter()
+
+
+def _suite():
+    from mpi4py import MPI
+
+    from .mpi4py_suite import suite_dir
+
+    world = MPI.COMM_WORLD
+    path = suite_dir() if world.Get_rank() == 0 else None
+    path = world.bcast(None if path is None else str(path), root=0)
+    if path is None:
+        pytest.skip("mpi4py's tests could not be fetched (offline?)")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return path
+
+
+def _counting():
+    import mpi_allreduce as mar
+
+    class Counting(mar.Comm):
+        def Allreduce(self, *a, **k):  # noqa: N802
+            CALLED["Allreduce"] += 1
+            return super().Allreduce(*a, **k)
+
+        def Iallreduce(self, *a, **k):  # noqa: N802
+            CALLED["Iallreduce"] += 1
+            return super().Iallreduce(*a, **k)
+
+        def Allreduce_init(self, *a, **k):  # noqa: N802
+            CALLED["Allreduce_init"] += 1
+            return super().Allreduce_init(*a, **k)
+
+        def Reduce_scatter(self, *a, **k):  # noqa: N802
+            CALLED["Reduce_scatter"] += 1
+            return super().Reduce_scatter(*a, **k)
+
+        def Reduce_scatter_block(self, *a, **k):  # noqa: N802
+            CALLED["Reduce_scatter_block"] += 1
+            return super().Reduce_scatter_block(*a, **k)
+
+        def Allgather(self, *a, **k):  # noqa: N802
+            CALLED["Allgather"] += 1
+            return super().Allgather(*a, **k)
+
+    return Counting
+
+
+def _cases(module):
+    """(class name, base communicator name) of the module's test classes."""
+    return [(name, "SELF" if "Self" in name else "WORLD") for name, cls in vars(module).items()
+            if isinstance(cls, type) and issubclass(cls, unittest.TestCase)
+            and name.startswith("TestCCO")]
+
+
+@pytest.mark.parametrize("module_name", MODULES)
+def test_mpi4py_tests_pass_through_comm(module_name):
+    from mpi4py import MPI
+
+    _suite()
+    module = importlib.import_module(module_name)
+    counting = _counting()
+    CALLED.clear()
+    loader, suite = unittest.TestLoader(), unittest.TestSuite()
+    for name, base in _cases(module):
+        original = getattr(module, name)
+        comm = getattr(MPI, f"COMM_{base}")
+        attrs = {"COMM": counting(comm)}
+        if "Dup" in name:  # their setUp Dups the plain communicator: Dup ours instead
+            attrs["setUp"] = lambda self, c=comm: setattr(self, "COMM", counting(c).Dup())
+            attrs["tearDown"] = lambda self: self.COMM.Free()
+        case = type(name, (original,), attrs)
+        for method in OURS:
+            if hasattr(case, method):
+                suite.addTest(case(method))
+    stream = io.StringIO()
+    result = unittest.TextTestRunner(stream=stream, verbosity=2).run(suite)
+    assert result.testsRun > 0
+    assert result.wasSuccessful(), stream.getvalue()[-6000:]
+    expected = {"test_cco_buf": ("Allreduce", "Reduce_scatter", "Reduce_scatter_block",
+                                 "Allgather"),
+                "test_cco_nb_buf": ("Iallreduce",),
+                "test_cco_pr_buf": ("Allreduce_init",)}[module_name]
+    for call in expected:
+        assert CALLED[call] > 0, f"mpi4py's tests never called Comm.{call}: {dict(CALLED)}"
