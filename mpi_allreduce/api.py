@@ -30,7 +30,7 @@ from .context import CALLS, Context, context_for
 from . import progress, watchdog
 from .executor import Plan
 from .progress import PersistentRequest, Request
-from .ops import Op, check_dtype, resolve_op
+from .ops import Op, check_dtype, dtype_label, resolve_op
 
 __all__ = ["allreduce", "iallreduce", "allreduce_init", "setup", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES", "plan_for", "choice"]
 
@@ -279,7 +279,7 @@ def plan_for(context: Context, call: _Call, name: str) -> Plan:
             inner = call.tuning.choose(count * dtype.itemsize, leaders, context.oversubscribed)
         options = (("inner", inner), ("nodes", nodes))
     datatype = call.datatype
-    key = (name, count, dtype.str, call.op.name, call.backend, call.segment_size, options,
+    key = (name, count, dtype_label(dtype), call.op.name, call.backend, call.segment_size, options,
            None if datatype is None else datatype.py2f())
 
     def build():
@@ -298,7 +298,7 @@ def _runner(context: Context, call: _Call):
             recv.nbytes < LIVE_MIN_BYTES:
         bound = plan_for(context, call, name).bind(send, recv)
         return watchdog.watched(bound.run, context, "allreduce", bound)
-    shape = (recv.size, recv.dtype.str, call.op.name, call.backend, call.segment_size)
+    shape = (recv.size, dtype_label(recv.dtype), call.op.name, call.backend, call.segment_size)
     selector = context.selectors.get(shape)
     if selector is None:
         selector = context.selectors[shape] = _selection.LiveSelector(
@@ -492,7 +492,7 @@ def _fingerprint(call: Optional[_Call]):
         return None
     return {
         "count": int(call.recv.size),
-        "dtype": call.recv.dtype.str,
+        "dtype": dtype_label(call.recv.dtype),
         "op": call.op.name,
         "algorithm": call.algorithm,
         "segment_size": call.segment_size,

@@ -108,7 +108,7 @@ def _element(datatype: MPI.Datatype, user_op: bool, what: str):
     if dtype.itemsize != extent:
         raise TypeError(f"{what}: datatype {datatype_name(datatype)} spans {extent} bytes but "
                         f"its numpy dtype {dtype} has {dtype.itemsize}")
-    if dtype.names is not None and size != extent and len(dtype.names) != 2:
+    if size != extent and not datatype.is_predefined:  # (MPI's pair types have padding)
         raise TypeError(f"{what}: datatype {datatype_name(datatype)} has gaps; pack the data "
                         "into a contiguous buffer first")
     return (datatype if user_op else None), dtype, 1

@@ -25,7 +25,7 @@ from .buffers import in_place, message
 from .config import environment, on_refresh
 from .context import context_for
 from .executor import Plan
-from .ops import check_dtype, resolve_op
+from .ops import check_dtype, dtype_label, resolve_op
 
 __all__ = ["reduce_scatter", "allgather"]
 
@@ -71,7 +71,7 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
 
     send, recv, blocks, datatype = _validated(
         validate, comm, check, "reduce_scatter",
-        lambda v: {"counts": v[2], "dtype": v[1].dtype.str, "op": op.name})
+        lambda v: {"counts": v[2], "dtype": dtype_label(v[1].dtype), "op": op.name})
     return _run(comm, "reduce_scatter", send, recv, blocks, op, segment_size, datatype)
 
 
@@ -103,7 +103,7 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
         return send, recv, blocks
 
     send, recv, blocks = _validated(validate, comm, check, "allgather",
-                                    lambda v: {"counts": v[2], "dtype": v[1].dtype.str})
+                                    lambda v: {"counts": v[2], "dtype": dtype_label(v[1].dtype)})
     return _run(comm, "allgather", send, recv, blocks, resolve_op(MPI.SUM), segment_size)
 
 
@@ -200,7 +200,7 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size, datatype=
             backend.copy(recv.reshape(-1)[:send.size], send)
         return recv
     context = context_for(comm)
-    key = (what, blocks, dtype.str, op.name, backend, int(segment_size), send is None,
+    key = (what, blocks, dtype_label(dtype), op.name, backend, int(segment_size), send is None,
            None if datatype is None else datatype.py2f())
     bound_key = key + (id(send), id(recv))
     kept = _BOUND.get(bound_key)

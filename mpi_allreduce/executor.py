@@ -44,7 +44,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .backend import Backend
-from .ops import Op, reduce_step
+from .ops import Op, dtype_label, reduce_step
 from .schedule import Recv, Reduce, Schedule, Send
 
 __all__ = ["Plan", "Bound", "Stage", "wire_type", "element_type", "tag_space", "fingerprint"]
@@ -85,7 +85,7 @@ def element_type(dtype: np.dtype) -> MPI.Datatype:
 
 def fingerprint(kind: str, schedule: Schedule, dtype: np.dtype, op: Op) -> int:
     """A 32-bit digest of what every rank of a call must agree on."""
-    text = f"{kind}/{schedule.algorithm}/{schedule.size}/{schedule.count}/{dtype.str}/{op.name}"
+    text = f"{kind}/{schedule.algorithm}/{schedule.size}/{schedule.count}/{dtype_label(dtype)}/{op.name}"
     return zlib.crc32(text.encode())
 
 

@@ -25,6 +25,7 @@ from mpi4py import MPI
 
 from .api import allreduce_init, iallreduce
 from .backend import as_array, backend_for
+from .ops import dtype_label
 
 __all__ = ["Fusion", "bucket_bounds", "DEFAULT_BUCKET_BYTES"]
 
@@ -94,7 +95,7 @@ class Fusion:
         array = as_array(array)
         if not backend_for(array).is_writeable(array):
             raise ValueError("fused arrays are reduced in place: this one is read-only")
-        key = (array.dtype.str, backend_for(array))
+        key = (dtype_label(array.dtype), backend_for(array))
         bucket = self._open.get(key)
         if bucket is not None and bucket.nbytes + array.nbytes > self.bucket_bytes:
             self._start(key)

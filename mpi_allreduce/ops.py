@@ -29,7 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 __all__ = ["Op", "resolve_op", "OPS", "SUPPORTED_DTYPES", "check_dtype", "user_op",
-           "dtype_kind", "reduce_step"]
+           "dtype_kind", "dtype_label", "reduce_step"]
 
 _INTEGER = "integer"
 _FLOAT = "float"
@@ -50,6 +50,16 @@ SUPPORTED_DTYPES: tuple[str, ...] = tuple(dict.fromkeys((
     "complex64", "complex128", np.dtype(np.clongdouble).name,
     "bool",
 )))
+
+
+def dtype_label(dtype: np.dtype) -> str:
+    """A dtype's name for keys and fingerprints: ``dtype.str`` ('<f4'),
+    which is the same ('|V8') for every 8-byte structured or extension
+    type, so those are told apart by their fields or their name."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "V":
+        return dtype.str
+    return repr(dtype.descr) if dtype.names is not None else f"{dtype.name}:{dtype.str}"
 
 
 def dtype_kind(dtype: np.dtype) -> str:

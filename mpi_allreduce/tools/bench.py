@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 from .. import ALGORITHMS, allreduce
 from ..backend import backend_for, to_device, to_host
-from ..ops import resolve_op
+from ..ops import dtype_label, resolve_op
 from ..context import context_for
 from ..executor import wire_type
 from ..selection import choose
@@ -175,14 +175,14 @@ def scratch_of(comm, algorithm, count, dtype) -> Optional[int]:
         algorithm = auto_ran(comm, count, dtype)
     context = context_for(comm)
     most = max((plan.scratch_bytes for key, plan in context.plans.items()
-                if key[0] == algorithm and key[1] == count and key[2] == dtype.str), default=0)
+                if key[0] == algorithm and key[1] == count and key[2] == dtype_label(dtype)), default=0)
     return comm.allreduce(most, op=MPI.MAX)
 
 
 def _selector(comm, count, dtype):
     """``auto``'s live selector for ``count`` elements, if it has one."""
     for shape, selector in context_for(comm).selectors.items():
-        if shape[0] == count and shape[1] == dtype.str:
+        if shape[0] == count and shape[1] == dtype_label(dtype):
             return selector
     return None
 

@@ -1,0 +1,304 @@
+"""Every buffer kind mpi4py takes, the extra dtypes and the user-defined
+and non-commutative ops, each compared with ``MPI.Allreduce`` of the same
+data (MPI's own user ops where it can run them), on every kind of
+sub-communicator; and every refusal the same exception on every rank."""
+
+from __future__ import annotations
+
+import array
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from mpi4py.util import dtlib
+
+import mpi_allreduce as mar
+from mpi_allreduce import registry
+
+pytestmark = pytest.mark.mpi
+
+#: the algorithms that combine in rank order, plus the ring (commutative ops only)
+ORDERED = list(registry.ORDERED)
+SOME = ["auto", "ring", "recursive_doubling", "rabenseifner", "tree"]
+
+
+def vendor(comm, data, op=MPI.SUM, datatype=None):
+    out = np.empty_like(data)
+    if datatype is None:
+        comm.Allreduce(data, out, op)
+    else:
+        comm.Allreduce([data, datatype], [out, datatype], op)
+    return out
+
+
+def data_of(comm, count, dtype=np.float64, salt=0):
+    rng = np.random.default_rng([comm.Get_rank(), count, salt])
+    return rng.integers(-50, 50, count).astype(dtype)
+
+
+# --- buffers ------------------------------------------------------------------
+
+class DLPackOnly:
+    """A producer of DLPack only (as a torch CPU tensor or a JAX array is)."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+def _buffer_kinds(values: np.ndarray):
+    """(label, the object passed, a function reading the object's values)."""
+    d = values.astype(np.float64)
+    i = values.astype(np.int32)
+    arr = array.array("d", d.tolist())
+    raw = bytearray(i.tobytes())
+    dl = d.copy()
+    padded = np.zeros(d.size + 3)
+    padded[2:2 + d.size] = d
+    return [
+        ("array.array", arr, lambda: np.asarray(arr)),
+        ("bytearray+INT", [raw, MPI.INT], lambda: np.frombuffer(raw, np.int32)),
+        ("memoryview", memoryview(dl), lambda: dl),
+        ("dlpack", DLPackOnly(dl), lambda: dl),
+        ("spec-count", [padded, d.size + 2, MPI.DOUBLE], lambda: padded[:d.size + 2]),
+        ("spec-count-displ", [padded, d.size, 2, MPI.DOUBLE], lambda: padded[2:2 + d.size]),
+        ("spec-tuple-displ", (padded, (d.size, 2), MPI.DOUBLE), lambda: padded[2:2 + d.size]),
+        ("matrix", np.asmatrix(d.reshape(1, -1)), None),
+    ]
+
+
+@pytest.mark.parametrize("algorithm", SOME)
+def test_buffer_kinds(comm, algorithm):
+    """Send and receive buffers of each kind; the result lands in the
+    caller's receive object, equal to MPI.Allreduce of the same values."""
+    count = 2 * comm.Get_size() + 3
+    for label, send, read in _buffer_kinds(data_of(comm, count)):
+        recv_kinds = _buffer_kinds(np.zeros(count))
+        _, recv, read_recv = next(k for k in recv_kinds if k[0] == label)
+        expected_in = (read or (lambda: np.asarray(send)))().copy()
+        mar.allreduce(send, recv, comm=comm, algorithm=algorithm)
+        got = (read_recv or (lambda: np.asarray(recv)))()
+        np.testing.assert_array_equal(got.reshape(-1), vendor(comm, expected_in).reshape(-1),
+                                      err_msg=label)
+
+
+@pytest.mark.parametrize("spelling", ["IN_PLACE", "None", "same object"])
+def test_in_place_spellings(comm, spelling):
+    """mpi4py's three ways of saying in place, on a buffer and on a spec."""
+    data = data_of(comm, 11)
+    for wrap in (lambda a: a, lambda a: [a, MPI.DOUBLE]):
+        buf = data.copy()
+        recv = wrap(buf)
+        send = {"IN_PLACE": MPI.IN_PLACE, "None": None, "same object": recv}[spelling]
+        mar.allreduce(send, recv, comm=comm)
+        np.testing.assert_array_equal(buf, vendor(comm, data))
+
+
+def test_overlapping_but_different_buffers_are_refused(comm):
+    buf = np.arange(10.0)
+    with pytest.raises(ValueError, match="overlap"):
+        mar.allreduce(buf[:8], buf[2:], comm=comm)
+
+
+# --- dtypes -------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,datatype", [(np.longdouble, MPI.LONG_DOUBLE),
+                                            (np.clongdouble, MPI.C_LONG_DOUBLE_COMPLEX)],
+                         ids=["longdouble", "clongdouble"])
+@pytest.mark.parametrize("algorithm", SOME)
+def test_long_double(comm, algorithm, dtype, datatype):
+    data = data_of(comm, 3 * comm.Get_size() + 1, dtype) / 3
+    np.testing.assert_array_equal(mar.allreduce(data, comm=comm, algorithm=algorithm),
+                                  vendor(comm, data, MPI.SUM, datatype)
+                                  if algorithm in registry.ORDERED or comm.Get_size() < 3
+                                  else mar.allreduce(data, comm=comm, algorithm=algorithm))
+    exact = data_of(comm, 7, dtype)  # small integers: exact in any order
+    np.testing.assert_array_equal(mar.allreduce(exact, comm=comm, algorithm=algorithm),
+                                  vendor(comm, exact, MPI.SUM, datatype))
+
+
+@pytest.mark.parametrize("algorithm", SOME)
+def test_bfloat16(comm, algorithm):
+    """bfloat16 (ml_dtypes) travels as raw bytes and is reduced by numpy;
+    small integers sum exactly, so it equals MPI's float32 sum rounded."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    data = data_of(comm, 2 * comm.Get_size() + 5, np.float32)
+    got = mar.allreduce(data.astype(ml_dtypes.bfloat16), comm=comm, algorithm=algorithm)
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(got.astype(np.float32), vendor(comm, data))
+
+
+PAIRS = {"DOUBLE_INT": MPI.DOUBLE_INT, "FLOAT_INT": MPI.FLOAT_INT, "LONG_INT": MPI.LONG_INT,
+         "2INT": MPI.TWOINT, "SHORT_INT": MPI.SHORT_INT}
+
+
+@pytest.mark.parametrize("op", ["MAXLOC", "MINLOC"])
+@pytest.mark.parametrize("pair", list(PAIRS))
+@pytest.mark.parametrize("algorithm", SOME)
+def test_pair_types(comm, algorithm, pair, op):
+    """Value and index pairs, with ties (the smaller index wins), as a
+    structured array and as a spec [buf, MPI.DOUBLE_INT]; equal to MPI's."""
+    datatype, mpi_op = PAIRS[pair], getattr(MPI, op)
+    dtype = np.dtype(dtlib.to_numpy_dtype(datatype))
+    count = 2 * comm.Get_size() + 3
+    data = np.zeros(count, dtype)
+    value, index = dtype.names
+    data[value] = data_of(comm, count, np.int64) % 4  # few values: many ties
+    data[index] = (comm.Get_rank() * 7) % 5 + np.arange(count)
+    expected = vendor(comm, data, mpi_op, datatype)
+    got = mar.allreduce(data, op=mpi_op, comm=comm, algorithm=algorithm)
+    assert got.tobytes() == expected.tobytes() or (
+        np.array_equal(got[value], expected[value]) and np.array_equal(got[index], expected[index]))
+    spec_out = np.zeros_like(data)
+    mar.allreduce([data, datatype], [spec_out, datatype], op, comm=comm, algorithm=algorithm)
+    np.testing.assert_array_equal(spec_out[index], expected[index])
+
+
+# --- user-defined and non-commutative ops ---------------------------------------
+
+K = 1 << 20
+
+
+def interval(first, second):
+    """[a, b] OP [c, d] = [a, d] if c == b + 1, else -1: associative, not
+    commutative; the reduction of [r, r] is [0, p-1] in rank order only."""
+    a, b = np.divmod(first, K)
+    c, d = np.divmod(second, K)
+    ok = (first >= 0) & (second >= 0) & (c == b + 1)
+    return np.where(ok, a * K + d, -1)
+
+
+def _interval_mpi(inbuf, inoutbuf, datatype):
+    a = np.frombuffer(inbuf, np.int64)
+    b = np.frombuffer(inoutbuf, np.int64)
+    b[...] = interval(a, b)
+
+
+def _matmul_mpi(inbuf, inoutbuf, datatype):
+    """2x2 integer matrices, inout = in @ inout (mod a prime), as MPICH's allred3."""
+    a = np.frombuffer(inbuf, np.int64).reshape(-1, 2, 2)
+    b = np.frombuffer(inoutbuf, np.int64).reshape(-1, 2, 2)
+    b[...] = np.einsum("kij,kjl->kil", a, b) % 1000003
+
+
+@pytest.fixture(scope="module")
+def user_ops():
+    ops = {"interval": MPI.Op.Create(_interval_mpi, commute=False),
+           "matmul": MPI.Op.Create(_matmul_mpi, commute=False),
+           "sum": MPI.Op.Create(lambda i, io, t: np.add(np.frombuffer(i, np.float64),
+                                                         np.frombuffer(io, np.float64),
+                                                         out=np.frombuffer(io, np.float64)),
+                                commute=True)}
+    yield ops
+    for op in ops.values():
+        op.Free()
+
+
+@pytest.mark.parametrize("algorithm", ["auto"] + ORDERED)
+def test_noncommutative_ops_give_mpis_rank_ordered_result(comm, algorithm, user_ops):
+    p, count = comm.Get_size(), 3 * comm.Get_size() + 2
+    mine = np.full(count, comm.Get_rank() * (K + 1), np.int64)
+    expected = vendor(comm, mine, user_ops["interval"])
+    assert (expected == p - 1).all()  # MPI's own answer: [0, p-1]
+    np.testing.assert_array_equal(
+        mar.allreduce(mine, op=user_ops["interval"], comm=comm, algorithm=algorithm), expected)
+    np.testing.assert_array_equal(
+        mar.allreduce(mine, op=interval, comm=comm, algorithm=algorithm, segment_size=3),
+        expected)
+    np.testing.assert_array_equal(
+        mar.allreduce(mine, op=mar.user_op(interval), comm=comm, algorithm=algorithm), expected)
+
+
+@pytest.mark.parametrize("algorithm", ["auto"] + ORDERED)
+def test_matrix_product_over_a_derived_datatype(comm, algorithm, user_ops):
+    """MPICH allred3-style: a contiguous datatype of 4 longs is one 2x2 matrix,
+    the op a non-commutative product; each matrix stays whole."""
+    rank, count = comm.Get_rank(), 2 * comm.Get_size() + 1
+    matrix = MPI.INT64_T.Create_contiguous(4).Commit()
+    try:
+        mine = np.zeros((count, 2, 2), np.int64)
+        mine[:, 0, 0], mine[:, 0, 1] = 1, rank + np.arange(count)
+        mine[:, 1, 0], mine[:, 1, 1] = (rank * 3 + 1) % 7, 1
+        expected = np.empty_like(mine)
+        comm.Allreduce([mine, count, matrix], [expected, count, matrix], user_ops["matmul"])
+        got = np.zeros_like(mine)
+        mar.allreduce([mine, count, matrix], [got, count, matrix], user_ops["matmul"],
+                      comm=comm, algorithm=algorithm, segment_size=2)
+        np.testing.assert_array_equal(got, expected)
+    finally:
+        matrix.Free()
+
+
+def test_a_commutative_user_op_runs_everywhere(comm, user_ops):
+    data = data_of(comm, 2 * comm.Get_size() + 3)
+    for algorithm in ("ring", "ring_pipelined", "hierarchical"):
+        np.testing.assert_array_equal(
+            mar.allreduce(data, op=user_ops["sum"], comm=comm, algorithm=algorithm),
+            vendor(comm, data))
+
+
+def test_auto_keeps_rank_order_for_long_vectors(comm, user_ops):
+    """2 MiB: the table's ring would swap operands; auto takes an ordered one."""
+    count = (2 << 20) // 8
+    mine = np.full(count, comm.Get_rank() * (K + 1), np.int64)
+    got = mar.allreduce(mine, op=interval, comm=comm)
+    assert (got == comm.Get_size() - 1).all()
+
+
+# --- refusals: the same exception on every rank --------------------------------
+
+@pytest.mark.parametrize("case", ["ring+noncommutative", "hierarchical+noncommutative",
+                                  "pair op on floats", "sum on pairs", "gappy datatype",
+                                  "spec too long", "one-sided op"])
+def test_refusals_on_every_rank(comm, case, user_ops):
+    x = np.arange(6.0)
+    pairs = np.zeros(3, dtlib.to_numpy_dtype(MPI.DOUBLE_INT))
+    vector = MPI.DOUBLE.Create_vector(2, 1, 2).Commit()
+    calls = {
+        "ring+noncommutative": (ValueError, "needs a commutative op",
+                                lambda: mar.allreduce(x, op=interval, comm=comm, algorithm="ring")),
+        "hierarchical+noncommutative": (ValueError, "needs a commutative op",
+                                        lambda: mar.allreduce(x, op=user_ops["interval"],
+                                                              comm=comm, algorithm="hierarchical")),
+        "pair op on floats": (TypeError, "maxloc", lambda: mar.allreduce(x, op=MPI.MAXLOC,
+                                                                         comm=comm)),
+        "sum on pairs": (TypeError, "pair type", lambda: mar.allreduce(pairs, comm=comm)),
+        "gappy datatype": (TypeError, "gaps|start", lambda: mar.allreduce([x, 2, vector],
+                                                                          comm=comm)),
+        "spec too long": (ValueError, "do not fit", lambda: mar.allreduce([x, 7, MPI.DOUBLE],
+                                                                          comm=comm)),
+        "one-sided op": (ValueError, "one-sided", lambda: mar.allreduce(x, op=MPI.REPLACE,
+                                                                       comm=comm)),
+    }
+    kind, message, call = calls[case]
+    try:
+        with pytest.raises(kind, match=message):
+            call()
+    finally:
+        vector.Free()
+    comm.Barrier()  # nobody is left inside a call
+
+
+# --- the drop-in communicator ---------------------------------------------------
+
+def test_comm_wraps_and_keeps_its_options(comm):
+    wrapped = mar.Comm(comm, algorithm="tree", segment_size=4)
+    assert isinstance(wrapped, MPI.Intracomm) and wrapped == comm
+    for made in (wrapped.Dup(), wrapped.Split(0, comm.Get_rank())):
+        assert isinstance(made, mar.Comm)
+        assert (made.algorithm, made.options) == ("tree", {"segment_size": 4})
+        data = data_of(comm, 9)
+        out = np.empty_like(data)
+        made.Allreduce(data, out, MPI.SUM)
+        np.testing.assert_array_equal(out, vendor(comm, data))
+        request = made.Iallreduce(data, out, MPI.MAX)
+        assert request.Wait() is True
+        np.testing.assert_array_equal(out, vendor(comm, data, MPI.MAX))
+        made.Free()
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        mar.Comm(comm, algorithm="fastest")
