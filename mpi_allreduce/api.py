@@ -80,6 +80,7 @@ def allreduce(
     inner: Optional[str] = None,
     tuning=None,
     selection: Optional[str] = None,
+    reproducible: Optional[bool] = None,
 ):
     """All-reduce ``sendbuf`` over ``comm`` into ``recvbuf`` and return ``recvbuf``.
 
@@ -123,13 +124,25 @@ def allreduce(
         or ``"live"`` (also time candidates on live calls, see
         :class:`~mpi_allreduce.selection.LiveSelector`).  Default:
         ``MPI_ALLREDUCE_SELECTION``, else ``"table"``.
+    reproducible : bool, optional
+        Sums (``sum``, ``avg``) of floats and complex numbers that are
+        bit-identical whatever the algorithm, the order of combination, the
+        segment size and which rank holds which vector (see
+        :mod:`~mpi_allreduce.reproducible` for the method, its error bound
+        and cost).  Ops that are exact anyway (integers, min, max, the
+        logical and bitwise ops) run as usual; a float ``prod`` or a
+        user-defined op is refused.
     """
+    if reproducible:
+        return _reproducible(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
+                             ranks_per_node, inner, tuning, selection)
     kept = CALLS.get(id(recvbuf))  # a repeat with the very same objects (see _Remembered)
     if (kept is not None and kept.send == id(sendbuf) and kept.op is op and kept.comm is comm
             and kept.algorithm == algorithm and recvbuf.dtype is kept.dtype
             and (kept.in_place or sendbuf.dtype is kept.dtype)
             and (kept.extra is None
-                 and check is segment_size is ranks_per_node is inner is tuning is selection is None
+                 and check is segment_size is ranks_per_node is inner is tuning is selection
+                 is reproducible is None
                  or kept.extra == (check, segment_size, ranks_per_node, inner, tuning, selection))):
         try:
             kept.run()
@@ -159,6 +172,38 @@ def allreduce(
         run()
     except Exception as exc:  # noqa: BLE001 - after messages started
         failed(comm, exc, call.algorithm)
+    return call.recv
+
+
+def _reproducible(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_per_node,
+                  inner, tuning, selection):
+    """``allreduce(..., reproducible=True)``: see :mod:`~mpi_allreduce.reproducible`."""
+    call, _ = _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
+                     ranks_per_node, inner, tuning, selection)
+    options = dict(comm=comm, algorithm=algorithm, check=check, ranks_per_node=ranks_per_node,
+                   inner=inner, tuning=tuning, selection=selection)
+    floating = call.recv.dtype.kind in "fc" or call.recv.dtype.name == "bfloat16"
+    if not floating or call.op.name in ("min", "max"):  # exact in any order already
+        return allreduce(sendbuf, recvbuf, op, segment_size=segment_size, **options)
+    if call.op.name not in ("sum", "avg"):
+        raise ValueError(f"reproducible=True covers sum and avg of floats; {call.op.name!r} "
+                         f"on {call.recv.dtype} depends on the order of combination")
+    if call.recv.dtype.itemsize > 8 * (2 if call.recv.dtype.kind == "c" else 1):
+        raise TypeError(f"reproducible sums take float16, bfloat16, float32 and float64 "
+                        f"(and their complex), not {call.recv.dtype}")
+    if call.recv.size == 0 or comm.Get_size() == 1:
+        return allreduce(sendbuf, recvbuf, op, segment_size=segment_size, **options)
+
+    def run(buffer, name):
+        return allreduce(buffer, None, name, **options)
+
+    from . import reproducible
+    try:
+        reproducible.allreduce(call.send, call.recv, comm, call.backend, run)
+        if call.op.finalize is not None:
+            call.backend.ufunc(call.op.finalize)(call.recv, comm.Get_size(), out=call.recv)
+    except Exception as exc:  # noqa: BLE001 - after messages started
+        failed(comm, exc, "reproducible sum")
     return call.recv
 
 

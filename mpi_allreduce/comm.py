@@ -32,7 +32,8 @@ from .buffers import in_place, message
 __all__ = ["Comm"]
 
 #: the keyword arguments of allreduce() a Comm passes on
-_OPTIONS = ("check", "segment_size", "ranks_per_node", "inner", "tuning", "selection")
+_OPTIONS = ("check", "segment_size", "ranks_per_node", "inner", "tuning", "selection",
+            "reproducible")
 #: the subset the non-blocking and persistent calls take
 _REQUEST_OPTIONS = ("check", "segment_size", "ranks_per_node", "inner", "tuning")
 
@@ -43,7 +44,7 @@ class Comm(MPI.Intracomm):
     ``Comm(comm, algorithm="auto", **options)``: ``options`` are
     :func:`~mpi_allreduce.allreduce`'s keyword arguments (``check``,
     ``segment_size``, ``ranks_per_node``, ``inner``, ``tuning``,
-    ``selection``).  ``Comm()`` is the null communicator, as
+    ``selection``, ``reproducible`` -- the last for ``Allreduce`` only).  ``Comm()`` is the null communicator, as
     ``MPI.Intracomm()`` is."""
 
     def __new__(cls, comm=None, algorithm: str = "auto", **options):

@@ -302,3 +302,75 @@ def test_comm_wraps_and_keeps_its_options(comm):
         made.Free()
     with pytest.raises(ValueError, match="unknown algorithm"):
         mar.Comm(comm, algorithm="fastest")
+
+
+# --- reproducible sums ------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "complex128", "bfloat16"])
+def test_reproducible_sum_is_the_same_bits_everywhere(comm, dtype):
+    """Every algorithm, two segment sizes, in place or not, and the ranks'
+    vectors handed out in reverse: one set of bytes, on every rank."""
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    p, rank, count = comm.Get_size(), comm.Get_rank(), 4 * comm.Get_size() + 7
+
+    def vector(r):
+        rng = np.random.default_rng([r, 11])
+        x = rng.normal(size=count) * 10.0 ** rng.integers(-8, 8, count)
+        if np.dtype(dtype).kind == "c":
+            x = x + 1j * rng.normal(size=count)
+        return x.astype(dtype)
+
+    results = set()
+    for algorithm in ["auto"] + [a for a in registry.ALGORITHMS if a != "hierarchical"] \
+            + ["hierarchical"]:
+        for segment_size, owner, in_place in ((None, rank, False), (3, p - 1 - rank, True)):
+            buf = vector(owner)
+            if in_place:
+                mar.allreduce(MPI.IN_PLACE, buf, comm=comm, algorithm=algorithm,
+                              segment_size=segment_size, reproducible=True)
+                out = buf
+            else:
+                out = mar.allreduce(buf, comm=comm, algorithm=algorithm,
+                                    segment_size=segment_size, reproducible=True)
+            results.add(out.tobytes())
+    assert len(results) == 1
+    everyone = comm.allgather(results.pop())
+    assert len(set(everyone)) == 1
+    # and it is the sum: close to MPI's (within a few units of the type's precision)
+    plain = vector(rank).astype(np.complex128 if np.dtype(dtype).kind == "c" else np.float64)
+    total = vendor(comm, plain)
+    got = np.frombuffer(everyone[0], dtype).astype(total.dtype)
+    scale = vendor(comm, np.abs(plain), MPI.MAX) * p
+    eps = np.finfo(np.float32 if np.dtype(dtype).itemsize <= 4 else np.float64).eps \
+        if np.dtype(dtype).name != "bfloat16" else 2.0 ** -7
+    assert (np.abs(got - total) <= 4 * eps * scale).all()
+
+
+def test_reproducible_avg_and_the_ops_that_are_exact_anyway(comm):
+    x = data_of(comm, 9) / 7
+    avg = mar.allreduce(x, op="avg", comm=comm, reproducible=True)
+    total = mar.allreduce(x, comm=comm, reproducible=True)
+    np.testing.assert_array_equal(avg, total / comm.Get_size())
+    ints = data_of(comm, 9, np.int64)
+    np.testing.assert_array_equal(mar.allreduce(ints, comm=comm, reproducible=True),
+                                  vendor(comm, ints))
+    np.testing.assert_array_equal(mar.allreduce(x, op="max", comm=comm, reproducible=True),
+                                  vendor(comm, x, MPI.MAX))
+
+
+@pytest.mark.parametrize("case", ["prod", "user op", "long double"])
+def test_reproducible_refusals(comm, case, user_ops):
+    x = np.arange(5.0)
+    kind, message, call = {
+        "prod": (ValueError, "covers sum and avg",
+                 lambda: mar.allreduce(x, op="prod", comm=comm, reproducible=True)),
+        "user op": (ValueError, "covers sum and avg",
+                    lambda: mar.allreduce(x, op=user_ops["sum"], comm=comm, reproducible=True)),
+        "long double": (TypeError, "not float128|not float96",
+                        lambda: mar.allreduce(x.astype(np.longdouble), comm=comm,
+                                              reproducible=True)),
+    }[case]
+    with pytest.raises(kind, match=message):
+        call()
+    comm.Barrier()
