@@ -194,12 +194,15 @@ def _reproducible(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ra
     if call.recv.size == 0 or comm.Get_size() == 1:
         return allreduce(sendbuf, recvbuf, op, segment_size=segment_size, **options)
 
-    def run(buffer, name):
-        return allreduce(buffer, None, name, **options)
+    def bind(send, recv, name):
+        inner_call, _ = _setup(send, recv, name, comm, algorithm, check, None, ranks_per_node,
+                               inner, tuning, selection)
+        return _runner(context_for(comm), inner_call)
 
     from . import reproducible
     try:
-        reproducible.allreduce(call.send, call.recv, comm, call.backend, run)
+        reproducible.allreduce(call.send, call.recv, comm, call.backend, bind,
+                               (algorithm, ranks_per_node, inner, id(tuning), selection))
         if call.op.finalize is not None:
             call.backend.ufunc(call.op.finalize)(call.recv, comm.Get_size(), out=call.recv)
     except Exception as exc:  # noqa: BLE001 - after messages started
@@ -434,7 +437,8 @@ def _remember(context: Context, run, sendbuf, recvbuf, op, comm, algorithm,
             context.forget(key, entry)
 
     try:
-        buffers = (recvbuf,) if call.send is None else (sendbuf, recvbuf)
+        # (in the order of ``ours``: see _refcounts)
+        buffers = (recvbuf,) if call.send is None else (recvbuf, sendbuf)
         kept.refs = [weakref.ref(b, forget) for b in buffers]
     except TypeError:  # an array type without weak references
         return

@@ -21,8 +21,8 @@ reproducible floating-point summation", 2013):
    addition is exact and associative (``|sum| <= p 2^W < 2^63`` for
    ``p <= 2^20`` ranks), so every algorithm and order gives the same
    integers.
-4. *Assembly.*  The integers are carried into normal form and turned
-   into the float the same way on every rank.
+4. *Assembly.*  Each slice sum is scaled to its place and added from the
+   top, the same operations on every rank.
 
 The result therefore depends only on the multiset of the ranks' vectors.
 Error bound, per element (``M_i = max_r |x_{r,i}|``, ``u`` the unit
@@ -41,9 +41,13 @@ few passes over the vector (``benchmarks/reproducible.py``).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
-__all__ = ["exponents", "slices", "assemble", "slices_for", "W", "MAX_RANKS", "allreduce"]
+from .config import on_refresh
+
+__all__ = ["Scratch", "exponents", "slices", "assemble", "slices_for", "W", "MAX_RANKS", "allreduce"]
 
 #: bits per slice
 W = 40
@@ -62,77 +66,150 @@ def slices_for(dtype: np.dtype) -> int:
     return 2 if np.dtype(dtype).itemsize >= 8 else 1
 
 
-def exponents(x, xp=np):
+class Scratch:
+    """Temporaries of ``n`` elements, allocated once: fresh large arrays
+    cost page faults on every call, which is most of a pass here."""
+
+    def __init__(self, n: int, xp=np):
+        self.f, self.g = xp.empty(n, np.float64), xp.empty(n, np.float64)
+        self.i = xp.empty(n, np.int32)
+        self.xp = xp
+
+
+def exponents(x, out=None, tmp: Scratch = None):
     """int16 ``e`` with ``|x| < 2^e`` per element (``EMIN`` for 0,
     ``ENONFINITE`` for inf and nan); ``x`` float64."""
+    tmp = tmp or Scratch(x.shape[0])
+    xp = tmp.xp
+    xp.frexp(x, tmp.f, tmp.i)
+    e = tmp.i
+    xp.copyto(e, EMIN, where=(x == 0))
     finite = xp.isfinite(x)
-    _, e = xp.frexp(xp.where(finite, x, 0.0))
-    e = xp.where(x == 0, EMIN, e)
-    return xp.where(finite, e, ENONFINITE).astype(np.int16)
+    if not bool(finite.all()):
+        xp.copyto(e, ENONFINITE, where=~finite)
+    out = xp.empty(x.shape[0], np.int16) if out is None else out
+    out[...] = e
+    return out
 
 
-def slices(x, e, count: int, xp=np):
+def slices(x, e, count: int, out=None, tmp: Scratch = None):
     """``x`` (float64) pre-rounded on the grid of ``e``: int64 of shape
     ``(count, n)``; elements whose shared exponent is ``ENONFINITE`` carry
     their non-finite counts in slice 0 instead."""
-    e = e.astype(np.int32)
-    nonfinite = e == ENONFINITE
-    y = xp.ldexp(xp.where(nonfinite, 0.0, x), xp.where(nonfinite, 0, W - e))
-    out = xp.empty((count, x.shape[0]), np.int64)
+    tmp = tmp or Scratch(x.shape[0])
+    xp = tmp.xp
+    shift = tmp.i
+    shift[...] = e
+    nonfinite = shift == ENONFINITE
+    special = bool(nonfinite.any())
+    finite = x
+    if special:
+        finite = xp.where(nonfinite, 0.0, x)
+        xp.copyto(shift, W, where=nonfinite)
+    xp.subtract(W, shift, out=shift)
+    y, h = xp.ldexp(finite, shift, out=tmp.f), tmp.g
+    out = xp.empty((count, x.shape[0]), np.int64) if out is None else out
     for k in range(count):
-        h = xp.rint(y)
-        out[k] = h.astype(np.int64)
-        y = xp.ldexp(y - h, W)  # exact: h is within 1/2 of y
-    if bool(nonfinite.any()):
+        xp.rint(y, out=h)
+        out[k] = h
+        if k + 1 < count:
+            y -= h  # exact: h is within 1/2 of y
+            xp.ldexp(y, W, out=y)
+    if special:
         flags = (xp.where(x == np.inf, _POS, 0) + xp.where(x == -np.inf, _NEG, 0)
                  + xp.where(xp.isnan(x), _NAN, 0)).astype(np.int64)
         out[0] = xp.where(nonfinite, flags, out[0])
     return out
 
 
-def assemble(total, e, xp=np):
+def assemble(total, e, tmp: Scratch = None):
     """The float64 sums from the summed slices ``total`` (``(count, n)``
-    int64) and the shared exponents ``e``: carried into normal form (each
-    lower slice within half a unit of the one above), then added from the
-    top, the same operations on every rank."""
-    total = total.copy()
-    count = total.shape[0]
-    for k in range(count - 1, 0, -1):
-        carry = (total[k] + (1 << (W - 1))) >> W
-        total[k] -= carry << W
-        total[k - 1] += carry
-    e = e.astype(np.int32)
-    nonfinite = e == ENONFINITE
-    exponent = xp.where(nonfinite, 0, e - W)
-    result = xp.ldexp(total[0].astype(np.float64), exponent)
-    for k in range(1, count):
-        result = result + xp.ldexp(total[k].astype(np.float64), exponent - k * W)
-    if bool(nonfinite.any()):
+    int64) and the shared exponents ``e``: each slice scaled to its place
+    and added from the top, the same operations on every rank.  (The
+    result is ``tmp.f`` when ``tmp`` is given.)"""
+    tmp = tmp or Scratch(total.shape[1])
+    xp = tmp.xp
+    exponent = tmp.i
+    exponent[...] = e
+    nonfinite = exponent == ENONFINITE
+    special = bool(nonfinite.any())
+    if special:
+        xp.copyto(exponent, W, where=nonfinite)
+    result, part = tmp.f, tmp.g
+    for k in range(total.shape[0]):
+        exponent -= W
+        part[...] = total[k]
+        if k == 0:
+            xp.ldexp(part, exponent, out=result)
+        else:
+            result += xp.ldexp(part, exponent, out=part)
+    if special:
         flags = total[0]
         pos, neg = (flags // _POS) % (1 << 21) > 0, (flags // _NEG) % (1 << 21) > 0
         nan = flags // _NAN > 0
-        special = xp.where(nan | (pos & neg), np.nan, xp.where(pos, np.inf, -np.inf))
-        result = xp.where(nonfinite, special, result)
+        value = xp.where(nan | (pos & neg), np.nan, xp.where(pos, np.inf, -np.inf))
+        xp.copyto(result, value, where=nonfinite)
     return result
 
 
-def allreduce(send, recv, comm, backend, run):
+class _Work:
+    """The arrays of one shape's reproducible sums and the two all-reduces
+    bound to them, kept for repeats."""
+
+    def __init__(self, backend, n: int, count: int, bind):
+        self.x = None  # a float64 copy of narrower inputs, made on first need
+        self.tmp = Scratch(n, backend.xp)
+        self.e, self.e_all = backend.empty(n, np.int16), backend.empty(n, np.int16)
+        self.slices = backend.empty(count * n, np.int64)
+        self.total = backend.empty(count * n, np.int64)
+        self.max = bind(self.e, self.e_all, "max")
+        self.sum = bind(self.slices, self.total, "sum")
+
+
+#: (id(comm), elements, slices, backend, options) -> (comm, _Work), the last few
+_WORK: "OrderedDict[tuple, tuple]" = OrderedDict()
+MAX_WORK = 4
+
+
+def allreduce(send, recv, comm, backend, bind, options: tuple = ()):
     """The reproducible sum of ``send`` (None: in place, read from ``recv``)
-    into ``recv`` over ``comm``.  ``run(sendbuf, op)`` is an all-reduce of
-    the library's (the caller's algorithm and options) returning its result."""
+    into ``recv`` over ``comm``.  ``bind(sendbuf, recvbuf, op)`` returns an
+    all-reduce of those arrays (the library's, with the caller's algorithm
+    and ``options``), run by calling it.  The work arrays and bound calls of
+    the last :data:`MAX_WORK` shapes are kept (56 bytes per float64
+    element, 48 per narrower one)."""
     if comm.Get_size() > MAX_RANKS:
         raise ValueError(f"reproducible sums take at most {MAX_RANKS} ranks")
-    xp = backend.xp
-    source = recv if send is None else send
-    real = _real_view(source)
-    x = real.reshape(-1).astype(np.float64)
-    e = run(exponents(x, xp), "max")
-    count = slices_for(real.dtype)
-    total = run(slices(x, e, count, xp).reshape(-1), "sum").reshape(count, -1)
-    result = assemble(total, e, xp)
-    out = _real_view(recv).reshape(-1)
-    out[...] = result.astype(out.dtype)
+    real = _real_view(recv if send is None else send).reshape(-1)
+    n, count = real.shape[0], slices_for(real.dtype)
+    key = (id(comm), n, count, backend, options)
+    entry = _WORK.get(key)
+    if entry is None or entry[0] is not comm:
+        entry = _WORK[key] = (comm, _Work(backend, n, count, bind))
+        while len(_WORK) > MAX_WORK:
+            _WORK.popitem(last=False)
+    else:
+        _WORK.move_to_end(key)
+    work = entry[1]
+    if real.dtype == np.float64:
+        x = real
+    else:
+        if work.x is None:
+            work.x = backend.empty(n, np.float64)
+        x = work.x
+        x[...] = real
+    exponents(x, work.e, work.tmp)
+    work.max()
+    slices(x, work.e_all, count, work.slices.reshape(count, n), work.tmp)
+    work.sum()
+    result = assemble(work.total.reshape(count, n), work.e_all, work.tmp)
+    _real_view(recv).reshape(-1)[...] = result
     return recv
+
+
+@on_refresh
+def _forget_work() -> None:
+    _WORK.clear()
 
 
 def _real_view(array):
