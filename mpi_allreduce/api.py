@@ -165,8 +165,9 @@ def allreduce(
     run = _runner(context, call)
     if not checking:
         extra = (check, segment_size, ranks_per_node, inner, tuning, selection)
-        _remember(context, run, sendbuf, recvbuf, op, comm, algorithm, call,
-                  [after - before for before, after in zip(held, _refcounts(call))],
+        # counted first: arguments already pushed for a call would count too
+        ours = [after - before for before, after in zip(held, _refcounts(call))]
+        _remember(context, run, sendbuf, recvbuf, op, comm, algorithm, call, ours,
                   None if extra == (None,) * 6 else extra)
     try:
         run()

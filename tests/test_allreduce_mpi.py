@@ -266,6 +266,27 @@ def test_a_dropped_buffer_drops_its_kept_call(comm, dies):
     np.testing.assert_array_equal(out, np.full(16, mine * comm.Get_size()))
 
 
+def test_alternating_calls_stay_kept(comm):
+    """Two call shapes in turn, each buffer held in one place only (an
+    attribute): neither entry is taken for abandoned by the other's call,
+    so both repeats take the kept path (their references were once
+    counted one too many, so each call dropped the other's entry)."""
+    from mpi_allreduce.context import CALLS
+
+    if comm.Get_size() == 1:
+        pytest.skip("one rank: nothing is kept")
+
+    class Holder:
+        pass
+
+    h = Holder()
+    h.a, h.b, h.c, h.d = np.ones(3, np.int16), np.empty(3, np.int16), np.ones(5), np.empty(5)
+    for _ in range(3):
+        mar.allreduce(h.a, h.b, "max", comm=comm)
+        mar.allreduce(h.c, h.d, comm=comm)
+        assert id(h.b) in CALLS and id(h.d) in CALLS
+
+
 def test_a_freed_communicator_is_not_reused(validations):
     """A prepared call dies with its communicator (its plan's scratch is not
     kept alive): the next call raises."""
