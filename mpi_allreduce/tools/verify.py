@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 from .. import ALGORITHMS, allgather, allreduce, reduce_scatter
 from ..backend import cuda_aware_support, to_device, to_host
-from ..ops import OPS, SUPPORTED_DTYPES, resolve_op
+from ..ops import OPS, SUPPORTED_DTYPES, resolve_op, value_bytes
 from ..executor import wire_type
 
 LARGE_COUNT = (1 << 20) + 3
@@ -151,7 +151,7 @@ def run_case(comm, algorithm, dtype, op, count, in_place, kind, seed, options,
         wrong = int(np.count_nonzero(~np.isclose(recv, expected, rtol=0, atol=tol)))
     if storage[count] != sentinel:
         wrong += 1
-    digest = hashlib.sha1(recv.tobytes()).hexdigest()
+    digest = hashlib.sha1(value_bytes(recv)).hexdigest()
     digests = comm.allgather(digest)
     differing = sum(d != digests[0] for d in digests)
     return comm.allreduce(wrong, op=MPI.SUM), differing
