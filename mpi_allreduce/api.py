@@ -328,8 +328,8 @@ def plan_for(context: Context, call: _Call, name: str) -> Plan:
             inner = call.tuning.choose(count * dtype.itemsize, leaders, context.oversubscribed)
         options = (("inner", inner), ("nodes", nodes))
     datatype = call.datatype
-    key = (name, count, dtype_label(dtype), call.op.name, call.backend, call.segment_size, options,
-           None if datatype is None else datatype.py2f())
+    key = (name, count, dtype_label(dtype), call.op.identity, call.backend, call.segment_size,
+           options, None if datatype is None else datatype.py2f())
 
     def build():
         schedule = registry.schedule(name, context.comm.Get_rank(), context.size, count,
@@ -347,7 +347,7 @@ def _runner(context: Context, call: _Call):
             recv.nbytes < LIVE_MIN_BYTES:
         bound = plan_for(context, call, name).bind(send, recv)
         return watchdog.watched(bound.run, context, "allreduce", bound)
-    shape = (recv.size, dtype_label(recv.dtype), call.op.name, call.backend, call.segment_size)
+    shape = (recv.size, dtype_label(recv.dtype), call.op.identity, call.backend, call.segment_size)
     selector = context.selectors.get(shape)
     if selector is None:
         selector = context.selectors[shape] = _selection.LiveSelector(

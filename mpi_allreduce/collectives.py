@@ -200,7 +200,7 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size, datatype=
             backend.copy(recv.reshape(-1)[:send.size], send)
         return recv
     context = context_for(comm)
-    key = (what, blocks, dtype_label(dtype), op.name, backend, int(segment_size), send is None,
+    key = (what, blocks, dtype_label(dtype), op.identity, backend, int(segment_size), send is None,
            None if datatype is None else datatype.py2f())
     bound_key = key + (id(send), id(recv))
     kept = _BOUND.get(bound_key)

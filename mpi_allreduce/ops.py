@@ -109,6 +109,15 @@ class Op:
     function: Optional[Callable] = None
     #: whether the op runs on device arrays (MPI_Reduce_local needs host memory)
     device: bool = True
+    #: what tells this op from others with the same name in caches (user ops;
+    #: the name alone, which must agree across ranks, may be shared)
+    key: object = None
+
+    @property
+    def identity(self):
+        """The op in cache keys: the name of a predefined op; a user op's
+        function or MPI handle as well."""
+        return self.name if self.key is None else (self.name, self.key)
 
     def valid_for(self, dtype: np.dtype) -> bool:
         return _ANY in self.kinds or dtype_kind(np.dtype(dtype)) in self.kinds
@@ -174,7 +183,7 @@ def user_op(function: Callable, commute: bool = False, name: Optional[str] = Non
         raise TypeError(f"a user op needs a callable, got {type(function).__name__}")
     label = name or getattr(function, "__qualname__", None) or type(function).__name__
     return Op(f"user:{label}", None, MPI.OP_NULL, frozenset({_ANY}), commutative=bool(commute),
-              function=_applied(function))
+              function=_applied(function), key=(function, bool(commute)))
 
 
 def _applied(function):
@@ -186,7 +195,7 @@ def _applied(function):
 @functools.lru_cache(maxsize=64)
 def _mpi_user_op(handle: int, commutative: bool) -> Op:
     return Op(f"mpi-user-op:{handle}", None, MPI.Op.f2py(handle), frozenset({_ANY}),
-              commutative=commutative, device=False)
+              commutative=commutative, device=False, key=commutative)
 
 
 def resolve_op(op) -> Op:

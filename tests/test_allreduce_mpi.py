@@ -68,7 +68,7 @@ def test_dtypes(comm, variant, dtype):
     run(comm, variant, dtype, DTYPE_OP[dtype], 2 * comm.Get_size() + 3, in_place=False)
 
 
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", list(OP_DTYPE))
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_ops(comm, variant, op):
     run(comm, variant, OP_DTYPE[op], op, 3 * comm.Get_size() + 1, in_place=True)

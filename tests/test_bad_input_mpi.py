@@ -47,7 +47,7 @@ BAD = {
     "avg_on_int": (TypeError, "op 'avg' is not defined for dtype int32",
                    lambda: (np.ones(4, np.int32), None, "avg")),
     "unknown_op": (ValueError, "unknown op 'mean'", lambda: (np.ones(4), None, "mean")),
-    "unsupported_mpi_op": (ValueError, "only the predefined ops",
+    "unsupported_mpi_op": (ValueError, "one-sided",
                            lambda: (np.ones(4), None, MPI.REPLACE)),
     "non_contiguous_recv": (ValueError, "recvbuf must be C-contiguous",
                             lambda: (np.ones(4), np.empty(8)[::2], "sum")),
@@ -56,7 +56,7 @@ BAD = {
     "overlapping_buffers": (ValueError, "overlap", lambda: (_overlap()[0], _overlap()[1], "sum")),
     "byte_swapped": (TypeError, "native byte order",
                      lambda: (np.ones(4, dtype=">i4" if np.little_endian else "<i4"), None, "sum")),
-    "not_an_array": (TypeError, "expected a numpy or cupy array", lambda: (object(), None, "sum")),
+    "not_an_array": (TypeError, "expected an array or a buffer", lambda: (object(), None, "sum")),
 }
 
 _SHARED = np.zeros(8)

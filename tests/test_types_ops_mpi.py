@@ -234,6 +234,18 @@ def test_matrix_product_over_a_derived_datatype(comm, algorithm, user_ops):
         matrix.Free()
 
 
+def test_callables_of_one_name_are_told_apart(comm):
+    """Two closures from one factory share a qualified name (which goes
+    into the tag): the plans they get are still their own."""
+    def make(ufunc):
+        return lambda a, b: ufunc(a, b)
+
+    data = data_of(comm, 2 * comm.Get_size() + 1)
+    for ufunc, mpi_op in ((np.maximum, MPI.MAX), (np.minimum, MPI.MIN), (np.maximum, MPI.MAX)):
+        got = mar.allreduce(data, op=mar.user_op(make(ufunc), commute=True), comm=comm)
+        np.testing.assert_array_equal(got, vendor(comm, data, mpi_op))
+
+
 def test_a_commutative_user_op_runs_everywhere(comm, user_ops):
     data = data_of(comm, 2 * comm.Get_size() + 3)
     for algorithm in ("ring", "ring_pipelined", "hierarchical"):
