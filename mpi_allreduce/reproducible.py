@@ -92,20 +92,27 @@ def exponents(x, out=None, tmp: Scratch = None):
     return out
 
 
+def _shared(e, tmp: Scratch):
+    """The shared exponents as int32 (in ``tmp.i``), those of non-finite
+    elements replaced by ``W`` (their first slice carries counts instead);
+    (that array, the non-finite mask, whether it has any)."""
+    exponent = tmp.i
+    exponent[...] = e
+    nonfinite = exponent == ENONFINITE
+    special = bool(nonfinite.any())
+    if special:
+        tmp.xp.copyto(exponent, W, where=nonfinite)
+    return exponent, nonfinite, special
+
+
 def slices(x, e, count: int, out=None, tmp: Scratch = None):
     """``x`` (float64) pre-rounded on the grid of ``e``: int64 of shape
     ``(count, n)``; elements whose shared exponent is ``ENONFINITE`` carry
     their non-finite counts in slice 0 instead."""
     tmp = tmp or Scratch(x.shape[0])
     xp = tmp.xp
-    shift = tmp.i
-    shift[...] = e
-    nonfinite = shift == ENONFINITE
-    special = bool(nonfinite.any())
-    finite = x
-    if special:
-        finite = xp.where(nonfinite, 0.0, x)
-        xp.copyto(shift, W, where=nonfinite)
+    shift, nonfinite, special = _shared(e, tmp)
+    finite = xp.where(nonfinite, 0.0, x) if special else x
     xp.subtract(W, shift, out=shift)
     y, h = xp.ldexp(finite, shift, out=tmp.f), tmp.g
     out = xp.empty((count, x.shape[0]), np.int64) if out is None else out
@@ -129,12 +136,7 @@ def assemble(total, e, tmp: Scratch = None):
     result is ``tmp.f`` when ``tmp`` is given.)"""
     tmp = tmp or Scratch(total.shape[1])
     xp = tmp.xp
-    exponent = tmp.i
-    exponent[...] = e
-    nonfinite = exponent == ENONFINITE
-    special = bool(nonfinite.any())
-    if special:
-        xp.copyto(exponent, W, where=nonfinite)
+    exponent, nonfinite, special = _shared(e, tmp)
     result, part = tmp.f, tmp.g
     for k in range(total.shape[0]):
         exponent -= W
