@@ -72,19 +72,27 @@ def _buffer_kinds(values: np.ndarray):
     ]
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in_place"])
+@pytest.mark.parametrize("count", ["0", "1", "p+1", "2p+3"])
 @pytest.mark.parametrize("algorithm", SOME)
-def test_buffer_kinds(comm, algorithm):
+def test_buffer_kinds(comm, algorithm, count, in_place):
     """Send and receive buffers of each kind; the result lands in the
     caller's receive object, equal to MPI.Allreduce of the same values."""
-    count = 2 * comm.Get_size() + 3
-    for label, send, read in _buffer_kinds(data_of(comm, count)):
-        recv_kinds = _buffer_kinds(np.zeros(count))
-        _, recv, read_recv = next(k for k in recv_kinds if k[0] == label)
-        expected_in = (read or (lambda: np.asarray(send)))().copy()
-        mar.allreduce(send, recv, comm=comm, algorithm=algorithm)
-        got = (read_recv or (lambda: np.asarray(recv)))()
-        np.testing.assert_array_equal(got.reshape(-1), vendor(comm, expected_in).reshape(-1),
-                                      err_msg=label)
+    p = comm.Get_size()
+    n = {"0": 0, "1": 1, "p+1": p + 1, "2p+3": 2 * p + 3}[count]
+    values = data_of(comm, n)
+    for label, send, read in _buffer_kinds(values):
+        if in_place and label == "matrix":
+            continue
+        expected = vendor(comm, (read or (lambda: np.asarray(send)))().copy())
+        if in_place:
+            mar.allreduce(MPI.IN_PLACE, send, comm=comm, algorithm=algorithm)
+            got = (read or (lambda: np.asarray(send)))()
+        else:
+            _, recv, read_recv = next(k for k in _buffer_kinds(np.zeros(n)) if k[0] == label)
+            mar.allreduce(send, recv, comm=comm, algorithm=algorithm)
+            got = (read_recv or (lambda: np.asarray(recv)))()
+        np.testing.assert_array_equal(got.reshape(-1), expected.reshape(-1), err_msg=label)
 
 
 @pytest.mark.parametrize("spelling", ["IN_PLACE", "None", "same object"])
