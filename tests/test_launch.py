@@ -60,6 +60,8 @@ def test_verify_command_prints_zero_wrong(size):
     assert "# OK:" in result.stdout and " 0 wrong elements" in result.stdout, tail(result.stdout)
     for name in ("driver", "ring", "recursive_doubling", "hierarchical/rpn=2"):
         assert name in result.stdout
+    # pair types and a non-commutative user op: run by the ordered algorithms, refused by the ring
+    assert "DOUBLE_INT" in result.stdout and "refused" in result.stdout
 
 
 def test_command_line_aborts_the_job_when_one_rank_fails(tmp_path):

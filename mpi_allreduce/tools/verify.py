@@ -13,8 +13,11 @@ It also checks that every rank holds the same bytes, and that the element
 after the receive buffer is untouched.  Then ``reduce_scatter`` (block and
 vector forms) and ``allgather`` (``Allgather`` and ``Allgatherv`` forms)
 against ``MPI.Reduce_scatter``/``_block`` and ``MPI.Allgather``/``v`` on
-exact data, in place and not.  A wrong element anywhere makes the
-command exit non-zero.
+exact data, in place and not.  Then (host buffers, with the default ops)
+MPI's pair type ``DOUBLE_INT`` with MAXLOC and MINLOC on every algorithm,
+and a non-commutative user-defined ``MPI.Op`` that every algorithm keeping
+rank order must run to MPI's result and every other must refuse.  A wrong
+element anywhere makes the command exit non-zero.
 """
 
 from __future__ import annotations
@@ -219,6 +222,8 @@ def verify(
                             row.kinds.add(kind)
     if halves:
         rows += verify_halves(comm, dtypes, ops, counts, device)
+    if device == "cpu" and "maxloc" in ops:  # (the default: every op)
+        rows += verify_user_ops(comm, variants(algorithms, options or {}), counts)
     elapsed = time.perf_counter() - start
     total = sum(r.wrong + r.not_identical for r in rows)
     if rank == 0:
@@ -265,6 +270,75 @@ def verify_halves(comm, dtypes, ops, counts, device: str = "cpu") -> list:
         for row in (scatter, gather):
             row.kinds.add("exact")
         rows += [scatter, gather]
+    return rows
+
+
+#: one element of the order-recording op: an interval of ranks [a, b] as a * K + b
+_K = 1 << 20
+
+
+def _interval(inbuf, inoutbuf, datatype):
+    """[a, b] OP [c, d] = [a, d] if c == b + 1, else -1: associative, not
+    commutative, so MPI's result [0, p-1] comes only from rank order."""
+    first, second = np.frombuffer(inbuf, np.int64), np.frombuffer(inoutbuf, np.int64)
+    a, b = np.divmod(first, _K)
+    c, d = np.divmod(second, _K)
+    ok = (first >= 0) & (second >= 0) & (c == b + 1)
+    second[...] = np.where(ok, a * _K + d, -1)
+
+
+def verify_user_ops(comm, runs, counts) -> list:
+    """MPI's pair type DOUBLE_INT with MAXLOC and MINLOC (ties included)
+    on every algorithm, and a non-commutative user-defined MPI.Op on every
+    algorithm that combines in rank order (the others must refuse it on
+    every rank), against MPI.Allreduce with the same op."""
+    from mpi4py.util import dtlib
+
+    from ..registry import ORDERED
+
+    rank = comm.Get_rank()
+    pair = np.dtype(dtlib.to_numpy_dtype(MPI.DOUBLE_INT))
+    interval = MPI.Op.Create(_interval, commute=False)
+    rows = []
+    try:
+        for label, algorithm, options in runs:
+            loc = Row(label, "DOUBLE_INT", ["maxloc", "minloc"])
+            ordered = Row(label, "int64", ["user op, not commutative"])
+            for count in counts:
+                rng = np.random.default_rng([rank, count])
+                data = np.zeros(count, pair)
+                data["f0"] = rng.integers(0, 3, count)  # few values: ties
+                data["f1"] = rng.integers(0, 1000, count)
+                for op in (MPI.MAXLOC, MPI.MINLOC):
+                    want = np.empty_like(data)
+                    comm.Allreduce([data, MPI.DOUBLE_INT], [want, MPI.DOUBLE_INT], op)
+                    for in_place in (False, True):
+                        got = data.copy()
+                        allreduce(MPI.IN_PLACE if in_place else data, got, op, comm=comm,
+                                  algorithm=algorithm, **options)
+                        bad = (got["f0"] != want["f0"]) | (got["f1"] != want["f1"])
+                        loc.wrong += comm.allreduce(int(np.count_nonzero(bad)))
+                        loc.cases += 1
+                mine = np.full(count, rank * (_K + 1), np.int64)
+                want = np.empty_like(mine)
+                comm.Allreduce(mine, want, interval)
+                try:
+                    got = allreduce(mine, None, interval, comm=comm, algorithm=algorithm,
+                                    **options)
+                    refused = False
+                except ValueError:
+                    refused = True
+                if refused != (algorithm not in ORDERED):  # refused exactly where it must be
+                    ordered.wrong += 1
+                elif not refused:
+                    ordered.wrong += comm.allreduce(int(np.count_nonzero(got != want)))
+                ordered.cases += 1
+                loc.max_count = ordered.max_count = max(loc.max_count, count)
+            loc.kinds.add("exact")
+            ordered.kinds.add("exact" if algorithm in ORDERED else "refused")
+            rows += [loc, ordered]
+    finally:
+        interval.Free()
     return rows
 
 
