@@ -228,3 +228,31 @@ def test_busy_stream_is_waited_for(comm, fake, algorithm):
     fake.streams.other.append((send, mine(comm, "float64", "sum", 40)))  # pending write
     out = mar.allreduce(send, comm=comm, algorithm=algorithm)
     np.testing.assert_array_equal(fake.to_host(out), expected(comm, "float64", "sum", 40))
+
+
+def test_host_only_ops_are_refused_for_device_arrays(comm, fake):
+    """MPI_Reduce_local (user MPI.Ops) and the pair ops need host memory:
+    device arrays get the same TypeError on every rank, before any message."""
+    from mpi4py.util import dtlib
+
+    op = MPI.Op.Create(lambda a, b, t: None, commute=True)
+    try:
+        device = np.ones(4).view(FakeDeviceArray)
+        with pytest.raises(TypeError, match="host memory only"):
+            mar.allreduce(device, op=op, comm=comm)
+        pairs = np.zeros(4, dtlib.to_numpy_dtype(MPI.DOUBLE_INT)).view(FakeDeviceArray)
+        with pytest.raises(TypeError, match="host memory only"):
+            mar.allreduce(pairs, op=MPI.MAXLOC, comm=comm)
+    finally:
+        op.Free()
+    comm.Barrier()
+
+
+def test_a_callable_op_runs_on_device_arrays(comm, fake):
+    """A Python callable is applied where the data is (its result lands
+    after the stream is synchronized, like any kernel's)."""
+    data = mine(comm, "float64", "max", 2 * comm.Get_size() + 1)
+    got = mar.allreduce(data.copy().view(FakeDeviceArray), op=mar.user_op(np.maximum),
+                        comm=comm, algorithm="recursive_doubling")
+    np.testing.assert_array_equal(fake.to_host(got), expected(comm, "float64", "max",
+                                                              2 * comm.Get_size() + 1))
