@@ -24,7 +24,7 @@ from mpi4py import MPI
 from . import registry, selection as _selection
 from .algorithms.hierarchical import layout
 from .backend import backend_for
-from .buffers import in_place, message
+from .buffers import arrays_and_datatype, messages
 from .config import environment
 from .context import CALLS, Context, context_for
 from . import progress, watchdog
@@ -473,20 +473,7 @@ def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inn
     if selection not in SELECTIONS:
         raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
 
-    user = op.reduce_local
-    if in_place(sendbuf, recvbuf):
-        if recvbuf is None:
-            raise ValueError("sendbuf is MPI.IN_PLACE but no recvbuf was given")
-        send = None
-        recv, datatype = message(recvbuf, user, "recvbuf")
-    else:
-        if sendbuf is None:
-            raise TypeError("sendbuf and recvbuf are both None; pass an array")
-        send, datatype = message(sendbuf, user, "sendbuf")
-        recv = None
-        if recvbuf is not None:
-            recv, recv_type = message(recvbuf, user, "recvbuf")
-            datatype = recv_type if recv_type is not None else datatype
+    send, recv, datatype = arrays_and_datatype(*messages(sendbuf, recvbuf, op.reduce_local))
 
     backend = backend_for(send if send is not None else recv)
     if recv is None:

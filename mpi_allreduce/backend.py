@@ -279,13 +279,6 @@ def _cupy():
     return cupy
 
 
-def _is_device_array(obj) -> bool:
-    return hasattr(obj, "__cuda_array_interface__") or (
-        hasattr(obj, "__dlpack_device__") and not isinstance(obj, np.ndarray)
-        and _dlpack_is_cuda(obj)
-    )
-
-
 def _dlpack_is_cuda(obj) -> bool:
     try:
         dev_type, _ = obj.__dlpack_device__()

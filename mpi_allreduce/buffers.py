@@ -32,7 +32,7 @@ from mpi4py import MPI
 
 from .backend import as_array, backend_for
 
-__all__ = ["Message", "message", "in_place"]
+__all__ = ["Message", "message", "messages", "arrays_and_datatype", "in_place"]
 
 
 class Message(NamedTuple):
@@ -47,6 +47,27 @@ def in_place(sendbuf, recvbuf) -> bool:
                                    and sendbuf == MPI.IN_PLACE):
         return True
     return recvbuf is not None and (sendbuf is None or sendbuf is recvbuf)
+
+
+def messages(sendbuf, recvbuf, user_op: bool = False) -> tuple:
+    """A call's two buffers: (send :class:`Message`, or None in place; recv
+    :class:`Message`, or None when omitted)."""
+    if in_place(sendbuf, recvbuf):
+        if recvbuf is None:
+            raise ValueError("sendbuf is MPI.IN_PLACE but no recvbuf was given")
+        return None, message(recvbuf, user_op, "recvbuf")
+    if sendbuf is None:
+        raise TypeError("sendbuf and recvbuf are both None; pass an array")
+    send = message(sendbuf, user_op, "sendbuf")
+    return send, None if recvbuf is None else message(recvbuf, user_op, "recvbuf")
+
+
+def arrays_and_datatype(send: Optional[Message], recv: Optional[Message]) -> tuple:
+    """(send array or None, recv array or None, the datatype the caller
+    named, the receive buffer's first)."""
+    datatype = next((m.datatype for m in (recv, send) if m is not None and m.datatype), None)
+    return (None if send is None else send.array), (None if recv is None else recv.array), \
+        datatype
 
 
 def message(obj, user_op: bool = False, what: str = "buffer") -> Message:

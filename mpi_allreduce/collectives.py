@@ -21,7 +21,7 @@ from mpi4py import MPI
 from .algorithms.ring import build_allgather, build_reduce_scatter
 from .api import DEFAULT_SEGMENT_BYTES, _check_enabled, agree, setup
 from .backend import backend_for
-from .buffers import in_place, message
+from .buffers import arrays_and_datatype, messages
 from .config import environment, on_refresh
 from .context import context_for
 from .executor import Plan
@@ -50,10 +50,7 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
             raise ValueError(f"reduce_scatter runs the ring, which needs a commutative op; "
                              f"{op.name!r} is not (allreduce it with an algorithm that keeps "
                              "rank order and take this rank's block)")
-        send, recv = _buffers(sendbuf, recvbuf, op)
-        datatype = next((m.datatype for m in (recv, send) if m is not None and m.datatype),
-                        None)
-        send, recv = _arrays(send, recv)
+        send, recv, datatype = arrays_and_datatype(*messages(sendbuf, recvbuf, op.reduce_local))
         in_place = send is None
         full = recv if in_place else send
         blocks = _counts(counts, size, full.size,
@@ -89,7 +86,7 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
     size, rank = comm.Get_size(), comm.Get_rank()
 
     def validate():
-        send, recv = _arrays(*_buffers(sendbuf, recvbuf))
+        send, recv, _ = arrays_and_datatype(*messages(sendbuf, recvbuf))
         in_place = send is None
         if recv is None:
             total = send.size * size if counts is None else sum(counts)
@@ -108,24 +105,6 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
 
 
 # --- shared by both ---------------------------------------------------------
-
-def _buffers(sendbuf, recvbuf, op=None) -> tuple:
-    """(send array, or None in place; recv array, or None when omitted), by
-    mpi4py's conventions (see :mod:`~mpi_allreduce.buffers`)."""
-    user = op is not None and op.reduce_local
-    if in_place(sendbuf, recvbuf):
-        if recvbuf is None:
-            raise ValueError("sendbuf is MPI.IN_PLACE but no recvbuf was given")
-        return None, message(recvbuf, user, "recvbuf")
-    if sendbuf is None:
-        raise TypeError("sendbuf and recvbuf are both None; pass an array")
-    send = message(sendbuf, user, "sendbuf")
-    return send, None if recvbuf is None else message(recvbuf, user, "recvbuf")
-
-
-def _arrays(send, recv) -> tuple:
-    return (None if send is None else send.array), (None if recv is None else recv.array)
-
 
 def _counts(counts, size: int, total: int, block: Optional[int], what: str) -> tuple:
     """Every rank's block: ``counts`` checked, or ``total`` cut evenly."""
