@@ -12,11 +12,12 @@ reproducible floating-point summation", 2013):
 1. *Shared exponent.*  Per element i, ``e_i`` is the largest binary
    exponent of ``|x_i|`` over all ranks (``frexp``; an all-reduce MAX of
    int16, which is exact): every ``|x_i| < 2^e_i``.
-2. *Pre-rounding.*  Each rank cuts its ``x_i`` into ``SLICES`` integers
-   of ``W = 40`` bits on the grid fixed by ``e_i``:
+2. *Pre-rounding.*  Each rank cuts its ``x_i`` into K integer slices of
+   ``W = 40`` bits on the grid fixed by ``e_i`` (K = 2 for float64, 1 for
+   the narrower floats: :func:`slices_for`):
    ``h1 = rint(x 2^(W - e))``, ``h2 = rint((x 2^(W - e) - h1) 2^W)``.  What
-   is below the last slice (below ``2^(e - SLICES W)``) is dropped, the
-   same way on every rank whatever the others hold.
+   is below the last slice (below ``2^(e - K W)``) is dropped, the same way
+   on every rank whatever the others hold.
 3. *Exact accumulation.*  An all-reduce SUM of the int64 slices: integer
    addition is exact and associative (``|sum| <= p 2^W < 2^63`` for
    ``p <= 2^20`` ranks), so every algorithm and order gives the same
