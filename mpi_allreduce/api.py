@@ -486,7 +486,7 @@ def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inn
     if backend.device and not op.device:
         raise TypeError(f"op {op.name!r} runs on host memory only (MPI_Reduce_local); for "
                         "device arrays pass a Python callable (mpi_allreduce.user_op)")
-    _check_order(op, algorithm, inner)
+    _check_order(op, algorithm)
 
     dtype = recv.dtype
     if not dtype.isnative:
@@ -513,15 +513,12 @@ def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inn
                  tuning, selection, datatype)
 
 
-def _check_order(op: Op, algorithm: str, inner) -> None:
+def _check_order(op: Op, algorithm: str) -> None:
     """A non-commutative op runs only where operands combine in rank order."""
-    if op.commutative:
-        return
-    for name in (algorithm, inner):
-        if name not in (None, "auto") and registry.get(name).COMMUTATIVE:
-            raise ValueError(
-                f"algorithm {name!r} needs a commutative op and {op.name!r} is not; "
-                f"choose one that combines in rank order: {', '.join(registry.ORDERED)}")
+    if not op.commutative and algorithm != "auto" and registry.get(algorithm).COMMUTATIVE:
+        raise ValueError(
+            f"algorithm {algorithm!r} needs a commutative op and {op.name!r} is not; "
+            f"choose one that combines in rank order: {', '.join(registry.ORDERED)}")
 
 
 def _fingerprint(call: Optional[_Call]):

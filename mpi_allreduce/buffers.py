@@ -103,9 +103,9 @@ def _spec(spec, user_op: bool, what: str) -> Message:
     if count < 0 or displ < 0 or displ + count > available:
         raise ValueError(f"{what}: {count} elements of {datatype_name(datatype)} from element "
                          f"{displ} do not fit in {raw.shape[0]} bytes")
-    if count == 0 and len(spec) == 2 and raw.shape[0] % max(extent, 1):
+    if len(spec) == 2 and raw.shape[0] % extent:
         raise ValueError(f"{what}: {raw.shape[0]} bytes are not a whole number of "
-                         f"{datatype_name(datatype)} ({extent} bytes)")
+                         f"{datatype_name(datatype)} ({extent} bytes each)")
     array = raw[displ * extent:(displ + count) * extent].view(base)
     return Message(array, datatype if element is not None else None)
 

@@ -277,7 +277,7 @@ def test_auto_keeps_rank_order_for_long_vectors(comm, user_ops):
 
 @pytest.mark.parametrize("case", ["ring+noncommutative", "hierarchical+noncommutative",
                                   "pair op on floats", "sum on pairs", "gappy datatype",
-                                  "spec too long", "one-sided op"])
+                                  "spec too long", "ragged bytes", "one-sided op"])
 def test_refusals_on_every_rank(comm, case, user_ops):
     x = np.arange(6.0)
     pairs = np.zeros(3, dtlib.to_numpy_dtype(MPI.DOUBLE_INT))
@@ -295,6 +295,9 @@ def test_refusals_on_every_rank(comm, case, user_ops):
                                                                           comm=comm)),
         "spec too long": (ValueError, "do not fit", lambda: mar.allreduce([x, 7, MPI.DOUBLE],
                                                                           comm=comm)),
+        "ragged bytes": (ValueError, "whole number", lambda: mar.allreduce([bytearray(10),
+                                                                              MPI.INT],
+                                                                             comm=comm)),
         "one-sided op": (ValueError, "one-sided", lambda: mar.allreduce(x, op=MPI.REPLACE,
                                                                        comm=comm)),
     }
