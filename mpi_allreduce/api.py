@@ -133,9 +133,6 @@ def allreduce(
         logical and bitwise ops) run as usual; a float ``prod`` or a
         user-defined op is refused.
     """
-    if reproducible:
-        return _reproducible(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
-                             ranks_per_node, inner, tuning, selection)
     kept = CALLS.get(id(recvbuf))  # a repeat with the very same objects (see _Remembered)
     if (kept is not None and kept.send == id(sendbuf) and kept.op is op and kept.comm is comm
             and kept.algorithm == algorithm and recvbuf.dtype is kept.dtype
@@ -143,7 +140,8 @@ def allreduce(
             and (kept.extra is None
                  and check is segment_size is ranks_per_node is inner is tuning is selection
                  is reproducible is None
-                 or kept.extra == (check, segment_size, ranks_per_node, inner, tuning, selection))):
+                 or kept.extra == (check, segment_size, ranks_per_node, inner, tuning, selection,
+                                   reproducible))):
         try:
             kept.run()
         except Exception as exc:  # noqa: BLE001 - after messages started
@@ -152,6 +150,7 @@ def allreduce(
 
     call, checking = _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
                             ranks_per_node, inner, tuning, selection)
+    exact = bool(reproducible) and _order_matters(call)
     if call.recv.size == 0:
         setup(comm)  # the set-up is collective: every rank takes part, whatever its count
         return call.recv
@@ -160,15 +159,17 @@ def allreduce(
             call.backend.device_synchronize()  # the caller's other streams may still write it
             call.backend.copy(call.recv, call.send)
         return call.recv
+    if exact:
+        return _reproducible(comm, call, check, ranks_per_node, inner, tuning, selection)
     context = context_for(comm)
     held = _refcounts(call)
     run = _runner(context, call)
     if not checking:
-        extra = (check, segment_size, ranks_per_node, inner, tuning, selection)
+        extra = (check, segment_size, ranks_per_node, inner, tuning, selection, reproducible)
         # counted first: arguments already pushed for a call would count too
         ours = [after - before for before, after in zip(held, _refcounts(call))]
         _remember(context, run, sendbuf, recvbuf, op, comm, algorithm, call, ours,
-                  None if extra == (None,) * 6 else extra)
+                  None if extra == (None,) * len(extra) else extra)
     try:
         run()
     except Exception as exc:  # noqa: BLE001 - after messages started
@@ -176,34 +177,37 @@ def allreduce(
     return call.recv
 
 
-def _reproducible(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_per_node,
-                  inner, tuning, selection):
-    """``allreduce(..., reproducible=True)``: see :mod:`~mpi_allreduce.reproducible`."""
-    call, _ = _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
-                     ranks_per_node, inner, tuning, selection)
-    options = dict(comm=comm, algorithm=algorithm, check=check, ranks_per_node=ranks_per_node,
-                   inner=inner, tuning=tuning, selection=selection)
-    floating = call.recv.dtype.kind in "fc" or call.recv.dtype.name == "bfloat16"
-    if not floating or call.op.name in ("min", "max"):  # exact in any order already
-        return allreduce(sendbuf, recvbuf, op, segment_size=segment_size, **options)
+def _order_matters(call: _Call) -> bool:
+    """Whether ``reproducible=True`` changes this call: a sum or avg of
+    floats (integers, min and max are exact in any order already).  Ops
+    whose float result depends on the order and that it cannot make
+    reproducible are refused."""
+    dtype = call.recv.dtype
+    if not (dtype.kind in "fc" or dtype.name == "bfloat16") or call.op.name in ("min", "max"):
+        return False
     if call.op.name not in ("sum", "avg"):
         raise ValueError(f"reproducible=True covers sum and avg of floats; {call.op.name!r} "
-                         f"on {call.recv.dtype} depends on the order of combination")
-    if call.recv.dtype.itemsize > 8 * (2 if call.recv.dtype.kind == "c" else 1):
+                         f"on {dtype} depends on the order of combination")
+    if dtype.itemsize > 8 * (2 if dtype.kind == "c" else 1):
         raise TypeError(f"reproducible sums take float16, bfloat16, float32 and float64 "
-                        f"(and their complex), not {call.recv.dtype}")
-    if call.recv.size == 0 or comm.Get_size() == 1:
-        return allreduce(sendbuf, recvbuf, op, segment_size=segment_size, **options)
+                        f"(and their complex), not {dtype}")
+    return True
+
+
+def _reproducible(comm, call: _Call, check, ranks_per_node, inner, tuning, selection):
+    """``allreduce(..., reproducible=True)`` of a validated call (see
+    :mod:`~mpi_allreduce.reproducible`); its two all-reduces are bound once
+    per shape, with the caller's algorithm and options."""
+    from . import reproducible
 
     def bind(send, recv, name):
-        inner_call, _ = _setup(send, recv, name, comm, algorithm, check, None, ranks_per_node,
-                               inner, tuning, selection)
+        inner_call, _ = _setup(send, recv, name, comm, call.algorithm, check, None,
+                               ranks_per_node, inner, tuning, selection)
         return _runner(context_for(comm), inner_call)
 
-    from . import reproducible
     try:
         reproducible.allreduce(call.send, call.recv, comm, call.backend, bind,
-                               (algorithm, ranks_per_node, inner, id(tuning), selection))
+                               (call.algorithm, ranks_per_node, inner, id(tuning), selection))
         if call.op.finalize is not None:
             call.backend.ufunc(call.op.finalize)(call.recv, comm.Get_size(), out=call.recv)
     except Exception as exc:  # noqa: BLE001 - after messages started

@@ -14,6 +14,7 @@ from mpi4py.util import dtlib
 
 import mpi_allreduce as mar
 from mpi_allreduce import registry
+from mpi_allreduce.tools.verify import K, interval, interval_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -172,24 +173,6 @@ def test_pair_types(comm, algorithm, pair, op):
 
 # --- user-defined and non-commutative ops ---------------------------------------
 
-K = 1 << 20
-
-
-def interval(first, second):
-    """[a, b] OP [c, d] = [a, d] if c == b + 1, else -1: associative, not
-    commutative; the reduction of [r, r] is [0, p-1] in rank order only."""
-    a, b = np.divmod(first, K)
-    c, d = np.divmod(second, K)
-    ok = (first >= 0) & (second >= 0) & (c == b + 1)
-    return np.where(ok, a * K + d, -1)
-
-
-def _interval_mpi(inbuf, inoutbuf, datatype):
-    a = np.frombuffer(inbuf, np.int64)
-    b = np.frombuffer(inoutbuf, np.int64)
-    b[...] = interval(a, b)
-
-
 def _matmul_mpi(inbuf, inoutbuf, datatype):
     """2x2 integer matrices, inout = in @ inout (mod a prime), as MPICH's allred3."""
     a = np.frombuffer(inbuf, np.int64).reshape(-1, 2, 2)
@@ -199,7 +182,7 @@ def _matmul_mpi(inbuf, inoutbuf, datatype):
 
 @pytest.fixture(scope="module")
 def user_ops():
-    ops = {"interval": MPI.Op.Create(_interval_mpi, commute=False),
+    ops = {"interval": MPI.Op.Create(interval_mpi, commute=False),
            "matmul": MPI.Op.Create(_matmul_mpi, commute=False),
            "sum": MPI.Op.Create(lambda i, io, t: np.add(np.frombuffer(i, np.float64),
                                                          np.frombuffer(io, np.float64),
@@ -400,3 +383,18 @@ def test_reproducible_refusals(comm, case, user_ops):
     with pytest.raises(kind, match=message):
         call()
     comm.Barrier()
+
+
+def test_reproducible_after_a_plain_call_on_the_same_buffers(comm):
+    """A kept plain call is not reused for reproducible=True on the same
+    buffers and options: 2^60 + 1 - 2^60 is 1 exactly, 0 in floats."""
+    if comm.Get_size() < 3:
+        pytest.skip("needs three ranks for the cancellation")
+    rank = comm.Get_rank()
+    x = np.full(4, {0: 2.0 ** 60, 1: 1.0, 2: -2.0 ** 60}.get(rank, 0.0))
+    out = np.empty_like(x)
+    plain = mar.allreduce(x, out, comm=comm, algorithm="recursive_doubling", segment_size=3)
+    assert (plain != 1.0).any()  # floats lose the 1 (it meets 2^60 first)
+    got = mar.allreduce(x, out, comm=comm, algorithm="recursive_doubling", segment_size=3,
+                        reproducible=True)
+    np.testing.assert_array_equal(got, 1.0)
