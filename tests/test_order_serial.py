@@ -2,12 +2,11 @@
 
 A non-commutative op gets exactly MPI's result, ``x_0 OP x_1 OP ... OP
 x_{p-1}``, only from algorithms that never swap or skip operands.  The
-op here makes any other order visible: an element is an interval of
-ranks ``[a, b]`` (encoded ``a * K + b``); ``[a, b] OP [c, d]`` is
-``[a, d]`` when ``c == b + 1`` and a poison value otherwise.  It is
-associative, not commutative, and the all-reduce of ``[r, r]`` over p
-ranks is ``[0, p - 1]`` only if every combination took its operands in
-rank order, each once.
+op here (verify's :func:`~mpi_allreduce.tools.verify.interval`) makes any
+other order visible: an element is an interval of ranks ``[a, b]``;
+``[a, b] OP [c, d]`` is ``[a, d]`` when ``c == b + 1`` and -1 otherwise, so
+the all-reduce of ``[r, r]`` over p ranks is ``[0, p - 1]`` only if every
+combination took its operands in rank order, each once.
 """
 
 from __future__ import annotations
@@ -17,16 +16,11 @@ import pytest
 
 from mpi_allreduce import registry
 from mpi_allreduce.simulate import execute, schedules
-
-K = 1 << 20
-POISON = -1
+from mpi_allreduce.tools.verify import K, interval
 
 
-def interval(first, second, out):
-    a, b = np.divmod(first, K)
-    c, d = np.divmod(second, K)
-    ok = (first != POISON) & (second != POISON) & (c == b + 1)
-    out[...] = np.where(ok, a * K + d, POISON)
+def combine(first, second, out):
+    out[...] = interval(first, second)
 
 
 def run(algorithm: str, p: int, count: int, segment: int, in_place: bool) -> np.ndarray:
@@ -41,7 +35,7 @@ def run(algorithm: str, p: int, count: int, segment: int, in_place: bool) -> np.
             recv[...] = send
             send = recv
         arrays.append((send, recv, np.zeros(max(sched.scratch, 1), np.int64)))
-    execute(scheds, arrays, None, interval, 8, f"{algorithm} p={p}")
+    execute(scheds, arrays, None, combine, 8, f"{algorithm} p={p}")
     return results
 
 

@@ -273,18 +273,25 @@ def verify_halves(comm, dtypes, ops, counts, device: str = "cpu") -> list:
     return rows
 
 
-#: one element of the order-recording op: an interval of ranks [a, b] as a * K + b
-_K = 1 << 20
+#: the order-recording op's encoding: the interval of ranks [a, b] is a * K + b
+K = 1 << 20
 
 
-def _interval(inbuf, inoutbuf, datatype):
-    """[a, b] OP [c, d] = [a, d] if c == b + 1, else -1: associative, not
-    commutative, so MPI's result [0, p-1] comes only from rank order."""
-    first, second = np.frombuffer(inbuf, np.int64), np.frombuffer(inoutbuf, np.int64)
-    a, b = np.divmod(first, _K)
-    c, d = np.divmod(second, _K)
+def interval(first, second):
+    """[a, b] OP [c, d] = [a, d] if c == b + 1, else -1 (int64 arrays):
+    associative, not commutative; the reduction of [r, r] over p ranks is
+    [0, p-1] only if every combination took its operands in rank order,
+    each once.  Rank r contributes ``r * (K + 1)``."""
+    a, b = np.divmod(first, K)
+    c, d = np.divmod(second, K)
     ok = (first >= 0) & (second >= 0) & (c == b + 1)
-    second[...] = np.where(ok, a * _K + d, -1)
+    return np.where(ok, a * K + d, -1)
+
+
+def interval_mpi(inbuf, inoutbuf, datatype):
+    """:func:`interval` as an MPI user function: inout = in OP inout."""
+    second = np.frombuffer(inoutbuf, np.int64)
+    second[...] = interval(np.frombuffer(inbuf, np.int64), second)
 
 
 def verify_user_ops(comm, runs, counts) -> list:
@@ -298,7 +305,7 @@ def verify_user_ops(comm, runs, counts) -> list:
 
     rank = comm.Get_rank()
     pair = np.dtype(dtlib.to_numpy_dtype(MPI.DOUBLE_INT))
-    interval = MPI.Op.Create(_interval, commute=False)
+    ordered_op = MPI.Op.Create(interval_mpi, commute=False)
     rows = []
     try:
         for label, algorithm, options in runs:
@@ -310,36 +317,46 @@ def verify_user_ops(comm, runs, counts) -> list:
                 data["f0"] = rng.integers(0, 3, count)  # few values: ties
                 data["f1"] = rng.integers(0, 1000, count)
                 for op in (MPI.MAXLOC, MPI.MINLOC):
-                    want = np.empty_like(data)
-                    comm.Allreduce([data, MPI.DOUBLE_INT], [want, MPI.DOUBLE_INT], op)
                     for in_place in (False, True):
-                        got = data.copy()
-                        allreduce(MPI.IN_PLACE if in_place else data, got, op, comm=comm,
-                                  algorithm=algorithm, **options)
-                        bad = (got["f0"] != want["f0"]) | (got["f1"] != want["f1"])
-                        loc.wrong += comm.allreduce(int(np.count_nonzero(bad)))
+                        loc.wrong += _check_loc(comm, data, op, in_place, algorithm, options)
                         loc.cases += 1
-                mine = np.full(count, rank * (_K + 1), np.int64)
-                want = np.empty_like(mine)
-                comm.Allreduce(mine, want, interval)
-                try:
-                    got = allreduce(mine, None, interval, comm=comm, algorithm=algorithm,
-                                    **options)
-                    refused = False
-                except ValueError:
-                    refused = True
-                if refused != (algorithm not in ORDERED):  # refused exactly where it must be
-                    ordered.wrong += 1
-                elif not refused:
-                    ordered.wrong += comm.allreduce(int(np.count_nonzero(got != want)))
+                ordered.wrong += _check_ordered(comm, ordered_op, count, algorithm in ORDERED,
+                                                algorithm, options)
                 ordered.cases += 1
                 loc.max_count = ordered.max_count = max(loc.max_count, count)
             loc.kinds.add("exact")
             ordered.kinds.add("exact" if algorithm in ORDERED else "refused")
             rows += [loc, ordered]
     finally:
-        interval.Free()
+        ordered_op.Free()
     return rows
+
+
+def _check_loc(comm, data, op, in_place, algorithm, options) -> int:
+    """Elements (over all ranks) whose value or index differ from MPI's."""
+    want = np.empty_like(data)
+    comm.Allreduce([data, MPI.DOUBLE_INT], [want, MPI.DOUBLE_INT], op)
+    got = data.copy()
+    allreduce(MPI.IN_PLACE if in_place else data, got, op, comm=comm, algorithm=algorithm,
+              **options)
+    bad = (got["f0"] != want["f0"]) | (got["f1"] != want["f1"])
+    return comm.allreduce(int(np.count_nonzero(bad)))
+
+
+def _check_ordered(comm, op, count, ordered: bool, algorithm, options) -> int:
+    """The non-commutative ``op``: elements that differ from MPI's result
+    where ``algorithm`` keeps rank order, 1 where it was refused (or not
+    refused) wrongly."""
+    mine = np.full(count, comm.Get_rank() * (K + 1), np.int64)
+    want = np.empty_like(mine)
+    comm.Allreduce(mine, want, op)
+    try:
+        got = allreduce(mine, None, op, comm=comm, algorithm=algorithm, **options)
+    except ValueError:
+        return int(ordered)  # a refusal is right only where rank order is not kept
+    if not ordered:
+        return 1
+    return comm.allreduce(int(np.count_nonzero(got != want)))
 
 
 def _check_reduce_scatter(comm, dtype, op, blocks, in_place, device) -> int:
