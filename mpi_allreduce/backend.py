@@ -316,24 +316,13 @@ def as_array(obj):
         # plain array it is; the result still lands in the caller's memory
         return obj if type(obj) is np.ndarray else obj.view(np.ndarray)
     if hasattr(obj, "__cuda_array_interface__"):
-        cp = _cupy()
-        if _host_pointer(obj, cp):  # host memory behind the interface
+        if _host_pointer(obj, _cupy()):  # host memory behind the interface
             return _host_view(obj)
-        if cp is None:
-            raise TypeError(
-                f"{type(obj).__name__} is a device array but cupy is not installed "
-                "(pip install 'mpi_allreduce[gpu]')"
-            )
+        cp = _cupy_for(obj)
         return obj if isinstance(obj, cp.ndarray) else cp.asarray(obj)
     if hasattr(obj, "__dlpack_device__") and hasattr(obj, "__dlpack__"):
         if _dlpack_is_cuda(obj):
-            cp = _cupy()
-            if cp is None:
-                raise TypeError(
-                    f"{type(obj).__name__} is a device array but cupy is not installed "
-                    "(pip install 'mpi_allreduce[gpu]')"
-                )
-            return cp.from_dlpack(obj)
+            return _cupy_for(obj).from_dlpack(obj)
         return _from_dlpack(obj)
     try:
         view = memoryview(obj)
@@ -346,6 +335,15 @@ def as_array(obj):
     raise TypeError(f"expected an array or a buffer, got {type(obj).__name__}")
 
 
+def _cupy_for(obj):
+    """cupy, for a device array ``obj``; a clear error where it is missing."""
+    cp = _cupy()
+    if cp is None:
+        raise TypeError(f"{type(obj).__name__} is a device array but cupy is not installed "
+                        "(pip install 'mpi_allreduce[gpu]')")
+    return cp
+
+
 def _host_pointer(obj, cp) -> bool:
     """Whether the memory behind a CUDA array interface is host memory: the
     CUDA runtime says so, or there is no CUDA driver at all (then no
@@ -354,8 +352,8 @@ def _host_pointer(obj, cp) -> bool:
     if cp is not None:
         try:
             return int(cp.cuda.runtime.pointerGetAttributes(pointer).type) in (0, 1)
-        except Exception:  # noqa: BLE001 - no device, or an old runtime
-            return not _cuda_driver()
+        except Exception:  # noqa: BLE001 - no device, or an old runtime: ask the driver
+            pass
     return not _cuda_driver()
 
 
@@ -437,10 +435,8 @@ def _dlpack_raw(capsule, legacy: bool) -> np.ndarray:
     # version, a manager context, a deleter and flags (2*4 + 8 + 8 + 8 bytes)
     offset = 0 if legacy else 32
     tensor = _DLTensor.from_address(pointer + offset)
-    if not legacy and ctypes.c_uint64.from_address(pointer + 24).value & 1:
-        readonly = True  # DLPACK_FLAG_BITMASK_READ_ONLY
-    else:
-        readonly = False
+    # DLPACK_FLAG_BITMASK_READ_ONLY (legacy tensors have no flags)
+    readonly = not legacy and bool(ctypes.c_uint64.from_address(pointer + 24).value & 1)
     shape = [tensor.shape[i] for i in range(tensor.ndim)]
     count = int(np.prod(shape)) if shape else 1
     itemsize = tensor.dtype.bits * tensor.dtype.lanes // 8

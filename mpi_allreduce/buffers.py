@@ -94,7 +94,7 @@ def _spec(spec, user_op: bool, what: str) -> Message:
                         f"[buf, count, displ, datatype], got {len(spec)} items")
     if datatype == MPI.DATATYPE_NULL:
         raise TypeError(f"{what}: datatype is MPI.DATATYPE_NULL")
-    element, base, per = _element(datatype, user_op, what)
+    kept, base = _element(datatype, user_op, what)
     extent = datatype.Get_extent()[1]
     raw = _raw_bytes(as_array(spec[0]), what)
     available = raw.shape[0] // extent if extent else 0
@@ -107,12 +107,12 @@ def _spec(spec, user_op: bool, what: str) -> Message:
         raise ValueError(f"{what}: {raw.shape[0]} bytes are not a whole number of "
                          f"{datatype_name(datatype)} ({extent} bytes each)")
     array = raw[displ * extent:(displ + count) * extent].view(base)
-    return Message(array, datatype if element is not None else None)
+    return Message(array, kept)
 
 
 def _element(datatype: MPI.Datatype, user_op: bool, what: str):
     """(the datatype kept for Reduce_local or None, the numpy dtype of the
-    array, elements of it per datatype element)."""
+    array)."""
     dtype = _numpy_dtype(datatype, what)
     size, (lb, extent) = datatype.Get_size(), datatype.Get_extent()
     if lb != 0 or extent <= 0:
@@ -124,15 +124,15 @@ def _element(datatype: MPI.Datatype, user_op: bool, what: str):
             raise TypeError(f"{what}: datatype {datatype_name(datatype)} has gaps; pack the data "
                             "into a contiguous buffer first")
         if user_op:
-            return datatype, np.dtype((np.void, extent)), 1
-        return None, base, int(np.prod(shape))
+            return datatype, np.dtype((np.void, extent))
+        return None, base
     if dtype.itemsize != extent:
         raise TypeError(f"{what}: datatype {datatype_name(datatype)} spans {extent} bytes but "
                         f"its numpy dtype {dtype} has {dtype.itemsize}")
     if size != extent and not datatype.is_predefined:  # (MPI's pair types have padding)
         raise TypeError(f"{what}: datatype {datatype_name(datatype)} has gaps; pack the data "
                         "into a contiguous buffer first")
-    return (datatype if user_op else None), dtype, 1
+    return (datatype if user_op else None), dtype
 
 
 @functools.lru_cache(maxsize=128)

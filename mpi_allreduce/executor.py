@@ -209,7 +209,7 @@ def _stages(plan: Plan, arrays: tuple) -> list:
     """The schedule's rounds with every view made: a list of :class:`Stage`."""
     backend, op = plan.backend, plan.op
     temp = datatype = None
-    if op.ufunc is None and op.function is None:  # a user MPI.Op: MPI_Reduce_local
+    if op.reduce_local:  # a user MPI.Op: MPI_Reduce_local
         datatype = plan.datatype or element_type(plan.dtype)
         longest = max((a.out.length for r in plan.schedule.rounds for a in r
                        if isinstance(a, Reduce)), default=0)

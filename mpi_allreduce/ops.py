@@ -218,8 +218,8 @@ def resolve_op(op) -> Op:
             if op == mpi_op:
                 return ours
         if op in (MPI.REPLACE, MPI.NO_OP):
-            raise ValueError(f"MPI.{op.Get_name() if hasattr(op, 'Get_name') else op} is for "
-                             "one-sided accumulates, not for a reduction")
+            raise ValueError("MPI.REPLACE and MPI.NO_OP are for one-sided accumulates, "
+                             "not for a reduction")
         return _mpi_user_op(op.py2f(), bool(op.Is_commutative()))
     if callable(op):
         return user_op(op)
@@ -239,7 +239,7 @@ def check_dtype(dtype: np.dtype, op: Op) -> None:
         if not op.valid_for(dtype):
             raise TypeError(f"op {op.name!r} is not defined for the pair type {dtype}; "
                             "pair types take maxloc or minloc")
-    elif dtype.name not in SUPPORTED_DTYPES and not (kind == _FLOAT and dtype.name == "bfloat16"):
+    elif dtype.name not in SUPPORTED_DTYPES and dtype.name != "bfloat16":
         raise TypeError(
             f"unsupported dtype {dtype}; expected one of {', '.join(SUPPORTED_DTYPES)}, "
             "bfloat16 (ml_dtypes), a pair type (MPI.DOUBLE_INT ...) with maxloc/minloc, "
@@ -269,18 +269,14 @@ def reduce_step(op: Op, backend, first, second, out, datatype=None, temp=None):
         return combine, (first, second, out)
     if op.function is not None:
         return op.function, (first, second, out)
-    spec = functools.partial(_spec, datatype=datatype)
     reduce_local = op.mpi_op.Reduce_local
     if backend.shares_memory(out, second):
-        return reduce_local, (spec(first), spec(out))
+        return reduce_local, ([first, datatype], [out, datatype])
     if backend.shares_memory(out, first):
         tmp = temp[:len(out)]
-        return _through(reduce_local, backend.copy), (spec(first), spec(tmp), second, tmp, out)
-    return _into(reduce_local, backend.copy), (spec(first), spec(out), second, out)
-
-
-def _spec(array, datatype):
-    return [array, datatype]
+        return _through(reduce_local, backend.copy), ([first, datatype], [tmp, datatype],
+                                                      second, tmp, out)
+    return _into(reduce_local, backend.copy), ([first, datatype], [out, datatype], second, out)
 
 
 def _through(reduce_local, copy):
