@@ -20,13 +20,19 @@ With a :class:`Machine` it also times the schedules (LogGP-style): a message
 of n bytes posted at times s (sender) and r (receiver) arrives at
 ``max(s, r) + alpha + n beta``; posting costs ``overhead``, reducing n bytes
 ``n gamma``; a round ends when its last message has arrived.  The time of
-the all-reduce is the latest rank's.  Unit machines (``alpha=1`` and the
+the all-reduce is the latest rank's.  With ``nodes``, messages between
+nodes take ``alpha_inter`` and ``beta_inter`` and each node has one network
+port, as in LogGOPSim: the bytes of the node's ranks leave (and enter) it
+one message after another, so q ranks sending n bytes across at once take
+``alpha_inter + q n beta_inter``.  Ranks are taken in order of their clocks,
+so the port serves messages about in the order they are posted.  Unit machines (``alpha=1`` and the
 rest 0, and so on) give the messages, bytes on the wire and bytes reduced
 along the critical path.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Optional
@@ -50,7 +56,9 @@ class Machine:
     overhead), per local action (a ufunc call's fixed cost), per message on
     the wire, per byte on the wire, per byte reduced (and copied).  With
     ``nodes`` (the node of every rank), messages between nodes cost
-    ``alpha_inter`` and ``beta_inter`` instead."""
+    ``alpha_inter`` and ``beta_inter`` instead, and the bytes of one node's
+    messages to other nodes share its one port (``beta_inter`` is the
+    port's time per byte)."""
 
     overhead: float = 0.0
     alpha: float = 0.0
@@ -61,9 +69,12 @@ class Machine:
     beta_inter: Optional[float] = None
     nodes: Optional[tuple] = None
 
+    def across(self, src: int, dst: int) -> bool:
+        return self.nodes is not None and self.nodes[src] != self.nodes[dst]
+
     def link(self, src: int, dst: int) -> tuple:
         """(alpha, beta) of a message from ``src`` to ``dst``."""
-        if self.nodes is not None and self.nodes[src] != self.nodes[dst]:
+        if self.across(src, dst):
             return (self.alpha if self.alpha_inter is None else self.alpha_inter,
                     self.beta if self.beta_inter is None else self.beta_inter)
         return self.alpha, self.beta
@@ -210,7 +221,8 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
     # each (rank, ref, post time)
     sends: dict = defaultdict(deque)
     recvs: dict = defaultdict(deque)
-    ready = list(range(size))
+    ready = [(0.0, rank) for rank in range(size)]  # (clock, rank), a heap
+    port_free: dict = defaultdict(float)  # (node, "out" or "in") -> when the port is free
 
     def view(r: _Rank, ref: Ref):
         return r.arrays[ref.buf][ref.offset:ref.stop]
@@ -222,7 +234,7 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
         if r.open == 0:
             r.clock = max(r.clock, r.until)
             r.index += 1
-            ready.append(rank)
+            heapq.heappush(ready, (r.clock, rank))
 
     def match(src: int, dst: int, sref: Ref, stime: float, rref: Ref, rtime: float) -> None:
         if sref.length != rref.length:
@@ -232,7 +244,13 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
         if data:
             view(ranks[dst], rref)[...] = view(ranks[src], sref)
         alpha, beta = machine.link(src, dst)
-        at = max(stime, rtime) + alpha + sref.length * itemsize * beta
+        wire = sref.length * itemsize * beta
+        begin = max(stime, rtime)
+        if machine.across(src, dst):
+            out, into = (machine.nodes[src], "out"), (machine.nodes[dst], "in")
+            begin = max(begin, port_free[out], port_free[into])
+            port_free[out] = port_free[into] = begin + wire
+        at = begin + alpha + wire
         complete(src, at)
         complete(dst, at)
 
@@ -288,7 +306,7 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
         complete(rank, r.clock)  # releases the hold; advances if nothing is open
 
     while ready:
-        rank = ready.pop()
+        rank = heapq.heappop(ready)[1]
         r = ranks[rank]
         if r.index >= len(r.rounds):
             r.done = True

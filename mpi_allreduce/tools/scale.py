@@ -1,0 +1,307 @@
+"""Predicted time of every algorithm at scale: thousands of ranks, many nodes.
+
+:func:`mpi_allreduce.simulate.simulate` times the schedules of all p ranks
+message by message.  That is exact for the machine model but costs time and
+memory in proportion to all messages sent (the ring sends 2p(p-1) of them),
+so up to about a thousand ranks.  This module gives the same model's time in
+closed form: per algorithm, the sum over its rounds on the critical path of
+
+* ``o`` per message posted and ``o_op`` per local action (software),
+* ``alpha + n beta`` per message on the wire, inside a node or across
+  (``alpha_inter``, ``beta_inter``),
+* ``n gamma`` per byte reduced or copied,
+* one network port per node: when the q ranks of a node all send n bytes
+  to other nodes in the same round (recursive doubling and Rabenseifner at
+  distances of q and more), the round takes ``alpha_inter + q n beta_inter``.
+
+Ranks are laid out in blocks of ``ranks_per_node`` (q) consecutive ranks
+per node.  Each form follows its schedule builder (segments, folds,
+where the reductions happen) and ``tests/test_scale_serial.py`` holds them
+against the message-by-message simulation: equal on one node (symmetric
+schedules) and within a few per cent across nodes at every p from 2 to 64
+and some up to 1024.  The forms cost O(log p) (trees: O(p) once per p), so
+they reach p = 65536.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from typing import Optional
+
+from ..partition import real_rank
+from .model import Params
+
+__all__ = ["ALGORITHMS", "seconds", "Links"]
+
+#: the algorithms with a closed form (hierarchical takes the best flat
+#: algorithm among the node leaders)
+ALGORITHMS = ("driver", "naive", "ring", "ring_pipelined", "recursive_doubling",
+              "rabenseifner", "tree", "double_binary_tree", "hierarchical")
+
+
+class Links:
+    """The machine as the forms need it: software costs, the two links,
+    gamma and the node size."""
+
+    def __init__(self, prm: Params, ranks_per_node: int, itemsize: int):
+        self.prm = prm
+        self.o, self.o_op, self.w = prm.overhead, prm.op_overhead, itemsize
+        self.g = prm.gamma * itemsize  # per element
+        self.intra = (prm.alpha, prm.beta * itemsize)
+        self.inter = (prm.alpha if prm.alpha_inter is None else prm.alpha_inter,
+                      (prm.beta if prm.beta_inter is None else prm.beta_inter) * itemsize)
+        self.q = ranks_per_node
+
+    def _key(self) -> tuple:
+        return (self.prm, self.q, self.w)
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Links) and self._key() == other._key()
+
+    def link(self, across: bool) -> tuple:
+        """(alpha, beta per element)."""
+        return self.inter if across else self.intra
+
+    def flat(self, p: int) -> tuple:
+        """The slowest link among p ranks: across nodes when there are several."""
+        return self.link(p > self.q)
+
+
+def _segments(length: int, s: int) -> int:
+    return max(1, -(-length // s))
+
+
+def seconds(algorithm: str, nbytes: int, p: int, prm: Params, ranks_per_node: Optional[int] = None,
+            segment_bytes: Optional[int] = None, itemsize: int = 4,
+            inner: Optional[str] = None) -> float:
+    """Predicted seconds of an ``nbytes`` all-reduce on ``p`` ranks,
+    ``ranks_per_node`` to a node (default: all on one), segments of
+    ``segment_bytes`` (default: none)."""
+    count = nbytes // itemsize
+    if p <= 1 or count <= 0:
+        return 0.0
+    q = min(ranks_per_node or p, p)
+    s = max(1, (segment_bytes or (1 << 62)) // itemsize)
+    m = Links(prm, q, itemsize)
+    if algorithm == "hierarchical":
+        return _hierarchical(m, p, count, s, inner)
+    try:
+        form = _FORMS[algorithm]
+    except KeyError:
+        raise ValueError(f"no closed form for {algorithm!r}; choose one of "
+                         f"{', '.join(ALGORITHMS)}") from None
+    return form(m, p, count, s)
+
+
+def _ring(m: Links, p: int, c: int, s: int) -> float:
+    """2(p-1) steps of S segment rounds on the block (the largest block);
+    the rank before a node boundary pays the inter-node link every round."""
+    a, b = m.flat(p)
+    block = -(-c // p)
+    rounds = (p - 1) * _segments(block, s)
+    return (2 * rounds * (2 * m.o + a) + 2 * (p - 1) * block * b
+            + rounds * m.o_op + (p - 1) * block * m.g)
+
+
+def _ring_pipelined(m: Links, p: int, c: int, s: int) -> float:
+    """The reduction of segment k runs while segment k+1 is on the wire;
+    the allgather keeps two segments in flight (which share the port when
+    they cross nodes)."""
+    a, b = m.flat(p)
+    block = -(-c // p)
+    S = _segments(block, s)
+    seg = block / S
+    wire, local = a + seg * b, m.o_op + seg * m.g
+    step_rs = 2 * m.o + wire + (S - 1) * (2 * m.o + max(local, wire)) + local
+    pairs, single = divmod(S, 2)
+    two = a + 2 * seg * b if p > m.q else wire
+    step_ag = pairs * (4 * m.o + two) + single * (2 * m.o + wire)
+    return (p - 1) * (step_rs + step_ag)
+
+
+@functools.lru_cache(maxsize=1024)
+def _crossing(p: int, q: int, distance: int) -> tuple:
+    """(any pair across nodes, most ranks of one node sending across) in
+    the exchange at ``distance`` among the fold's new ranks (distance 0:
+    the fold's pairs)."""
+    P = _pof2(p)
+    if P == p and p % q == 0 and not q & (q - 1):  # the common case, directly
+        return (True, q) if distance >= q else (False, 1)
+    rem = p - P
+    pairs = ([(2 * i, 2 * i + 1) for i in range(rem)] if distance == 0 else
+             [(real_rank(r, rem), real_rank(r ^ distance, rem)) for r in range(P)])
+    senders = collections.Counter(x // q for x, y in pairs if x // q != y // q)
+    return (bool(senders), max(senders.values(), default=1))
+
+
+def _fold(m: Links, p: int, c: int, s: int) -> float:
+    """Recursive doubling's fold for p not a power of two: the even rank of
+    each of the first 2 rem pairs hands its vector in (segments), the odd
+    one hands the result back (whole)."""
+    if _pof2(p) == p:
+        return 0.0
+    a, b = m.link(_crossing(p, m.q, 0)[0])
+    S = _segments(c, s)
+    return S * (m.o + a + m.o_op) + c * (b + m.g) + m.o + a + c * b
+
+
+def _pieces(c: int, s: int) -> list:
+    """Segment lengths of ``c`` elements (as :func:`~..partition.segments`)."""
+    whole, rest = divmod(c, s)
+    return [s] * whole + ([rest] if rest or not whole else [])
+
+
+def _steps(m: Links, p: int, parts: list) -> float:
+    """Exchanges of ``parts`` (distance, elements, segment size, reduced?)
+    in order, a segment a round, each segment reduced (if it is) at the
+    start of the next round.
+
+    With p a power of two and whole nodes, every node does the same, and
+    the peer at a distance of q or more has this rank's place in its node:
+    so the q ranks of one node stand for all, and their rounds are followed
+    one by one, the bytes sent across nodes in one round queued on the
+    node's port in the order the ranks post them.  Otherwise each step
+    takes its slowest rank's time (an upper bound)."""
+    q = m.q
+    aligned = _pof2(p) == p and p % q == 0 and not q & (q - 1)
+    if not aligned:
+        return sum(_step_bound(m, p, *part) for part in parts)
+    clock = [0.0] * q
+    pending = 0.0  # the reduction carried into the next round
+    free = 0.0  # when the node's port is free
+    for distance, c, s, reduce in parts:
+        across = distance >= q
+        a, b = m.link(across)
+        for seg in _pieces(c, s):
+            posted = [t + pending + 2 * m.o for t in clock]
+            if across:  # the peer is this rank's twin: the same clock
+                done = [0.0] * q
+                for i in sorted(range(q), key=posted.__getitem__):
+                    begin = max(posted[i], free)
+                    free = begin + seg * b
+                    done[i] = free + a
+                clock = done
+            else:
+                clock = [max(posted[i], posted[i ^ distance]) + a + seg * b for i in range(q)]
+            pending = (m.o_op + seg * m.g) if reduce and seg else 0.0
+    return max(clock) + pending
+
+
+def _step_bound(m: Links, p: int, distance: int, c: int, s: int, reduce: bool) -> float:
+    across, share = _crossing(p, m.q, distance)
+    a, b = m.link(across)
+    S = _segments(c, s)
+    seg = c / S
+    local = (m.o_op + seg * m.g) if reduce else 0.0
+    rank = 2 * m.o + a + local + seg * b
+    return max(S * rank + (share - 1) * seg * b, S * share * seg * b + 2 * m.o + a + local)
+
+
+def _pof2(p: int) -> int:
+    return 1 << (p.bit_length() - 1)
+
+
+def _recursive_doubling(m: Links, p: int, c: int, s: int) -> float:
+    P = _pof2(p)
+    return _fold(m, p, c, s) + _steps(m, p, [(1 << k, c, s, True)
+                                             for k in range(P.bit_length() - 1)])
+
+
+def _rabenseifner(m: Links, p: int, c: int, s: int) -> float:
+    """Halving by distance doubling on the largest range, then the
+    allgather's one round a step back (no reduction: the same exchange
+    with gamma and o_op left out)."""
+    P = _pof2(p)
+    block = -(-c // P)
+    halves = [(1 << k, block * (P >> (k + 1))) for k in range(P.bit_length() - 1)]
+    return _fold(m, p, c, s) + _steps(m, p, [(d, n, s, True) for d, n in halves]
+                                      + [(d, n, max(n, 1), False) for d, n in halves[::-1]])
+
+
+def _driver(m: Links, p: int, c: int, s: int) -> float:
+    """The root takes every rank's vector a segment at a time, folding each
+    in, then sends the result to each rank in turn."""
+    S = _segments(c, s)
+    total = (p - 1) * (S * (m.o + m.o_op) + c * m.g)
+    for across, ranks in ((False, min(m.q, p) - 1), (True, p - min(m.q, p))):
+        a, b = m.link(across)
+        total += ranks * (S * a + c * b + m.o + a + c * b)
+    return total
+
+
+def _naive(m: Links, p: int, c: int, s: int) -> float:
+    """Rank a meets rank b (a < b) in its b-th and b's a-th exchange, so
+    the pair (a, b) ends after a + b exchanges: 2p-3 of them on the longest
+    chain; then p vectors are combined (and one copied) on every rank."""
+    a, b = m.flat(p)
+    S = _segments(c, s)
+    chain = (2 * p - 3) * (S * (2 * m.o + a) + c * b)
+    port = m.q * (p - m.q) * c * b if p > m.q else 0.0  # every byte leaving a node
+    return max(chain, port) + (p + 1) * (m.o_op + c * m.g)
+
+
+def _tree(m: Links, p: int, c: int, s: int) -> float:
+    """The root is the busiest rank: per segment it receives from and
+    sends to each of its ceil(lg p) children (child 2^j across nodes when
+    2^j >= q); the other ranks keep up with it."""
+    S = _segments(c, s)
+    total = 0.0
+    for j in range((p - 1).bit_length()):
+        a, b = m.link((1 << j) >= m.q)
+        total += S * (2 * m.o + 2 * a + m.o_op) + c * (2 * b + m.g)
+    return total
+
+
+def _double_binary_tree(m: Links, p: int, c: int, s: int) -> float:
+    """Simulated message by message (no closed form): a segment's time
+    through the two trees is not set by one rank but by the hand-overs
+    along the trees' depth.  Beyond two segments a half, each further
+    segment adds what the second one added (the schedule repeats itself
+    segment by segment; the simulator's times are linear in the segments
+    from the second on), so at most two segments are simulated."""
+    half = -(-c // 2)
+    if half <= 2 * s:
+        return _simulated("double_binary_tree", p, c, s, m)
+    one = _simulated("double_binary_tree", p, 2 * s, s, m)
+    two = _simulated("double_binary_tree", p, 4 * s, s, m)
+    return one + (half / s - 1) * (two - one)
+
+
+@functools.lru_cache(maxsize=512)
+def _simulated(algorithm: str, p: int, count: int, s: int, m: "Links") -> float:
+    from ..simulate import simulate
+    from .model import machine_of
+
+    nodes = tuple(r // m.q for r in range(p)) if p > m.q else None
+    dtype = {1: "u1", 2: "u2", 4: "float32", 8: "float64"}[m.w]
+    return simulate(algorithm, p, count, dtype, segment_size=s,
+                    machine=machine_of(m.prm, nodes), data=False).seconds
+
+
+def _hierarchical(m: Links, p: int, c: int, s: int, inner: Optional[str]) -> float:
+    """Ring reduce-scatter inside each node, blocks to the node's leader,
+    the leaders' all-reduce across nodes (one rank a node: no port
+    sharing), back to the members, ring allgather inside."""
+    q = m.q
+    a, b = m.intra
+    block = -(-c // q)
+    rounds = (q - 1) * _segments(block, s)
+    inside = (2 * rounds * (2 * m.o + a) + 2 * (q - 1) * block * b + rounds * m.o_op
+              + (q - 1) * block * m.g + 2 * (q - 1) * (m.o + a + block * b))
+    nodes = -(-p // q)
+    if nodes == 1:
+        return inside if q > 1 else 0.0
+    a, b = m.inter
+    across = Params(a, b / m.w, m.g / m.w, overhead=m.o, op_overhead=m.o_op)
+    leaders = Links(across, 1, m.w)  # one rank a node: nothing shares a port
+    names = (inner,) if inner else ("ring", "recursive_doubling", "rabenseifner")
+    return inside + min(_FORMS[name](leaders, nodes, c, s) for name in names)
+
+
+_FORMS = {"driver": _driver, "naive": _naive, "ring": _ring, "ring_pipelined": _ring_pipelined,
+          "recursive_doubling": _recursive_doubling, "rabenseifner": _rabenseifner,
+          "tree": _tree, "double_binary_tree": _double_binary_tree}
