@@ -40,6 +40,11 @@ ALGORITHMS = ("driver", "naive", "ring", "ring_pipelined", "recursive_doubling",
               "rabenseifner", "tree", "double_binary_tree", "hierarchical")
 
 
+#: recursive doubling and Rabenseifner across nodes with p not a power of
+#: two (or nodes that do not divide p) are simulated up to this many ranks
+SIMULATE_UP_TO = 4096
+
+
 class Links:
     """The machine as the forms need it: software costs, the two links,
     gamma and the node size."""
@@ -94,6 +99,9 @@ def seconds(algorithm: str, nbytes: int, p: int, prm: Params, ranks_per_node: Op
     except KeyError:
         raise ValueError(f"no closed form for {algorithm!r}; choose one of "
                          f"{', '.join(ALGORITHMS)}") from None
+    if (algorithm in ("recursive_doubling", "rabenseifner") and q < p and not _aligned(p, q)
+            and p <= SIMULATE_UP_TO):
+        return _simulated(algorithm, p, count, s, m)
     return form(m, p, count, s)
 
 
@@ -102,7 +110,8 @@ def _ring(m: Links, p: int, c: int, s: int) -> float:
     the rank before a node boundary pays the inter-node link every round."""
     a, b = m.flat(p)
     block = -(-c // p)
-    rounds = (p - 1) * _segments(block, s)
+    S = _segments(block, s)
+    rounds = (p - 1) * S
     return (2 * rounds * (2 * m.o + a) + 2 * (p - 1) * block * b
             + rounds * m.o_op + (p - 1) * block * m.g)
 
@@ -164,11 +173,11 @@ def _steps(m: Links, p: int, parts: list) -> float:
     the peer at a distance of q or more has this rank's place in its node:
     so the q ranks of one node stand for all, and their rounds are followed
     one by one, the bytes sent across nodes in one round queued on the
-    node's port in the order the ranks post them.  Otherwise each step
-    takes its slowest rank's time (an upper bound)."""
+    node's port in the order the ranks post them.  Otherwise the ranks'
+    steps differ: each step takes its slowest rank's time, an estimate
+    (``seconds`` simulates such cases instead up to ``SIMULATE_UP_TO`` ranks)."""
     q = m.q
-    aligned = _pof2(p) == p and p % q == 0 and not q & (q - 1)
-    if not aligned:
+    if not _aligned(p, q):
         return sum(_step_bound(m, p, *part) for part in parts)
     clock = [0.0] * q
     pending = 0.0  # the reduction carried into the next round
@@ -189,6 +198,10 @@ def _steps(m: Links, p: int, parts: list) -> float:
                 clock = [max(posted[i], posted[i ^ distance]) + a + seg * b for i in range(q)]
             pending = (m.o_op + seg * m.g) if reduce and seg else 0.0
     return max(clock) + pending
+
+
+def _aligned(p: int, q: int) -> bool:
+    return _pof2(p) == p and p % q == 0 and not q & (q - 1)
 
 
 def _step_bound(m: Links, p: int, distance: int, c: int, s: int, reduce: bool) -> float:
