@@ -106,6 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--in-place", action="store_true")
     si.add_argument("--params", default=None,
                     help="a `model --json` file: also predict the time on that machine")
+    si.add_argument("--predict", action="store_true",
+                    help="with --params: predicted time of every algorithm for each of --ranks "
+                         "and each size (closed forms, up to 65536 ranks), the crossovers, "
+                         "optionally --png and --json")
+    si.add_argument("--ranks", default="2,4,16,64,256,1024,4096,16384,65536",
+                    help="--predict: comma-separated rank counts")
+    si.add_argument("-b", "--minbytes", default="8")
+    si.add_argument("-e", "--maxbytes", default="256M")
+    si.add_argument("-f", "--stepfactor", type=float, default=8.0)
+    si.add_argument("--png", default=None, help="--predict: write the plot here")
+    si.add_argument("--json", default=None, help="--predict: write the rows here")
     _hierarchy_args(si)
 
     pl = sub.add_parser("plot", help="latency and busbw against size from bench JSON files")
@@ -244,8 +255,33 @@ def _selection_line() -> str:
     return "the table alone: the same algorithm in every call and every run"
 
 
+def cmd_predict(args) -> int:
+    import json
+
+    from .api import DEFAULT_SEGMENT_BYTES
+    from .tools.model import Params
+    from .tools.scale import report
+
+    if not args.params:
+        raise SystemExit("simulate --predict needs --params (a `model --json` file)")
+    with open(args.params) as f:
+        prm = Params(**json.load(f)["params"])
+    ranks = [int(r) for r in _csv(args.ranks)]
+    if min(ranks) < 1:
+        raise SystemExit("--ranks must be positive")
+    rpn = args.ranks_per_node or 1
+    header = (f"$ python -m mpi_allreduce {' '.join(sys.argv[1:])}\n# machine: {args.params}: "
+              + ", ".join(f"{k} = {v:.3g}" for k, v in prm.as_dict().items() if v is not None))
+    report(prm, ranks, _size_range(args), rpn, args.segment_bytes or DEFAULT_SEGMENT_BYTES,
+           args.png, args.json, header)
+    return 0
+
+
 def cmd_simulate(args) -> int:
     import json
+
+    if args.predict:
+        return cmd_predict(args)
 
     from .tools.model import Params, machine_of
     from .registry import ALGORITHMS

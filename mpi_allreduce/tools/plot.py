@@ -45,3 +45,52 @@ def plot(paths, output: str, title=None) -> None:
     fig.tight_layout()
     fig.savefig(output, dpi=110)
     plt.close(fig)
+
+
+def plot_scale(rows: list, output: str, title: str) -> None:
+    """Left: predicted time against p at three sizes, one line per
+    algorithm.  Right: the fastest algorithm at every (p, size): the
+    crossovers are where the colour changes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from .scale import ALGORITHMS, best, format_size
+
+    ranks = sorted({r["p"] for r in rows})
+    sizes = sorted({r["size"] for r in rows})
+    picks = [sizes[0], sizes[len(sizes) // 2], sizes[-1]]
+    colors = dict(zip(ALGORITHMS, plt.cm.tab10.colors))
+    fig, axes = plt.subplots(1, 4, figsize=(22, 5.5),
+                             gridspec_kw={"width_ratios": [1, 1, 1, 1.3]})
+    for ax, size in zip(axes, picks):
+        for name in ALGORITHMS:
+            pts = sorted((r["p"], r["seconds"]) for r in rows
+                         if r["size"] == size and r["algorithm"] == name)
+            ax.plot([p for p, _ in pts], [t * 1e6 for _, t in pts], marker="o", markersize=3,
+                    label=name, color=colors[name])
+        ax.set(xscale="log", yscale="log", xlabel="ranks p", ylabel="predicted time (us)",
+               title=f"{format_size(size)}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    winners = best(rows)
+    grid = np.full((len(sizes), len(ranks)), -1)
+    for (p, size), (name, _) in winners.items():
+        grid[sizes.index(size), ranks.index(p)] = ALGORITHMS.index(name)
+    used = sorted({int(v) for v in grid.flat if v >= 0})
+    cmap = matplotlib.colors.ListedColormap([colors[ALGORITHMS[i]] for i in used])
+    index = {v: k for k, v in enumerate(used)}
+    shown = np.vectorize(lambda v: index.get(int(v), 0))(grid)
+    ax = axes[3]
+    ax.imshow(shown, origin="lower", aspect="auto", cmap=cmap, vmin=-0.5, vmax=len(used) - 0.5)
+    ax.set_xticks(range(len(ranks)), [str(p) for p in ranks], rotation=45)
+    ax.set_yticks(range(len(sizes)), [format_size(s) for s in sizes])
+    ax.set(xlabel="ranks p", ylabel="message size", title="fastest algorithm (crossovers)")
+    ax.legend(handles=[matplotlib.patches.Patch(color=colors[ALGORITHMS[i]], label=ALGORITHMS[i])
+                       for i in used], fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(output, dpi=110)
+    plt.close(fig)

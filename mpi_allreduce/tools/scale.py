@@ -318,3 +318,81 @@ def _hierarchical(m: Links, p: int, c: int, s: int, inner: Optional[str]) -> flo
 _FORMS = {"driver": _driver, "naive": _naive, "ring": _ring, "ring_pipelined": _ring_pipelined,
           "recursive_doubling": _recursive_doubling, "rabenseifner": _rabenseifner,
           "tree": _tree, "double_binary_tree": _double_binary_tree}
+
+
+def table(prm: Params, ranks: list, sizes: list, ranks_per_node: int,
+          segment_bytes: int, algorithms=ALGORITHMS) -> list:
+    """Rows ``{"p", "size", "algorithm", "seconds"}`` for every point."""
+    rows = []
+    for p in ranks:
+        for size in sizes:
+            for name in algorithms:
+                rows.append({"p": p, "size": size, "algorithm": name,
+                             "seconds": seconds(name, size, p, prm, ranks_per_node,
+                                                segment_bytes)})
+    return rows
+
+
+def best(rows: list) -> dict:
+    """(p, size) -> (fastest algorithm, its seconds)."""
+    out: dict = {}
+    for row in rows:
+        key = (row["p"], row["size"])
+        if row["seconds"] > 0 and (key not in out or row["seconds"] < out[key][1]):
+            out[key] = (row["algorithm"], row["seconds"])
+    return out
+
+
+def crossovers(rows: list) -> dict:
+    """p -> [(first size, algorithm)]: where the fastest algorithm changes
+    as the size grows."""
+    winners = best(rows)
+    out: dict = {}
+    for (p, size), (name, _) in sorted(winners.items()):
+        runs = out.setdefault(p, [])
+        if not runs or runs[-1][1] != name:
+            runs.append((size, name))
+    return out
+
+
+def format_size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def report(prm: Params, ranks: list, sizes: list, ranks_per_node: int, segment_bytes: int,
+           png: Optional[str] = None, json_path: Optional[str] = None, header: str = "") -> None:
+    """Print the predicted times (us) per p and size, the fastest marked,
+    then the crossovers; optionally the PNG and the rows as JSON."""
+    import json
+
+    rows = table(prm, ranks, sizes, ranks_per_node, segment_bytes)
+    winners = best(rows)
+    by_point = {(r["p"], r["size"], r["algorithm"]): r["seconds"] for r in rows}
+    names = [a for a in ALGORITHMS]
+    width = max(len(n) for n in names) + 1
+    print(header.rstrip())
+    print(f"# predicted time per all-reduce (us), {ranks_per_node} ranks a node, segments of "
+          f"{format_size(segment_bytes)}; * the fastest")
+    print(f"{'p':>6} {'size':>9} " + " ".join(f"{n[:width]:>{width}}" for n in names))
+    for p in ranks:
+        for size in sizes:
+            cells = []
+            for name in names:
+                t = by_point[(p, size, name)] * 1e6
+                mark = "*" if winners.get((p, size), ("",))[0] == name else " "
+                cells.append(f"{t:>{width - 1}.4g}{mark}")
+            print(f"{p:>6} {format_size(size):>9} " + " ".join(cells))
+    print("# crossovers: the fastest algorithm from each size on")
+    for p, runs in crossovers(rows).items():
+        print(f"{p:>6}: " + "; ".join(f"{name} from {format_size(size)}" for size, name in runs))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"params": prm.as_dict(), "ranks_per_node": ranks_per_node,
+                       "segment_bytes": segment_bytes, "rows": rows}, f, indent=1)
+    if png:
+        from .plot import plot_scale
+
+        plot_scale(rows, png, f"predicted all-reduce time, {ranks_per_node} ranks a node")
