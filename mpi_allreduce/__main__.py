@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("-b", "--minbytes", default="8")
     mo.add_argument("-e", "--maxbytes", default="16M")
     mo.add_argument("-f", "--stepfactor", type=float, default=8.0)
-    mo.add_argument("-n", "--iters", type=int, default=10)
+    mo.add_argument("-n", "--iters", type=int, default=20)
+    mo.add_argument("-r", "--repeats", type=int, default=3)
     mo.add_argument("--json", default=None)
     mo.add_argument("--two-level", action="store_true",
                     help="fit intra- and inter-node links separately (ranks on several nodes)")
@@ -211,7 +212,8 @@ def cmd_plot(args) -> int:
 def cmd_model(args) -> int:
     from .tools.model import report
 
-    return report(MPI.COMM_WORLD, _size_range(args), args.iters, args.json, args.two_level)
+    return report(MPI.COMM_WORLD, _size_range(args), args.iters, args.json, args.two_level,
+                  args.repeats)
 
 
 def cmd_tune(args) -> int:

@@ -43,7 +43,8 @@ from . import registry
 from .ops import resolve_op
 from .schedule import BUFFER_NAMES, RECV, SCRATCH, SEND, Recv, Reduce, Ref, Send
 
-__all__ = ["simulate", "execute", "schedules", "Machine", "Outcome", "SimulationError", "inputs"]
+__all__ = ["simulate", "execute", "schedules", "Machine", "Outcome", "SimulationError", "inputs",
+           "curve_time"]
 
 
 class SimulationError(RuntimeError):
@@ -68,6 +69,25 @@ class Machine:
     alpha_inter: Optional[float] = None
     beta_inter: Optional[float] = None
     nodes: Optional[tuple] = None
+    #: measured time of a message against its size, ``((bytes, seconds), ...)``,
+    #: inside a node and across: when given, it replaces ``alpha + n beta``
+    #: (PLogP: MPI's protocols make that time no straight line)
+    curve: Optional[tuple] = None
+    curve_inter: Optional[tuple] = None
+
+    def wire(self, src: int, dst: int, nbytes: float) -> float:
+        """Seconds of an ``nbytes`` message from ``src`` to ``dst`` once both
+        sides have posted it."""
+        across = self.across(src, dst)
+        curve = self.curve
+        if across and self.curve_inter is not None:
+            curve = self.curve_inter
+        elif across and self.alpha_inter is not None:
+            curve = None  # a straight line across
+        if curve is not None:
+            return curve_time(curve, nbytes)
+        alpha, beta = self.link(src, dst)
+        return alpha + nbytes * beta
 
     def across(self, src: int, dst: int) -> bool:
         return self.nodes is not None and self.nodes[src] != self.nodes[dst]
@@ -78,6 +98,18 @@ class Machine:
             return (self.alpha if self.alpha_inter is None else self.alpha_inter,
                     self.beta if self.beta_inter is None else self.beta_inter)
         return self.alpha, self.beta
+
+
+def curve_time(curve: tuple, nbytes: float) -> float:
+    """``curve`` (``(bytes, seconds)`` points, sizes ascending) at
+    ``nbytes``: straight lines between the points, the last two points'
+    slope beyond the last, the first point's time below the first."""
+    sizes = [point[0] for point in curve]
+    times = [point[1] for point in curve]
+    if nbytes <= sizes[-1] or len(curve) < 2:
+        return float(np.interp(nbytes, sizes, times))
+    slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
+    return times[-1] + (nbytes - sizes[-1]) * slope
 
 
 @dataclass
@@ -243,14 +275,13 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
                 f"{rref.length} ({label})")
         if data:
             view(ranks[dst], rref)[...] = view(ranks[src], sref)
-        alpha, beta = machine.link(src, dst)
-        wire = sref.length * itemsize * beta
+        nbytes = sref.length * itemsize
         begin = max(stime, rtime)
         if machine.across(src, dst):
             out, into = (machine.nodes[src], "out"), (machine.nodes[dst], "in")
             begin = max(begin, port_free[out], port_free[into])
-            port_free[out] = port_free[into] = begin + wire
-        at = begin + alpha + wire
+            port_free[out] = port_free[into] = begin + nbytes * machine.link(src, dst)[1]
+        at = begin + machine.wire(src, dst, nbytes)
         complete(src, at)
         complete(dst, at)
 

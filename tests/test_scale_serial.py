@@ -78,6 +78,32 @@ def test_symmetric_forms_are_exact_on_one_node():
                 simulated(algorithm, nbytes, p, p), rel=1e-9), (algorithm, p)
 
 
+#: a machine whose message time is a measured curve (eager up to 4 KiB,
+#: then a protocol change: +4 us, and a different slope), inside and across
+CURVED = Params(alpha=1e-6, beta=2e-10, gamma=3e-11, alpha_inter=15e-6, beta_inter=8e-10,
+                overhead=1e-7, op_overhead=7e-7,
+                curve=[(8, 2e-6), (4096, 3e-6), (4097, 7e-6), (1 << 20, 1.1e-4)],
+                curve_inter=[(8, 15e-6), (65536, 70e-6), (1 << 20, 9e-4)])
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_closed_form_follows_a_measured_curve(algorithm):
+    """The same forms on a machine whose message time is no straight line."""
+    for p, q in ((8, 8), (16, 4), (32, 8)):
+        for nbytes in (4 * p * 8, 4 * p * 1024, 4 * p * 8192):
+            nodes = tuple(r // q for r in range(p)) if q < p else None
+            options = None
+            if algorithm == "hierarchical":
+                options = {"nodes": tuple((r // q) * q for r in range(p)), "inner": "rabenseifner"}
+            expected = simulate(algorithm, p, nbytes // 4, "float32", segment_size=SEGMENT // 4,
+                                options=options, machine=machine_of(CURVED, nodes),
+                                data=False).seconds
+            got = seconds(algorithm, nbytes, p, CURVED, q, SEGMENT, inner="rabenseifner")
+            if algorithm == "naive" and q < p:  # the form does not follow the port (see above)
+                continue
+            assert got == pytest.approx(expected, rel=0.03), (p, q, nbytes)
+
+
 def test_port_is_shared():
     """Recursive doubling on nodes of 8: at 64 ranks the three steps across
     nodes come on top of the three inside, and in each all 8 ranks of a

@@ -48,6 +48,16 @@ class Params:
     #: software: seconds per message posted (each side), per local action
     overhead: float = 0.0
     op_overhead: float = 0.0
+    #: a message's measured time against its size, inside a node and across
+    #: (``((bytes, seconds), ...)``): when given, used instead of alpha + n beta
+    curve: Optional[tuple] = None
+    curve_inter: Optional[tuple] = None
+
+    def __post_init__(self):
+        for name in ("curve", "curve_inter"):  # from JSON: lists; kept as tuples (hashable)
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(tuple(map(float, pt)) for pt in value))
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -56,26 +66,34 @@ class Params:
 def machine_of(prm: Params, nodes: Optional[tuple] = None) -> Machine:
     return Machine(overhead=prm.overhead, alpha=prm.alpha, beta=prm.beta, gamma=prm.gamma,
                    op_overhead=prm.op_overhead, alpha_inter=prm.alpha_inter,
-                   beta_inter=prm.beta_inter, nodes=nodes)
+                   beta_inter=prm.beta_inter, nodes=nodes, curve=prm.curve,
+                   curve_inter=prm.curve_inter)
 
 
 @functools.lru_cache(maxsize=4096)
 def predict(algorithm: str, n: float, p: int, prm: Params, segment_bytes: Optional[int] = None,
-            ranks_per_node: Optional[int] = None, itemsize: int = 4) -> float:
+            ranks_per_node: Optional[int] = None, itemsize: int = 4,
+            nodes: Optional[tuple] = None) -> float:
     """Predicted seconds for an ``n``-byte all-reduce on ``p`` ranks: the
-    schedules of all ranks timed on ``prm`` (float32 elements by default)."""
+    schedules of all ranks timed on ``prm`` (float32 elements by default).
+    ``nodes`` (the node of every rank) or ``ranks_per_node`` (blocks of
+    consecutive ranks) place the ranks on nodes: messages between nodes
+    take the inter-node link and share their node's port."""
     if p <= 1 or n <= 0:
         return 0.0
     count = max(1, int(n) // itemsize)
     segment = max(1, (segment_bytes or (1 << 62)) // itemsize)
-    options, nodes = None, None
+    if nodes is None and ranks_per_node and ranks_per_node < p:
+        nodes = tuple((r // ranks_per_node) * ranks_per_node for r in range(p))
+    options = None
     if algorithm == "hierarchical":
-        q = min(ranks_per_node or p, p)
-        nodes = tuple((r // q) * q for r in range(p))
-        leaders = len(set(nodes))
+        layout = nodes or (0,) * p
+        leaders = len(set(layout))
         inner = best_flat(n, leaders, prm, segment_bytes)[0] if leaders > 1 else "ring"
-        options = {"nodes": nodes, "inner": inner}
+        options = {"nodes": layout, "inner": inner}
     dtype = {1: "u1", 2: "u2", 4: "float32", 8: "float64"}[itemsize]
+    if nodes is not None and len(set(nodes)) == 1:
+        nodes = None
     return simulate(algorithm, p, count, dtype, "sum", segment_size=segment, options=options,
                     machine=machine_of(prm, nodes), data=False).seconds
 
@@ -106,26 +124,45 @@ def fit_line(sizes, times) -> tuple[float, float]:
     return max(float(alpha), 0.0), max(float(beta), 0.0)
 
 
-def measure_pingpong(comm, sizes, iters: int = 50, peer: int = 1) -> list[float]:
-    """One-way time per size between rank 0 and ``peer`` (on every rank)."""
+def fit_link(sizes, times, large: int = 1 << 17) -> tuple[float, float]:
+    """(alpha + fixed software, beta) of ``t = alpha + n beta``: beta the
+    slope over the sizes from ``large`` bytes on (MPI changes protocol
+    above some kilobytes, so one line through all sizes fits neither end),
+    alpha the median of what is left of the small sizes' times."""
+    sizes = np.asarray(sizes, dtype=float)
+    times = np.asarray(times, dtype=float)
+    big = sizes >= large
+    beta = max(float(np.polyfit(sizes[big], times[big], 1)[0]), 0.0) if big.sum() >= 2 else \
+        fit_line(sizes, times)[1]
+    small = sizes <= 4096
+    alpha = float(np.median(times[small] - sizes[small] * beta)) if small.any() else \
+        fit_line(sizes, times)[0]
+    return max(alpha, 0.0), beta
+
+
+def measure_exchange(comm, sizes, pairs, iters: int = 40) -> list[float]:
+    """Seconds of one ``Sendrecv`` of n bytes each way between the two
+    ranks of every pair in ``pairs``, all pairs at once (as an algorithm's
+    rounds run: both directions at once, every rank of a pair busy); the
+    slowest rank's mean, per size, on every rank."""
     from mpi4py import MPI
 
     rank = comm.Get_rank()
+    peer = next((b if a == rank else a for a, b in pairs if rank in (a, b)), None)
     out = []
     for nbytes in sizes:
-        buf = np.zeros(nbytes, dtype=np.uint8)
-        reps = max(5, iters if nbytes <= 1 << 16 else iters // 10)
-        comm.Barrier()
-        t0 = MPI.Wtime()
-        for _ in range(reps):
-            if rank == 0:
-                comm.Send(buf, peer, 7)
-                comm.Recv(buf, peer, 7)
-            elif rank == peer:
-                comm.Recv(buf, 0, 7)
-                comm.Send(buf, 0, 7)
-        out.append((MPI.Wtime() - t0) / reps / 2)
-    return comm.bcast(out if rank == 0 else None, root=0)
+        send, recv = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+        reps = max(5, iters if nbytes <= 1 << 16 else iters // 8)
+        elapsed = 0.0
+        for timed in (False, True):  # the first pass warms up: pages, connections
+            comm.Barrier()
+            t0 = MPI.Wtime()
+            if peer is not None:
+                for _ in range(reps):
+                    comm.Sendrecv(send, peer, 7, recv, peer, 7)
+            elapsed = (MPI.Wtime() - t0) / reps if peer is not None else 0.0
+        out.append(comm.allreduce(elapsed, op=MPI.MAX))
+    return out
 
 
 def measure_reduction(sizes, dtype=np.float32, iters: int = 20) -> list[float]:
@@ -144,41 +181,71 @@ def measure_reduction(sizes, dtype=np.float32, iters: int = 20) -> list[float]:
     return out
 
 
-def node_layout(comm) -> tuple[int, Optional[int]]:
-    """(ranks on rank 0's node, the lowest rank on another node or None)."""
+def node_layout(comm) -> tuple:
+    """The node of every rank, as the lowest rank on it (``MPI_COMM_TYPE_SHARED``)."""
     from mpi4py import MPI
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    local = node.Get_size()
-    leader = comm.Get_rank() if node.Get_rank() == 0 else None
+    first = node.allreduce(comm.Get_rank(), op=MPI.MIN)
     node.Free()
-    leaders = [r for r in comm.allgather(leader) if r is not None]
-    return local, (leaders[1] if len(leaders) > 1 else None)
+    return tuple(comm.allgather(first))
+
+
+def cpu_share(comm, nodes: tuple) -> float:
+    """How many of rank 0's node's ranks share one of its cores (at least 1):
+    with more ranks than cores, software and reductions run that much slower
+    while every rank is busy."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    local = sum(1 for n in nodes if n == nodes[0])
+    return max(1.0, local / max(1, cores or 1))
 
 
 def fit(comm, two_level: bool = False) -> Params:
-    """alpha and beta from ping-pong between ranks 0 and 1; gamma from np.add.
+    """The machine's parameters, measured the way the algorithms load it.
 
-    With ``two_level`` the intra-node link is measured between rank 0 and
-    a rank on its node, and the inter-node link between rank 0 and the
-    first rank of another node (``alpha_inter``, ``beta_inter``)."""
-    sizes = [8 << k for k in range(0, 20, 2)]  # 8 B .. 2 MiB
+    * alpha, beta: ``Sendrecv`` exchanges between ranks 0 and 1, 2 and 3, ...
+      all at once (inside nodes with ``two_level``);
+    * ``alpha_inter``, ``beta_inter`` (``two_level``): an exchange between
+      the first ranks of the first two nodes (one port's worth);
+    * o: a ``Sendrecv`` with nobody (``MPI.PROC_NULL``), o_op a ufunc on one
+      element, gamma ``np.add`` on long vectors, each on every rank at once;
+    * with more ranks on a node than cores, o, o_op and gamma are scaled by
+      that ratio (:func:`cpu_share`).
+
+    A message's time (the exchange's, less o for its two posts) is kept
+    per size as a curve, and summed up as alpha (small sizes) and beta
+    (the slope from 128 KiB on)."""
     if comm.Get_size() < 2:
         raise ValueError("fitting alpha and beta needs at least 2 ranks")
-    local, remote = node_layout(comm) if two_level else (comm.Get_size(), None)
-    alpha, beta = fit_line(sizes, measure_pingpong(comm, sizes, peer=1 if local > 1 else remote))
-    alpha_inter = beta_inter = None
-    if remote is not None:
-        alpha_inter, beta_inter = fit_line(sizes, measure_pingpong(comm, sizes, peer=remote))
+    from mpi4py import MPI
+
+    sizes = [8 << k for k in range(0, 20)]  # 8 B .. 4 MiB
+    p = comm.Get_size()
+    nodes = node_layout(comm) if two_level else (0,) * p
+    share = cpu_share(comm, nodes)
+    overhead, op_overhead = (comm.allreduce(v, op=MPI.MAX) for v in measure_overheads())
     big = [1 << k for k in range(16, 24, 2)]
-    gamma = fit_line(big, measure_reduction(big))[1]
-    overhead, op_overhead = measure_overheads()
-    # the ping-pong's one-way time holds the software of a send and a receive
-    alpha = max(alpha - 2 * overhead, 0.0)
-    if alpha_inter is not None:
-        alpha_inter = max(alpha_inter - 2 * overhead, 0.0)
+    gamma = comm.allreduce(fit_line(big, measure_reduction(big))[1], op=MPI.MAX)
+    overhead, op_overhead, gamma = overhead * share, op_overhead * share, gamma * share
+
+    by_node: dict = {}
+    for r, n in enumerate(nodes):
+        by_node.setdefault(n, []).append(r)
+    pairs = [tuple(m[i:i + 2]) for m in by_node.values() for i in range(0, len(m) - 1, 2)]
+    def link(pairs):
+        times = [max(t - 2 * overhead, 0.0) for t in measure_exchange(comm, sizes, pairs)]
+        return fit_link(sizes, times) + (tuple(zip(sizes, times)),)
+
+    alpha_inter = beta_inter = curve_inter = None
+    if len(by_node) > 1:
+        first, second = (m[0] for m in list(by_node.values())[:2])
+        alpha_inter, beta_inter, curve_inter = link([(first, second)])
+    # one rank a node: the only link is across
+    alpha, beta, curve = link(pairs) if pairs else (alpha_inter, beta_inter, curve_inter)
     return comm.bcast(Params(alpha, beta, gamma, alpha_inter, beta_inter, overhead,
-                             op_overhead), root=0)
+                             op_overhead, curve, curve_inter), root=0)
 
 
 def measure_overheads(iters: int = 20000) -> tuple:
@@ -207,60 +274,64 @@ def measure_overheads(iters: int = 20000) -> tuple:
     return best_msg / 2, best_op
 
 
-def report(comm, sizes, iters: int = 10, json_path: Optional[str] = None,
-           two_level: bool = False) -> int:
+def report(comm, sizes, iters: int = 20, json_path: Optional[str] = None,
+           two_level: bool = False, repeats: int = 3, tolerance: float = 0.25) -> int:
     """Fit the parameters, then print predicted against measured time per
-    algorithm and size (rank 0), and optionally write both to JSON.
+    algorithm and size (rank 0), how many points lie within ``tolerance``,
+    and optionally write both to JSON.
 
-    ``two_level``: separate intra- and inter-node links; flat algorithms are
-    predicted with the inter-node link (their slowest hop), hierarchical
-    with both."""
+    ``two_level``: ranks on several nodes (``MPI_COMM_TYPE_SHARED``): the
+    fit has intra- and inter-node links and every algorithm is predicted on
+    the real layout, messages across nodes sharing their node's port."""
     import json
 
     from ..api import DEFAULT_SEGMENT_BYTES
+    from ..registry import ALGORITHMS
     from .bench import bench
 
     params = fit(comm, two_level)
     p = comm.Get_size()
-    local = node_layout(comm)[0] if two_level else p
-    flat = params
-    if params.alpha_inter is not None:
-        flat = Params(params.alpha_inter, params.beta_inter, params.gamma)
-    from ..registry import ALGORITHMS, FLAT_ALGORITHMS
-
-    algorithms = list(ALGORITHMS if two_level else FLAT_ALGORITHMS)
-    results = bench(comm, sizes, algorithms, iters=iters, warmup=2, progress=False)
+    nodes = node_layout(comm) if two_level else None
+    results = bench(comm, sizes, list(ALGORITHMS), iters=iters, warmup=2, repeats=repeats,
+                    progress=False)
     rows = []
     for r in results:
-        if r.algorithm == "hierarchical":
-            predicted = predict(r.algorithm, r.size, p, params, DEFAULT_SEGMENT_BYTES,
-                                ranks_per_node=local)
-        else:
-            predicted = predict(r.algorithm, r.size, p, flat, DEFAULT_SEGMENT_BYTES)
+        predicted = predict(r.algorithm, r.size, p, params, DEFAULT_SEGMENT_BYTES, nodes=nodes)
         rows.append({"size": r.size, "algorithm": r.algorithm, "measured_us": r.time_avg_us,
                      "predicted_us": predicted * 1e6})
-    if comm.Get_rank() == 0:
-        if params.alpha_inter is not None:
-            print(f"# inter-node: alpha = {params.alpha_inter * 1e6:.2f} us, beta = "
-                  f"{1e-9 / params.beta_inter if params.beta_inter else float('inf'):.2f} GB/s; "
-                  f"{local} ranks on rank 0's node")
-        print(f"# o = {params.overhead * 1e6:.2f} us per message posted, o_op = "
-              f"{params.op_overhead * 1e6:.2f} us per local action")
-        print(f"# alpha = {params.alpha * 1e6:.2f} us, beta = {1e-9 / params.beta if params.beta else float('inf'):.2f} GB/s "
-              f"(1/beta), gamma = {1e-9 / params.gamma if params.gamma else float('inf'):.2f} GB/s (1/gamma); "
-              f"{p} ranks")
-        print(f"{'size(B)':>10} {'algorithm':>20} {'measured(us)':>13} {'predicted(us)':>14} {'meas/pred':>10}")
-        for row in rows:
-            ratio = row["measured_us"] / row["predicted_us"] if row["predicted_us"] else float("nan")
-            print(f"{row['size']:>10} {row['algorithm']:>20} {row['measured_us']:>13.1f} "
-                  f"{row['predicted_us']:>14.1f} {ratio:>10.2f}")
-        by_size = {}
-        for row in rows:
-            by_size.setdefault(row["size"], []).append(row)
-        agree = sum(min(v, key=lambda r: r["measured_us"])["algorithm"]
-                    == min(v, key=lambda r: r["predicted_us"])["algorithm"] for v in by_size.values())
-        print(f"# the model picks the measured fastest algorithm at {agree} of {len(by_size)} sizes")
-        if json_path:
-            with open(json_path, "w") as f:
-                json.dump({"params": params.as_dict(), "ranks": p, "rows": rows}, f, indent=1)
+    if comm.Get_rank() != 0:
+        return 0
+    local = sum(1 for n in nodes if n == nodes[0]) if nodes else p
+    print(f"# {p} ranks, {local} on rank 0's node, {cpu_share(comm, nodes or (0,) * p):.2g} "
+          f"ranks a core there; {iters} iterations x {repeats} repeats a point (median)")
+    if params.alpha_inter is not None:
+        print(f"# across nodes: alpha = {params.alpha_inter * 1e6:.2f} us, beta = "
+              f"{_rate(params.beta_inter)} GB/s a port")
+    print(f"# o = {params.overhead * 1e6:.2f} us per message posted, o_op = "
+          f"{params.op_overhead * 1e6:.2f} us per local action")
+    print(f"# alpha = {params.alpha * 1e6:.2f} us, beta = {_rate(params.beta)} GB/s (1/beta), "
+          f"gamma = {_rate(params.gamma)} GB/s (1/gamma)")
+    print(f"{'size(B)':>10} {'algorithm':>20} {'measured(us)':>13} {'predicted(us)':>14} "
+          f"{'meas/pred':>10}")
+    for row in rows:
+        ratio = row["measured_us"] / row["predicted_us"] if row["predicted_us"] else float("nan")
+        row["within"] = abs(ratio - 1) <= tolerance
+        print(f"{row['size']:>10} {row['algorithm']:>20} {row['measured_us']:>13.1f} "
+              f"{row['predicted_us']:>14.1f} {ratio:>10.2f}" + ("" if row["within"] else "  miss"))
+    hits = sum(row["within"] for row in rows)
+    print(f"# within +-{tolerance:.0%}: {hits} of {len(rows)} points ({hits / len(rows):.0%})")
+    by_size: dict = {}
+    for row in rows:
+        by_size.setdefault(row["size"], []).append(row)
+    agree = sum(min(v, key=lambda r: r["measured_us"])["algorithm"]
+                == min(v, key=lambda r: r["predicted_us"])["algorithm"] for v in by_size.values())
+    print(f"# the model picks the measured fastest algorithm at {agree} of {len(by_size)} sizes")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"params": params.as_dict(), "ranks": p, "nodes": nodes, "rows": rows,
+                       "within": hits / len(rows)}, f, indent=1)
     return 0
+
+
+def _rate(per_byte: Optional[float]) -> str:
+    return f"{1e-9 / per_byte:.2f}" if per_byte else "inf"

@@ -30,6 +30,7 @@ import functools
 from typing import Optional
 
 from ..partition import real_rank
+from ..simulate import curve_time
 from .model import Params
 
 __all__ = ["ALGORITHMS", "seconds", "Links"]
@@ -67,13 +68,26 @@ class Links:
     def __eq__(self, other) -> bool:
         return isinstance(other, Links) and self._key() == other._key()
 
-    def link(self, across: bool) -> tuple:
-        """(alpha, beta per element)."""
-        return self.inter if across else self.intra
+    def port(self, across: bool) -> float:
+        """Seconds per element on the link (across: on the node's port)."""
+        return (self.inter if across else self.intra)[1]
 
-    def flat(self, p: int) -> tuple:
-        """The slowest link among p ranks: across nodes when there are several."""
-        return self.link(p > self.q)
+    def time(self, across: bool, elements: float) -> float:
+        """Seconds of a message of ``elements`` once both sides posted it:
+        the measured curve if the machine has one, else alpha + n beta."""
+        curve = self.prm.curve
+        if across and self.prm.curve_inter is not None:
+            curve = self.prm.curve_inter
+        elif across:
+            curve = None if self.prm.alpha_inter is not None else curve
+        if curve is not None:
+            return curve_time(curve, elements * self.w)
+        a, b = self.inter if across else self.intra
+        return a + elements * b
+
+    def flat(self, p: int) -> bool:
+        """Whether the slowest link among p ranks is across nodes."""
+        return p > self.q
 
 
 def _segments(length: int, s: int) -> int:
@@ -108,11 +122,10 @@ def seconds(algorithm: str, nbytes: int, p: int, prm: Params, ranks_per_node: Op
 def _ring(m: Links, p: int, c: int, s: int) -> float:
     """2(p-1) steps of S segment rounds on the block (the largest block);
     the rank before a node boundary pays the inter-node link every round."""
-    a, b = m.flat(p)
     block = -(-c // p)
     S = _segments(block, s)
     rounds = (p - 1) * S
-    return (2 * rounds * (2 * m.o + a) + 2 * (p - 1) * block * b
+    return (2 * rounds * (2 * m.o + m.time(m.flat(p), block / S))
             + rounds * m.o_op + (p - 1) * block * m.g)
 
 
@@ -120,14 +133,14 @@ def _ring_pipelined(m: Links, p: int, c: int, s: int) -> float:
     """The reduction of segment k runs while segment k+1 is on the wire;
     the allgather keeps two segments in flight (which share the port when
     they cross nodes)."""
-    a, b = m.flat(p)
+    across = m.flat(p)
     block = -(-c // p)
     S = _segments(block, s)
     seg = block / S
-    wire, local = a + seg * b, m.o_op + seg * m.g
+    wire, local = m.time(across, seg), m.o_op + seg * m.g
     step_rs = 2 * m.o + wire + (S - 1) * (2 * m.o + max(local, wire)) + local
     pairs, single = divmod(S, 2)
-    two = a + 2 * seg * b if p > m.q else wire
+    two = wire + seg * m.port(True) if across else wire
     step_ag = pairs * (4 * m.o + two) + single * (2 * m.o + wire)
     return (p - 1) * (step_rs + step_ag)
 
@@ -153,9 +166,9 @@ def _fold(m: Links, p: int, c: int, s: int) -> float:
     one hands the result back (whole)."""
     if _pof2(p) == p:
         return 0.0
-    a, b = m.link(_crossing(p, m.q, 0)[0])
+    across = _crossing(p, m.q, 0)[0]
     S = _segments(c, s)
-    return S * (m.o + a + m.o_op) + c * (b + m.g) + m.o + a + c * b
+    return S * (m.o + m.time(across, c / S) + m.o_op) + c * m.g + m.o + m.time(across, c)
 
 
 def _pieces(c: int, s: int) -> list:
@@ -184,18 +197,19 @@ def _steps(m: Links, p: int, parts: list) -> float:
     free = 0.0  # when the node's port is free
     for distance, c, s, reduce in parts:
         across = distance >= q
-        a, b = m.link(across)
+        b = m.port(across)
         for seg in _pieces(c, s):
+            wire = m.time(across, seg)
             posted = [t + pending + 2 * m.o for t in clock]
             if across:  # the peer is this rank's twin: the same clock
                 done = [0.0] * q
                 for i in sorted(range(q), key=posted.__getitem__):
                     begin = max(posted[i], free)
                     free = begin + seg * b
-                    done[i] = free + a
+                    done[i] = begin + wire
                 clock = done
             else:
-                clock = [max(posted[i], posted[i ^ distance]) + a + seg * b for i in range(q)]
+                clock = [max(posted[i], posted[i ^ distance]) + wire for i in range(q)]
             pending = (m.o_op + seg * m.g) if reduce and seg else 0.0
     return max(clock) + pending
 
@@ -206,12 +220,14 @@ def _aligned(p: int, q: int) -> bool:
 
 def _step_bound(m: Links, p: int, distance: int, c: int, s: int, reduce: bool) -> float:
     across, share = _crossing(p, m.q, distance)
-    a, b = m.link(across)
+    b = m.port(across)
     S = _segments(c, s)
     seg = c / S
     local = (m.o_op + seg * m.g) if reduce else 0.0
-    rank = 2 * m.o + a + local + seg * b
-    return max(S * rank + (share - 1) * seg * b, S * share * seg * b + 2 * m.o + a + local)
+    wire = m.time(across, seg)
+    rank = 2 * m.o + wire + local
+    return max(S * rank + (share - 1) * seg * b,
+               S * share * seg * b + 2 * m.o + wire - seg * b + local)
 
 
 def _pof2(p: int) -> int:
@@ -241,8 +257,7 @@ def _driver(m: Links, p: int, c: int, s: int) -> float:
     S = _segments(c, s)
     total = (p - 1) * (S * (m.o + m.o_op) + c * m.g)
     for across, ranks in ((False, min(m.q, p) - 1), (True, p - min(m.q, p))):
-        a, b = m.link(across)
-        total += ranks * (S * a + c * b + m.o + a + c * b)
+        total += ranks * (S * m.time(across, c / S) + m.o + m.time(across, c))
     return total
 
 
@@ -250,10 +265,9 @@ def _naive(m: Links, p: int, c: int, s: int) -> float:
     """Rank a meets rank b (a < b) in its b-th and b's a-th exchange, so
     the pair (a, b) ends after a + b exchanges: 2p-3 of them on the longest
     chain; then p vectors are combined (and one copied) on every rank."""
-    a, b = m.flat(p)
     S = _segments(c, s)
-    chain = (2 * p - 3) * (S * (2 * m.o + a) + c * b)
-    port = m.q * (p - m.q) * c * b if p > m.q else 0.0  # every byte leaving a node
+    chain = (2 * p - 3) * S * (2 * m.o + m.time(m.flat(p), c / S))
+    port = m.q * (p - m.q) * c * m.port(True) if p > m.q else 0.0  # every byte leaving a node
     return max(chain, port) + (p + 1) * (m.o_op + c * m.g)
 
 
@@ -264,8 +278,7 @@ def _tree(m: Links, p: int, c: int, s: int) -> float:
     S = _segments(c, s)
     total = 0.0
     for j in range((p - 1).bit_length()):
-        a, b = m.link((1 << j) >= m.q)
-        total += S * (2 * m.o + 2 * a + m.o_op) + c * (2 * b + m.g)
+        total += S * (2 * m.o + 2 * m.time((1 << j) >= m.q, c / S) + m.o_op) + c * m.g
     return total
 
 
@@ -300,16 +313,17 @@ def _hierarchical(m: Links, p: int, c: int, s: int, inner: Optional[str]) -> flo
     the leaders' all-reduce across nodes (one rank a node: no port
     sharing), back to the members, ring allgather inside."""
     q = m.q
-    a, b = m.intra
     block = -(-c // q)
-    rounds = (q - 1) * _segments(block, s)
-    inside = (2 * rounds * (2 * m.o + a) + 2 * (q - 1) * block * b + rounds * m.o_op
-              + (q - 1) * block * m.g + 2 * (q - 1) * (m.o + a + block * b))
+    S = _segments(block, s)
+    rounds = (q - 1) * S
+    inside = (2 * rounds * (2 * m.o + m.time(False, block / S)) + rounds * m.o_op
+              + (q - 1) * block * m.g + 2 * (q - 1) * (m.o + m.time(False, block)))
     nodes = -(-p // q)
     if nodes == 1:
         return inside if q > 1 else 0.0
     a, b = m.inter
-    across = Params(a, b / m.w, m.g / m.w, overhead=m.o, op_overhead=m.o_op)
+    curve = m.prm.curve_inter if m.prm.alpha_inter is not None else m.prm.curve
+    across = Params(a, b / m.w, m.g / m.w, overhead=m.o, op_overhead=m.o_op, curve=curve)
     leaders = Links(across, 1, m.w)  # one rank a node: nothing shares a port
     names = (inner,) if inner else ("ring", "recursive_doubling", "rabenseifner")
     return inside + min(_FORMS[name](leaders, nodes, c, s) for name in names)
