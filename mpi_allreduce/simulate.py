@@ -74,6 +74,10 @@ class Machine:
     #: (PLogP: MPI's protocols make that time no straight line)
     curve: Optional[tuple] = None
     curve_inter: Optional[tuple] = None
+    #: cores of a node: with more ranks busy on a node than it has cores,
+    #: their software, reductions and copies inside the node run slower by
+    #: that ratio (processor sharing; ranks waiting for a peer yield)
+    cores: Optional[int] = None
 
     def wire(self, src: int, dst: int, nbytes: float) -> float:
         """Seconds of an ``nbytes`` message from ``src`` to ``dst`` once both
@@ -255,6 +259,22 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
     recvs: dict = defaultdict(deque)
     ready = [(0.0, rank) for rank in range(size)]  # (clock, rank), a heap
     port_free: dict = defaultdict(float)  # (node, "out" or "in") -> when the port is free
+    # with ``cores``: until when each rank has work (software, a reduction,
+    # a copy of a matched message), and who shares its node
+    busy_until = [0.0] * size
+    node_of = machine.nodes or (0,) * size
+    members: dict = defaultdict(list)
+    for rank_, node in enumerate(node_of):
+        members[node].append(rank_)
+
+    def slowdown(rank: int, at: float) -> float:
+        """How much slower work of ``rank`` starting at ``at`` runs: the
+        ranks of its node with work then, over its cores (at least 1)."""
+        if machine.cores is None:
+            return 1.0
+        busy = 1 + sum(1 for other in members[node_of[rank]]
+                       if other != rank and busy_until[other] > at)
+        return max(1.0, busy / machine.cores)
 
     def view(r: _Rank, ref: Ref):
         return r.arrays[ref.buf][ref.offset:ref.stop]
@@ -281,7 +301,12 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
             out, into = (machine.nodes[src], "out"), (machine.nodes[dst], "in")
             begin = max(begin, port_free[out], port_free[into])
             port_free[out] = port_free[into] = begin + nbytes * machine.link(src, dst)[1]
-        at = begin + machine.wire(src, dst, nbytes)
+            at = begin + machine.wire(src, dst, nbytes)
+        else:  # inside a node the ranks' CPUs copy the message
+            at = begin + machine.wire(src, dst, nbytes) * max(slowdown(src, begin),
+                                                               slowdown(dst, begin))
+        busy_until[src] = max(busy_until[src], at)
+        busy_until[dst] = max(busy_until[dst], at)
         complete(src, at)
         complete(dst, at)
 
@@ -291,6 +316,7 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
         posted = []  # (ref, writes) of this round's messages
         r.open = 1  # held open while posting
         r.until = r.clock
+        slow = slowdown(rank, r.clock)
         for action in actions:
             if isinstance(action, (Send, Recv)):
                 ref = action.src if isinstance(action, Send) else action.dst
@@ -301,7 +327,7 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
                             f"rank {rank}, round {r.index}: two messages of one round overlap "
                             f"in {BUFFER_NAMES[ref.buf]} ({label})")
                 posted.append((ref, writes))
-                r.clock += machine.overhead
+                r.clock += machine.overhead * slow
                 r.open += 1
                 if writes:
                     queue = sends[(action.peer, rank)]
@@ -333,7 +359,8 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
                             out=view(r, action.out))
                 else:
                     view(r, action.dst)[...] = view(r, action.src)
-            r.clock += machine.op_overhead + action[0].length * itemsize * machine.gamma
+            r.clock += (machine.op_overhead + action[0].length * itemsize * machine.gamma) * slow
+        busy_until[rank] = max(busy_until[rank], r.clock)
         complete(rank, r.clock)  # releases the hold; advances if nothing is open
 
     while ready:

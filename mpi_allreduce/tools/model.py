@@ -52,6 +52,8 @@ class Params:
     #: (``((bytes, seconds), ...)``): when given, used instead of alpha + n beta
     curve: Optional[tuple] = None
     curve_inter: Optional[tuple] = None
+    #: cores of a node, where ranks may outnumber them (see Machine.cores)
+    cores: Optional[int] = None
 
     def __post_init__(self):
         for name in ("curve", "curve_inter"):  # from JSON: lists; kept as tuples (hashable)
@@ -67,7 +69,7 @@ def machine_of(prm: Params, nodes: Optional[tuple] = None) -> Machine:
     return Machine(overhead=prm.overhead, alpha=prm.alpha, beta=prm.beta, gamma=prm.gamma,
                    op_overhead=prm.op_overhead, alpha_inter=prm.alpha_inter,
                    beta_inter=prm.beta_inter, nodes=nodes, curve=prm.curve,
-                   curve_inter=prm.curve_inter)
+                   curve_inter=prm.curve_inter, cores=prm.cores)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -140,43 +142,62 @@ def fit_link(sizes, times, large: int = 1 << 17) -> tuple[float, float]:
     return max(alpha, 0.0), beta
 
 
-def measure_exchange(comm, sizes, pairs, iters: int = 40) -> list[float]:
+#: bytes the large-message measurements walk through, beyond the last-level
+#: cache of common CPUs: long vectors stream from memory in the algorithms too
+STREAM_BYTES = 64 << 20
+
+
+def measure_exchange(comm, sizes, pairs, iters: int = 40, passes: int = 3) -> list[float]:
     """Seconds of one ``Sendrecv`` of n bytes each way between the two
     ranks of every pair in ``pairs``, all pairs at once (as an algorithm's
     rounds run: both directions at once, every rank of a pair busy); the
-    slowest rank's mean, per size, on every rank."""
+    slowest rank's mean, the median of ``passes``, per size, on every rank.
+    Messages of 64 KiB and more come from successive places of a long
+    buffer, as the segments of a long vector do."""
     from mpi4py import MPI
 
     rank = comm.Get_rank()
     peer = next((b if a == rank else a for a, b in pairs if rank in (a, b)), None)
     out = []
     for nbytes in sizes:
-        send, recv = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+        span = max(nbytes, STREAM_BYTES if nbytes >= 1 << 16 else nbytes)
+        send, recv = np.ones(span, np.uint8), np.zeros(span, np.uint8)
         reps = max(5, iters if nbytes <= 1 << 16 else iters // 8)
-        elapsed = 0.0
-        for timed in (False, True):  # the first pass warms up: pages, connections
+        places = max(1, span // nbytes)
+        samples = []
+        for timed in range(passes + 1):  # the first pass warms up: pages, connections
             comm.Barrier()
             t0 = MPI.Wtime()
             if peer is not None:
-                for _ in range(reps):
-                    comm.Sendrecv(send, peer, 7, recv, peer, 7)
+                for k in range(reps):
+                    at = (k % places) * nbytes
+                    comm.Sendrecv(send[at:at + nbytes], peer, 7, recv[at:at + nbytes], peer, 7)
             elapsed = (MPI.Wtime() - t0) / reps if peer is not None else 0.0
-        out.append(comm.allreduce(elapsed, op=MPI.MAX))
-    return out
+            if timed:
+                samples.append(comm.allreduce(elapsed, op=MPI.MAX))
+        out.append(float(np.median(samples)))
+    # a longer message never takes less time: smooth the noise out
+    return list(np.minimum.accumulate(out[::-1])[::-1])
 
 
 def measure_reduction(sizes, dtype=np.float32, iters: int = 20) -> list[float]:
-    """Seconds for ``np.add(a, b, out=a)`` on ``n``-byte arrays."""
+    """Seconds for ``np.add(a, b, out=a)`` on ``n``-byte arrays, taken in
+    turn from successive places of long arrays (as a long vector's
+    segments are)."""
     import time
 
     out = []
+    itemsize = np.dtype(dtype).itemsize
     for nbytes in sizes:
-        a = np.ones(max(1, nbytes // np.dtype(dtype).itemsize), dtype=dtype)
-        b = np.ones_like(a)
+        n = max(1, nbytes // itemsize)
+        span = max(n, STREAM_BYTES // itemsize // 2)
+        a, b = np.ones(span, dtype=dtype), np.ones(span, dtype=dtype)
+        places = span // n
         np.add(a, b, out=a)
         t0 = time.perf_counter()
-        for _ in range(iters):
-            np.add(a, b, out=a)
+        for k in range(iters):
+            at = (k % places) * n
+            np.add(a[at:at + n], b[at:at + n], out=a[at:at + n])
         out.append((time.perf_counter() - t0) / iters)
     return out
 
@@ -191,61 +212,66 @@ def node_layout(comm) -> tuple:
     return tuple(comm.allgather(first))
 
 
-def cpu_share(comm, nodes: tuple) -> float:
-    """How many of rank 0's node's ranks share one of its cores (at least 1):
-    with more ranks than cores, software and reductions run that much slower
-    while every rank is busy."""
+def node_cores(comm, nodes: tuple) -> int:
+    """The cores rank 0's node's ranks may run on: the union of their CPU
+    affinities (each rank may be bound to one)."""
     import os
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    local = sum(1 for n in nodes if n == nodes[0])
-    return max(1.0, local / max(1, cores or 1))
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        list(range(os.cpu_count() or 1))
+    everyone = comm.allgather(mine)
+    cores = set()
+    for r, n in enumerate(nodes):
+        if n == nodes[0]:
+            cores.update(everyone[r])
+    return max(1, len(cores))
 
 
 def fit(comm, two_level: bool = False) -> Params:
-    """The machine's parameters, measured the way the algorithms load it.
+    """The machine's parameters, each measured with nothing else running
+    (the simulator adds the sharing: of a node's port, and of its cores
+    when its ranks outnumber them).
 
-    * alpha, beta: ``Sendrecv`` exchanges between ranks 0 and 1, 2 and 3, ...
-      all at once (inside nodes with ``two_level``);
-    * ``alpha_inter``, ``beta_inter`` (``two_level``): an exchange between
-      the first ranks of the first two nodes (one port's worth);
+    * a message's time against its size: ``Sendrecv`` exchanges between
+      ranks 0 and 1 (on one node with ``two_level``), less o for the two
+      posts, kept as a curve and summed up as alpha (small sizes) and beta
+      (the slope from 128 KiB on);
+    * across nodes (``two_level``): the same between the first ranks of the
+      first two nodes (``alpha_inter``, ``beta_inter``, ``curve_inter``);
     * o: a ``Sendrecv`` with nobody (``MPI.PROC_NULL``), o_op a ufunc on one
-      element, gamma ``np.add`` on long vectors, each on every rank at once;
-    * with more ranks on a node than cores, o, o_op and gamma are scaled by
-      that ratio (:func:`cpu_share`).
-
-    A message's time (the exchange's, less o for its two posts) is kept
-    per size as a curve, and summed up as alpha (small sizes) and beta
-    (the slope from 128 KiB on)."""
+      element, gamma ``np.add`` on long vectors, on rank 0;
+    * cores: those rank 0's node's ranks may run on."""
     if comm.Get_size() < 2:
         raise ValueError("fitting alpha and beta needs at least 2 ranks")
-    from mpi4py import MPI
-
     sizes = [8 << k for k in range(0, 20)]  # 8 B .. 4 MiB
     p = comm.Get_size()
     nodes = node_layout(comm) if two_level else (0,) * p
-    share = cpu_share(comm, nodes)
-    overhead, op_overhead = (comm.allreduce(v, op=MPI.MAX) for v in measure_overheads())
-    big = [1 << k for k in range(16, 24, 2)]
-    gamma = comm.allreduce(fit_line(big, measure_reduction(big))[1], op=MPI.MAX)
-    overhead, op_overhead, gamma = overhead * share, op_overhead * share, gamma * share
+    cores = node_cores(comm, nodes)
+    overhead = op_overhead = gamma = 0.0
+    if comm.Get_rank() == 0:
+        overhead, op_overhead = measure_overheads()
+        big = [1 << k for k in range(16, 24, 2)]
+        gamma = fit_line(big, measure_reduction(big))[1]
+    overhead, op_overhead, gamma = comm.bcast((overhead, op_overhead, gamma), root=0)
 
     by_node: dict = {}
     for r, n in enumerate(nodes):
         by_node.setdefault(n, []).append(r)
-    pairs = [tuple(m[i:i + 2]) for m in by_node.values() for i in range(0, len(m) - 1, 2)]
-    def link(pairs):
-        times = [max(t - 2 * overhead, 0.0) for t in measure_exchange(comm, sizes, pairs)]
+    members = by_node[nodes[0]]
+
+    def link(pair):
+        times = [max(t - 2 * overhead, 0.0) for t in measure_exchange(comm, sizes, [pair])]
         return fit_link(sizes, times) + (tuple(zip(sizes, times)),)
 
     alpha_inter = beta_inter = curve_inter = None
     if len(by_node) > 1:
-        first, second = (m[0] for m in list(by_node.values())[:2])
-        alpha_inter, beta_inter, curve_inter = link([(first, second)])
+        alpha_inter, beta_inter, curve_inter = link((0, min(by_node[n][0] for n in by_node
+                                                            if n != nodes[0])))
     # one rank a node: the only link is across
-    alpha, beta, curve = link(pairs) if pairs else (alpha_inter, beta_inter, curve_inter)
+    alpha, beta, curve = link(tuple(members[:2])) if len(members) > 1 else \
+        (alpha_inter, beta_inter, curve_inter)
     return comm.bcast(Params(alpha, beta, gamma, alpha_inter, beta_inter, overhead,
-                             op_overhead, curve, curve_inter), root=0)
+                             op_overhead, curve, curve_inter, cores), root=0)
 
 
 def measure_overheads(iters: int = 20000) -> tuple:
@@ -292,6 +318,8 @@ def report(comm, sizes, iters: int = 20, json_path: Optional[str] = None,
     params = fit(comm, two_level)
     p = comm.Get_size()
     nodes = node_layout(comm) if two_level else None
+    share = max(1.0, sum(1 for n in (nodes or (0,) * p) if n == (nodes or (0,))[0])
+                / params.cores)
     results = bench(comm, sizes, list(ALGORITHMS), iters=iters, warmup=2, repeats=repeats,
                     progress=False)
     rows = []
@@ -302,8 +330,9 @@ def report(comm, sizes, iters: int = 20, json_path: Optional[str] = None,
     if comm.Get_rank() != 0:
         return 0
     local = sum(1 for n in nodes if n == nodes[0]) if nodes else p
-    print(f"# {p} ranks, {local} on rank 0's node, {cpu_share(comm, nodes or (0,) * p):.2g} "
-          f"ranks a core there; {iters} iterations x {repeats} repeats a point (median)")
+    print(f"# {p} ranks, {local} on rank 0's node, {share:.2g} ranks a core there "
+          f"({params.cores} cores); "
+          f"{iters} iterations x {repeats} repeats a point (median)")
     if params.alpha_inter is not None:
         print(f"# across nodes: alpha = {params.alpha_inter * 1e6:.2f} us, beta = "
               f"{_rate(params.beta_inter)} GB/s a port")
