@@ -3,6 +3,7 @@
 
     sudo python benchmarks/emulated_hosts.py                 # verify + bench, all settings
     sudo python benchmarks/emulated_hosts.py verify --layout 2,3,2
+    sudo python benchmarks/emulated_hosts.py model                # the cost model's check
     sudo python benchmarks/emulated_hosts.py run --layout 2,2 -- python -m mpi_allreduce info
 
 Each emulated host is a network namespace plus a UTS namespace (its own
@@ -162,6 +163,28 @@ def cmd_verify(layout, rate=None) -> tuple[int, str]:
 SETTINGS = [("unshaped", None), ("10gbit", "10gbit"), ("1gbit", "1gbit")]
 
 
+#: the model's check on emulated hosts: (layout, tbf rate)
+MODEL_CHECKS = [([2, 2], "1gbit"), ([2, 2, 2, 2], "1gbit")]
+
+
+def model_check(out: Path) -> list[str]:
+    """``model --two-level`` on each of ``MODEL_CHECKS``: the machine's
+    parameters fitted on the emulated hosts, every algorithm's predicted
+    time against its measured time (``model-<layout>-<rate>.txt/json``)."""
+    report = []
+    for layout, rate in MODEL_CHECKS:
+        name = f"{len(layout)}x{layout[0]}-{rate}"
+        with EmulatedHosts(layout, rate) as hosts:
+            m = hosts.mpiexec([sys.executable, "-m", "mpi_allreduce", "model", "--two-level",
+                               "-e", "16M", "-f", "8", "-n", "50", "--json",
+                               str(out / f"model-{name}.json")], timeout=1500)
+        (out / f"model-{name}.txt").write_text(m.stdout + m.stderr[-2000:])
+        print(m.stdout, flush=True)
+        within = next((line for line in m.stdout.splitlines() if "within" in line), "")
+        report.append(f"model {name}: exit {m.returncode} {within.lstrip('# ')}")
+    return report
+
+
 def cmd_all(out: Path, layouts) -> int:
     out.mkdir(parents=True, exist_ok=True)
     status = 0
@@ -193,6 +216,7 @@ def cmd_all(out: Path, layouts) -> int:
                 bench_inputs.append((label, path))
     if bench_inputs:
         plot_settings(bench_inputs, out / "hierarchical.png")
+    report += model_check(out)
     (out / "README.md").write_text(
         "# Emulated hosts\n\nProduced by `sudo python benchmarks/emulated_hosts.py` "
         "(see its docstring).\n\n" + "\n".join(f"- {line}" for line in report) + "\n")
@@ -228,7 +252,7 @@ def plot_settings(inputs, output: Path) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", nargs="?", default="all", choices=["all", "verify", "run", "check"])
+    parser.add_argument("action", nargs="?", default="all", choices=["all", "verify", "run", "check", "model"])
     parser.add_argument("--layout", default="2,2", help="ranks per host, e.g. 2,3,2")
     parser.add_argument("--rate", default=None, help="tbf rate of every link, e.g. 1gbit")
     parser.add_argument("--out", default=str(HERE / "results" / "emulated"))
@@ -248,6 +272,11 @@ def main(argv=None) -> int:
             r = hosts.mpiexec(cmd)
             print(r.stdout, r.stderr, sep="")
             return r.returncode
+    if args.action == "model":
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        report = model_check(Path(args.out))
+        print("\n".join(report))
+        return 0 if all(": exit 0" in line for line in report) else 1
     return cmd_all(Path(args.out), [[2, 2], [2, 3, 2], [2, 2, 2, 2]])
 
 

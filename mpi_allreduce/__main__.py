@@ -258,6 +258,7 @@ def _selection_line() -> str:
 
 
 def cmd_predict(args) -> int:
+    import dataclasses
     import json
 
     from .api import DEFAULT_SEGMENT_BYTES
@@ -267,13 +268,18 @@ def cmd_predict(args) -> int:
     if not args.params:
         raise SystemExit("simulate --predict needs --params (a `model --json` file)")
     with open(args.params) as f:
-        prm = Params(**json.load(f)["params"])
+        # the closed forms give every rank a core of its own and every send
+        # a matching receive: the fitted core count (oversubscribed here)
+        # and eager sends are the simulator's alone
+        prm = dataclasses.replace(Params(**json.load(f)["params"]), cores=None, eager_bytes=None)
     ranks = [int(r) for r in _csv(args.ranks)]
     if min(ranks) < 1:
         raise SystemExit("--ranks must be positive")
     rpn = args.ranks_per_node or 1
     header = (f"$ python -m mpi_allreduce {' '.join(sys.argv[1:])}\n# machine: {args.params}: "
-              + ", ".join(f"{k} = {v:.3g}" for k, v in prm.as_dict().items() if v is not None))
+              + ", ".join(f"{k} = {v:.3g}" for k, v in prm.as_dict().items()
+                          if isinstance(v, float)) + "; measured message-time curves: "
+              + ", ".join(k for k in ("curve", "curve_inter") if getattr(prm, k)))
     report(prm, ranks, _size_range(args), rpn, args.segment_bytes or DEFAULT_SEGMENT_BYTES,
            args.png, args.json, header)
     return 0

@@ -24,7 +24,8 @@ the all-reduce is the latest rank's.  With ``nodes``, messages between
 nodes take ``alpha_inter`` and ``beta_inter`` and each node has one network
 port, as in LogGOPSim: the bytes of the node's ranks leave (and enter) it
 one message after another, so q ranks sending n bytes across at once take
-``alpha_inter + q n beta_inter``.  Ranks are taken in order of their clocks,
+``alpha_inter + q n beta_inter``; inside a node a rank sends (and receives)
+one message at a time, its CPU doing the copy.  Ranks are taken in order of their clocks,
 so the port serves messages about in the order they are posted.  Unit machines (``alpha=1`` and the
 rest 0, and so on) give the messages, bytes on the wire and bytes reduced
 along the critical path.
@@ -74,16 +75,25 @@ class Machine:
     #: (PLogP: MPI's protocols make that time no straight line)
     curve: Optional[tuple] = None
     curve_inter: Optional[tuple] = None
+    #: inside a node, the time of a message its sender wrote during the
+    #: call (a reduced or received block, not the untouched input): Open
+    #: MPI's single-copy path can make such messages several times slower
+    curve_fresh: Optional[tuple] = None
+    #: sends of at most this many bytes are eager (timing only, no data):
+    #: done once posted, the receive completing when the bytes arrive
+    #: (MPI libraries buffer short messages); None: every send waits for
+    #: its receive, the strictest semantics (see the module docstring)
+    eager_bytes: Optional[int] = None
     #: cores of a node: with more ranks busy on a node than it has cores,
     #: their software, reductions and copies inside the node run slower by
     #: that ratio (processor sharing; ranks waiting for a peer yield)
     cores: Optional[int] = None
 
-    def wire(self, src: int, dst: int, nbytes: float) -> float:
+    def wire(self, src: int, dst: int, nbytes: float, fresh: bool = False) -> float:
         """Seconds of an ``nbytes`` message from ``src`` to ``dst`` once both
-        sides have posted it."""
+        sides have posted it (``fresh``: written by its sender in this call)."""
         across = self.across(src, dst)
-        curve = self.curve
+        curve = self.curve_fresh if fresh and self.curve_fresh is not None else self.curve
         if across and self.curve_inter is not None:
             curve = self.curve_inter
         elif across and self.alpha_inter is not None:
@@ -259,6 +269,7 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
     recvs: dict = defaultdict(deque)
     ready = [(0.0, rank) for rank in range(size)]  # (clock, rank), a heap
     port_free: dict = defaultdict(float)  # (node, "out" or "in") -> when the port is free
+    copy_free: dict = defaultdict(float)  # (rank, "out" or "in") -> inside a node, the same
     # with ``cores``: until when each rank has work (software, a reduction,
     # a copy of a matched message), and who shares its node
     busy_until = [0.0] * size
@@ -288,7 +299,8 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
             r.index += 1
             heapq.heappush(ready, (r.clock, rank))
 
-    def match(src: int, dst: int, sref: Ref, stime: float, rref: Ref, rtime: float) -> None:
+    def match(src: int, dst: int, sref: Ref, stime: float, rref: Ref, rtime: float,
+              eager: bool = False) -> None:
         if sref.length != rref.length:
             raise SimulationError(
                 f"rank {src} sends {sref.length} elements to rank {dst}, which receives "
@@ -296,17 +308,24 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
         if data:
             view(ranks[dst], rref)[...] = view(ranks[src], sref)
         nbytes = sref.length * itemsize
-        begin = max(stime, rtime)
+        begin = stime if eager else max(stime, rtime)
         if machine.across(src, dst):
             out, into = (machine.nodes[src], "out"), (machine.nodes[dst], "in")
             begin = max(begin, port_free[out], port_free[into])
             port_free[out] = port_free[into] = begin + nbytes * machine.link(src, dst)[1]
             at = begin + machine.wire(src, dst, nbytes)
-        else:  # inside a node the ranks' CPUs copy the message
-            at = begin + machine.wire(src, dst, nbytes) * max(slowdown(src, begin),
-                                                               slowdown(dst, begin))
+        else:  # inside a node the ranks' CPUs copy it, one message at a time each way
+            out, into = (src, "out"), (dst, "in")
+            begin = max(begin, copy_free[out], copy_free[into])
+            fresh = sref.buf != SEND
+            at = begin + machine.wire(src, dst, nbytes, fresh) * max(slowdown(src, begin),
+                                                                      slowdown(dst, begin))
+            copy_free[out] = copy_free[into] = at
         busy_until[src] = max(busy_until[src], at)
         busy_until[dst] = max(busy_until[dst], at)
+        if eager:  # the sender went on at once
+            complete(dst, max(at, rtime))
+            return
         complete(src, at)
         complete(dst, at)
 
@@ -328,21 +347,24 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
                             f"in {BUFFER_NAMES[ref.buf]} ({label})")
                 posted.append((ref, writes))
                 r.clock += machine.overhead * slow
-                r.open += 1
+                # an eager send is done once posted; the receive waits for its bytes
+                eager = (not writes and not data and machine.eager_bytes is not None
+                         and ref.length * itemsize <= machine.eager_bytes)
+                r.open += not eager
                 if writes:
                     queue = sends[(action.peer, rank)]
                     if queue:
-                        src_ref, stime = queue.popleft()
-                        match(action.peer, rank, src_ref, stime, ref, r.clock)
+                        src_ref, stime, was_eager = queue.popleft()
+                        match(action.peer, rank, src_ref, stime, ref, r.clock, was_eager)
                     else:
                         recvs[(action.peer, rank)].append((ref, r.clock))
                 else:
                     queue = recvs[(rank, action.peer)]
                     if queue:
                         dst_ref, rtime = queue.popleft()
-                        match(rank, action.peer, ref, r.clock, dst_ref, rtime)
+                        match(rank, action.peer, ref, r.clock, dst_ref, rtime, eager)
                     else:
-                        sends[(rank, action.peer)].append((ref, r.clock))
+                        sends[(rank, action.peer)].append((ref, r.clock, eager))
                 continue
             touched = [(action.out, True), (action.first, False), (action.second, False)] \
                 if isinstance(action, Reduce) else [(action.dst, True), (action.src, False)]

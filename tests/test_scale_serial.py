@@ -126,3 +126,29 @@ def test_reaches_65536_ranks():
 def test_unknown_algorithm():
     with pytest.raises(ValueError, match="no closed form"):
         seconds("auto", 8, 4, PRM)
+
+
+def test_predict_command(tmp_path):
+    """``simulate --predict``: the table, the crossovers, the PNG and JSON."""
+    import json
+    import subprocess
+    import sys
+
+    params = tmp_path / "machine.json"
+    params.write_text(json.dumps({"params": CURVED.as_dict()}))
+    png, rows = tmp_path / "scale.png", tmp_path / "scale.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "mpi_allreduce", "simulate", "--predict", "--params", str(params),
+         "--ranks", "2,64,4096", "--ranks-per-node", "8", "-b", "8", "-e", "64M", "-f", "64",
+         "--png", str(png), "--json", str(rows)],
+        capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "# crossovers" in out and png.stat().st_size > 10000
+    data = json.loads(rows.read_text())["rows"]
+    assert len(data) == 3 * 4 * len(ALGORITHMS)
+    assert all(r["seconds"] > 0 for r in data)
+    # every printed time is the closed form's
+    row = next(r for r in data if r["p"] == 4096 and r["algorithm"] == "ring" and r["size"] == 8)
+    assert row["seconds"] == pytest.approx(seconds("ring", 8, 4096, CURVED, 8, 1 << 20))
+    # at 4096 ranks and 8 bytes: the ring's 2(p-1) steps against lg p
+    at8 = {r["algorithm"]: r["seconds"] for r in data if r["p"] == 4096 and r["size"] == 8}
+    assert at8["ring"] > 100 * at8["recursive_doubling"]

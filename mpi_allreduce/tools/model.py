@@ -54,9 +54,13 @@ class Params:
     curve_inter: Optional[tuple] = None
     #: cores of a node, where ranks may outnumber them (see Machine.cores)
     cores: Optional[int] = None
+    #: inside a node, a message its sender has just written (see Machine)
+    curve_fresh: Optional[tuple] = None
+    #: the longest message the MPI sends eagerly (see Machine)
+    eager_bytes: Optional[int] = None
 
     def __post_init__(self):
-        for name in ("curve", "curve_inter"):  # from JSON: lists; kept as tuples (hashable)
+        for name in ("curve", "curve_inter", "curve_fresh"):  # from JSON: lists; kept as tuples (hashable)
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, tuple(tuple(map(float, pt)) for pt in value))
@@ -69,7 +73,8 @@ def machine_of(prm: Params, nodes: Optional[tuple] = None) -> Machine:
     return Machine(overhead=prm.overhead, alpha=prm.alpha, beta=prm.beta, gamma=prm.gamma,
                    op_overhead=prm.op_overhead, alpha_inter=prm.alpha_inter,
                    beta_inter=prm.beta_inter, nodes=nodes, curve=prm.curve,
-                   curve_inter=prm.curve_inter, cores=prm.cores)
+                   curve_inter=prm.curve_inter, cores=prm.cores, curve_fresh=prm.curve_fresh,
+                   eager_bytes=prm.eager_bytes)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -147,37 +152,64 @@ def fit_link(sizes, times, large: int = 1 << 17) -> tuple[float, float]:
 STREAM_BYTES = 64 << 20
 
 
-def measure_exchange(comm, sizes, pairs, iters: int = 40, passes: int = 3) -> list[float]:
+def measure_exchange(comm, sizes, pairs, iters: int = 40, passes: int = 3,
+                     both_ways: bool = True, fresh: bool = False) -> list[float]:
     """Seconds of one ``Sendrecv`` of n bytes each way between the two
     ranks of every pair in ``pairs``, all pairs at once (as an algorithm's
     rounds run: both directions at once, every rank of a pair busy); the
     slowest rank's mean, the median of ``passes``, per size, on every rank.
-    Messages of 64 KiB and more come from successive places of a long
-    buffer, as the segments of a long vector do."""
+
+    Not ``both_ways``: a ping-pong instead, half its round trip (a message
+    with the link to itself).  Messages of 64 KiB and more come from
+    successive places of a long buffer, as the segments of a long vector
+    do.  ``fresh``: the sender writes the message just before it sends it
+    (as an algorithm sends what it has just reduced or received), and the
+    time of the write alone is taken off."""
     from mpi4py import MPI
 
     rank = comm.Get_rank()
     peer = next((b if a == rank else a for a, b in pairs if rank in (a, b)), None)
+    first = peer is not None and rank < peer
+
+    def timed(call, reps):
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        if peer is not None:
+            for k in range(reps):
+                call(k)
+        return comm.allreduce((MPI.Wtime() - t0) / reps, op=MPI.MAX)
+
     out = []
     for nbytes in sizes:
-        span = max(nbytes, STREAM_BYTES if nbytes >= 1 << 16 else nbytes)
+        span = nbytes if fresh or nbytes < 1 << 16 else max(nbytes, STREAM_BYTES)
         send, recv = np.ones(span, np.uint8), np.zeros(span, np.uint8)
-        reps = max(5, iters if nbytes <= 1 << 16 else iters // 8)
         places = max(1, span // nbytes)
+        reps = max(5, iters * 10 if nbytes <= 1 << 12 else iters if nbytes <= 1 << 16
+                   else iters // 8)
+
+        def message(k):
+            at = (k % places) * nbytes
+            block, into = send[at:at + nbytes], recv[at:at + nbytes]
+            if fresh:
+                block.fill(k & 127)
+            if both_ways:
+                comm.Sendrecv(block, peer, 7, into, peer, 7)
+            elif first:
+                comm.Send(block, peer, 7)
+                comm.Recv(into, peer, 7)
+            else:
+                comm.Recv(into, peer, 7)
+                comm.Send(block, peer, 7)
+
+        def write(k):
+            send[:nbytes].fill(k & 127)
+
         samples = []
-        for timed in range(passes + 1):  # the first pass warms up: pages, connections
-            comm.Barrier()
-            t0 = MPI.Wtime()
-            if peer is not None:
-                for k in range(reps):
-                    at = (k % places) * nbytes
-                    comm.Sendrecv(send[at:at + nbytes], peer, 7, recv[at:at + nbytes], peer, 7)
-            elapsed = (MPI.Wtime() - t0) / reps if peer is not None else 0.0
-            if timed:
-                samples.append(comm.allreduce(elapsed, op=MPI.MAX))
-        out.append(float(np.median(samples)))
-    # a longer message never takes less time: smooth the noise out
-    return list(np.minimum.accumulate(out[::-1])[::-1])
+        for _ in range(passes + 1):  # the first pass warms up: pages, connections
+            t = timed(message, reps) - (timed(write, reps) if fresh else 0.0)
+            samples.append(max(t, 0.0) / (1 if both_ways else 2))
+        out.append(float(np.median(samples[1:])))
+    return out
 
 
 def measure_reduction(sizes, dtype=np.float32, iters: int = 20) -> list[float]:
@@ -236,11 +268,17 @@ def fit(comm, two_level: bool = False) -> Params:
       ranks 0 and 1 (on one node with ``two_level``), less o for the two
       posts, kept as a curve and summed up as alpha (small sizes) and beta
       (the slope from 128 KiB on);
-    * across nodes (``two_level``): the same between the first ranks of the
-      first two nodes (``alpha_inter``, ``beta_inter``, ``curve_inter``);
+    * across nodes (``two_level``): a ping-pong between the first ranks of
+      the first two nodes, one message at a time on the network
+      (``alpha_inter``, ``beta_inter``, ``curve_inter``; the simulator
+      queues concurrent messages on the nodes' ports);
+    * the same inside the node with the sender writing each message just
+      before it sends it (``curve_fresh``: on some launches of some
+      machines such messages cost several times more);
     * o: a ``Sendrecv`` with nobody (``MPI.PROC_NULL``), o_op a ufunc on one
       element, gamma ``np.add`` on long vectors, on rank 0;
-    * cores: those rank 0's node's ranks may run on."""
+    * cores: those rank 0's node's ranks may run on;
+    * the eager limit: where the curve steps up (:func:`eager_limit`)."""
     if comm.Get_size() < 2:
         raise ValueError("fitting alpha and beta needs at least 2 ranks")
     sizes = [8 << k for k in range(0, 20)]  # 8 B .. 4 MiB
@@ -259,19 +297,34 @@ def fit(comm, two_level: bool = False) -> Params:
         by_node.setdefault(n, []).append(r)
     members = by_node[nodes[0]]
 
-    def link(pair):
-        times = [max(t - 2 * overhead, 0.0) for t in measure_exchange(comm, sizes, [pair])]
+    def link(pair, both_ways=True, fresh=False):
+        times = [max(t - 2 * overhead, 0.0) for t in
+                 measure_exchange(comm, sizes, [pair], both_ways=both_ways, fresh=fresh)]
         return fit_link(sizes, times) + (tuple(zip(sizes, times)),)
 
     alpha_inter = beta_inter = curve_inter = None
-    if len(by_node) > 1:
-        alpha_inter, beta_inter, curve_inter = link((0, min(by_node[n][0] for n in by_node
-                                                            if n != nodes[0])))
+    if len(by_node) > 1:  # a message alone on the network: the ports' sharing is simulated
+        alpha_inter, beta_inter, curve_inter = link(
+            (0, min(by_node[n][0] for n in by_node if n != nodes[0])), both_ways=False)
     # one rank a node: the only link is across
     alpha, beta, curve = link(tuple(members[:2])) if len(members) > 1 else \
         (alpha_inter, beta_inter, curve_inter)
+    curve_fresh = link(tuple(members[:2]), fresh=True)[2] if len(members) > 1 else None
     return comm.bcast(Params(alpha, beta, gamma, alpha_inter, beta_inter, overhead,
-                             op_overhead, curve, curve_inter, cores), root=0)
+                             op_overhead, curve, curve_inter, cores, curve_fresh,
+                             eager_limit(curve)), root=0)
+
+
+def eager_limit(curve: tuple) -> Optional[int]:
+    """The longest message sent eagerly, read off a measured curve: the
+    size before the first step up by half or more (the change to a
+    rendezvous protocol), among sizes up to 64 KiB; None if there is none."""
+    for (n0, t0), (n1, t1) in zip(curve, curve[1:]):
+        if n1 > 1 << 16:
+            break
+        if t0 > 0 and t1 > 1.5 * t0:
+            return int(n0)
+    return None
 
 
 def measure_overheads(iters: int = 20000) -> tuple:
@@ -337,7 +390,8 @@ def report(comm, sizes, iters: int = 20, json_path: Optional[str] = None,
         print(f"# across nodes: alpha = {params.alpha_inter * 1e6:.2f} us, beta = "
               f"{_rate(params.beta_inter)} GB/s a port")
     print(f"# o = {params.overhead * 1e6:.2f} us per message posted, o_op = "
-          f"{params.op_overhead * 1e6:.2f} us per local action")
+          f"{params.op_overhead * 1e6:.2f} us per local action; sends up to "
+          f"{params.eager_bytes} B eager")
     print(f"# alpha = {params.alpha * 1e6:.2f} us, beta = {_rate(params.beta)} GB/s (1/beta), "
           f"gamma = {_rate(params.gamma)} GB/s (1/gamma)")
     print(f"{'size(B)':>10} {'algorithm':>20} {'measured(us)':>13} {'predicted(us)':>14} "

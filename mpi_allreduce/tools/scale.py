@@ -7,20 +7,27 @@ so up to about a thousand ranks.  This module gives the same model's time in
 closed form: per algorithm, the sum over its rounds on the critical path of
 
 * ``o`` per message posted and ``o_op`` per local action (software),
-* ``alpha + n beta`` per message on the wire, inside a node or across
-  (``alpha_inter``, ``beta_inter``),
+* a message's time once both sides posted it, inside a node or across: the
+  measured curve where the machine has one, else ``alpha + n beta``
+  (``alpha_inter``, ``beta_inter`` across),
 * ``n gamma`` per byte reduced or copied,
 * one network port per node: when the q ranks of a node all send n bytes
   to other nodes in the same round (recursive doubling and Rabenseifner at
-  distances of q and more), the round takes ``alpha_inter + q n beta_inter``.
+  distances of q and more), their bytes queue on it: ``q n beta_inter``.
 
 Ranks are laid out in blocks of ``ranks_per_node`` (q) consecutive ranks
-per node.  Each form follows its schedule builder (segments, folds,
-where the reductions happen) and ``tests/test_scale_serial.py`` holds them
-against the message-by-message simulation: equal on one node (symmetric
-schedules) and within a few per cent across nodes at every p from 2 to 64
-and some up to 1024.  The forms cost O(log p) (trees: O(p) once per p), so
-they reach p = 65536.
+per node, each with a core of its own (the simulator's sharing of cores is
+left out).  Each form follows its schedule builder (segments, folds, where
+the reductions happen), and ``tests/test_scale_serial.py`` holds them
+against the message-by-message simulation at every p from 2 to 64 and some
+up to 1024, on one node and several: within 3% (13% for the pipelined ring
+at uneven segments).  Where no form is exact the simulator answers instead:
+the double binary tree always (two segments simulated, the rest
+extrapolated), recursive doubling and Rabenseifner across nodes when p is
+not a power of two or q does not divide it (up to ``SIMULATE_UP_TO``
+ranks).  ``naive`` across nodes is an estimate only (its longest chain or
+the bytes leaving a node, whichever is longer).  The forms cost O(log p)
+(the trees O(p)), so they reach p = 65536 in seconds.
 """
 
 from __future__ import annotations
@@ -132,7 +139,7 @@ def _ring(m: Links, p: int, c: int, s: int) -> float:
 def _ring_pipelined(m: Links, p: int, c: int, s: int) -> float:
     """The reduction of segment k runs while segment k+1 is on the wire;
     the allgather keeps two segments in flight (which share the port when
-    they cross nodes)."""
+    they cross nodes, and the ranks' copying inside one)."""
     across = m.flat(p)
     block = -(-c // p)
     S = _segments(block, s)
@@ -140,7 +147,7 @@ def _ring_pipelined(m: Links, p: int, c: int, s: int) -> float:
     wire, local = m.time(across, seg), m.o_op + seg * m.g
     step_rs = 2 * m.o + wire + (S - 1) * (2 * m.o + max(local, wire)) + local
     pairs, single = divmod(S, 2)
-    two = wire + seg * m.port(True) if across else wire
+    two = wire + seg * m.port(True) if across else 2 * wire  # a rank copies one at a time
     step_ag = pairs * (4 * m.o + two) + single * (2 * m.o + wire)
     return (p - 1) * (step_rs + step_ag)
 
