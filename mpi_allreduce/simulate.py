@@ -84,6 +84,8 @@ class Machine:
     #: (MPI libraries buffer short messages); None: every send waits for
     #: its receive, the strictest semantics (see the module docstring)
     eager_bytes: Optional[int] = None
+    #: software of a call before its first round, on every rank
+    call_overhead: float = 0.0
     #: cores of a node: with more ranks busy on a node than it has cores,
     #: their software, reductions and copies inside the node run slower by
     #: that ratio (processor sharing; ranks waiting for a peer yield)
@@ -262,12 +264,14 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
     size = len(scheds)
     data = any(a is not None for a in arrays)
     ranks = [_Rank(sched.rounds, a) for sched, a in zip(scheds, arrays)]
+    for r in ranks:
+        r.clock = machine.call_overhead
 
     # per ordered pair (src, dst): posted, unmatched sends and receives,
     # each (rank, ref, post time)
     sends: dict = defaultdict(deque)
     recvs: dict = defaultdict(deque)
-    ready = [(0.0, rank) for rank in range(size)]  # (clock, rank), a heap
+    ready = [(r.clock, rank) for rank, r in enumerate(ranks)]  # (clock, rank), a heap
     port_free: dict = defaultdict(float)  # (node, "out" or "in") -> when the port is free
     copy_free: dict = defaultdict(float)  # (rank, "out" or "in") -> inside a node, the same
     # with ``cores``: until when each rank has work (software, a reduction,

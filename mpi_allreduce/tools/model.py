@@ -58,6 +58,8 @@ class Params:
     curve_fresh: Optional[tuple] = None
     #: the longest message the MPI sends eagerly (see Machine)
     eager_bytes: Optional[int] = None
+    #: software of one call outside its rounds (checks, plan lookup)
+    call_overhead: float = 0.0
 
     def __post_init__(self):
         for name in ("curve", "curve_inter", "curve_fresh"):  # from JSON: lists; kept as tuples (hashable)
@@ -74,7 +76,7 @@ def machine_of(prm: Params, nodes: Optional[tuple] = None) -> Machine:
                    op_overhead=prm.op_overhead, alpha_inter=prm.alpha_inter,
                    beta_inter=prm.beta_inter, nodes=nodes, curve=prm.curve,
                    curve_inter=prm.curve_inter, cores=prm.cores, curve_fresh=prm.curve_fresh,
-                   eager_bytes=prm.eager_bytes)
+                   eager_bytes=prm.eager_bytes, call_overhead=prm.call_overhead)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -278,7 +280,8 @@ def fit(comm, two_level: bool = False) -> Params:
     * o: a ``Sendrecv`` with nobody (``MPI.PROC_NULL``), o_op a ufunc on one
       element, gamma ``np.add`` on long vectors, on rank 0;
     * cores: those rank 0's node's ranks may run on;
-    * the eager limit: where the curve steps up (:func:`eager_limit`)."""
+    * the eager limit: where the curve steps up (:func:`eager_limit`);
+    * the software of a call outside its rounds (:func:`measure_call`)."""
     if comm.Get_size() < 2:
         raise ValueError("fitting alpha and beta needs at least 2 ranks")
     sizes = [8 << k for k in range(0, 20)]  # 8 B .. 4 MiB
@@ -310,9 +313,49 @@ def fit(comm, two_level: bool = False) -> Params:
     alpha, beta, curve = link(tuple(members[:2])) if len(members) > 1 else \
         (alpha_inter, beta_inter, curve_inter)
     curve_fresh = link(tuple(members[:2]), fresh=True)[2] if len(members) > 1 else None
+    call = measure_call(comm, (0, members[1] if len(members) > 1 else
+                               min(by_node[n][0] for n in by_node if n != nodes[0])))
     return comm.bcast(Params(alpha, beta, gamma, alpha_inter, beta_inter, overhead,
                              op_overhead, curve, curve_inter, cores, curve_fresh,
-                             eager_limit(curve)), root=0)
+                             eager_limit(curve), call), root=0)
+
+
+def measure_call(comm, pair, iters: int = 2000) -> float:
+    """Seconds of one call's software outside its rounds: an all-reduce of
+    one float by recursive doubling between the ranks of ``pair`` (on a
+    communicator of their own) against its one round done by hand (a
+    ``Sendrecv`` and an ``np.add``); the best of three batches."""
+    from mpi4py import MPI
+
+    from ..api import allreduce
+
+    rank = comm.Get_rank()
+    sub = comm.Split(0 if rank in pair else MPI.UNDEFINED, rank)
+    best = float("inf")
+    if sub != MPI.COMM_NULL:
+        peer = 1 - sub.Get_rank()
+        x, y, t = np.ones(1, np.float32), np.zeros(1, np.float32), np.zeros(1, np.float32)
+
+        def ours():
+            allreduce(x, y, comm=sub, algorithm="recursive_doubling")
+
+        def by_hand():
+            sub.Sendrecv(x, peer, 7, t, peer, 7)
+            np.add(x, t, out=y)
+
+        for _ in range(3):
+            times = []
+            for call in (ours, by_hand):
+                for _ in range(iters // 10):
+                    call()
+                sub.Barrier()
+                t0 = MPI.Wtime()
+                for _ in range(iters):
+                    call()
+                times.append(sub.allreduce((MPI.Wtime() - t0) / iters, op=MPI.MAX))
+            best = min(best, max(times[0] - times[1], 0.0))
+        sub.Free()
+    return comm.allreduce(best if best < float("inf") else 0.0, op=MPI.MAX)
 
 
 def eager_limit(curve: tuple) -> Optional[int]:
@@ -390,8 +433,8 @@ def report(comm, sizes, iters: int = 20, json_path: Optional[str] = None,
         print(f"# across nodes: alpha = {params.alpha_inter * 1e6:.2f} us, beta = "
               f"{_rate(params.beta_inter)} GB/s a port")
     print(f"# o = {params.overhead * 1e6:.2f} us per message posted, o_op = "
-          f"{params.op_overhead * 1e6:.2f} us per local action; sends up to "
-          f"{params.eager_bytes} B eager")
+          f"{params.op_overhead * 1e6:.2f} us per local action, "
+          f"{params.call_overhead * 1e6:.2f} us per call; sends up to {params.eager_bytes} B eager")
     print(f"# alpha = {params.alpha * 1e6:.2f} us, beta = {_rate(params.beta)} GB/s (1/beta), "
           f"gamma = {_rate(params.gamma)} GB/s (1/gamma)")
     print(f"{'size(B)':>10} {'algorithm':>20} {'measured(us)':>13} {'predicted(us)':>14} "

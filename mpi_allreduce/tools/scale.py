@@ -114,7 +114,7 @@ def seconds(algorithm: str, nbytes: int, p: int, prm: Params, ranks_per_node: Op
     s = max(1, (segment_bytes or (1 << 62)) // itemsize)
     m = Links(prm, q, itemsize)
     if algorithm == "hierarchical":
-        return _hierarchical(m, p, count, s, inner)
+        return prm.call_overhead + _hierarchical(m, p, count, s, inner)
     try:
         form = _FORMS[algorithm]
     except KeyError:
@@ -123,7 +123,8 @@ def seconds(algorithm: str, nbytes: int, p: int, prm: Params, ranks_per_node: Op
     if (algorithm in ("recursive_doubling", "rabenseifner") and q < p and not _aligned(p, q)
             and p <= SIMULATE_UP_TO):
         return _simulated(algorithm, p, count, s, m)
-    return form(m, p, count, s)
+    call = 0.0 if algorithm == "double_binary_tree" else prm.call_overhead  # simulated: has it
+    return call + form(m, p, count, s)
 
 
 def _ring(m: Links, p: int, c: int, s: int) -> float:
