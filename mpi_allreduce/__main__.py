@@ -268,10 +268,12 @@ def cmd_predict(args) -> int:
     if not args.params:
         raise SystemExit("simulate --predict needs --params (a `model --json` file)")
     with open(args.params) as f:
-        # the closed forms give every rank a core of its own and every send
-        # a matching receive: the fitted core count (oversubscribed here)
-        # and eager sends are the simulator's alone
-        prm = dataclasses.replace(Params(**json.load(f)["params"]), cores=None, eager_bytes=None)
+        # the closed forms give every rank a core of its own, every send a
+        # matching receive and full-duplex network links: the fitted core
+        # count (oversubscribed here), eager sends and half-duplex ranks
+        # are the simulator's alone
+        prm = dataclasses.replace(Params(**json.load(f)["params"]), cores=None, eager_bytes=None,
+                                  half_duplex=False)
     ranks = [int(r) for r in _csv(args.ranks)]
     if min(ranks) < 1:
         raise SystemExit("--ranks must be positive")

@@ -86,6 +86,10 @@ class Machine:
     eager_bytes: Optional[int] = None
     #: software of a call before its first round, on every rank
     call_overhead: float = 0.0
+    #: a rank moves one message across nodes at a time, sent or received
+    #: (where its CPU runs the network stack for both directions), instead
+    #: of one each way at once
+    half_duplex: bool = False
     #: cores of a node: with more ranks busy on a node than it has cores,
     #: their software, reductions and copies inside the node run slower by
     #: that ratio (processor sharing; ranks waiting for a peer yield)
@@ -316,8 +320,12 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
         if machine.across(src, dst):
             out, into = (machine.nodes[src], "out"), (machine.nodes[dst], "in")
             begin = max(begin, port_free[out], port_free[into])
+            if machine.half_duplex:
+                begin = max(begin, copy_free[(src, "net")], copy_free[(dst, "net")])
             port_free[out] = port_free[into] = begin + nbytes * machine.link(src, dst)[1]
             at = begin + machine.wire(src, dst, nbytes)
+            if machine.half_duplex:
+                copy_free[(src, "net")] = copy_free[(dst, "net")] = at
         else:  # inside a node the ranks' CPUs copy it, one message at a time each way
             out, into = (src, "out"), (dst, "in")
             begin = max(begin, copy_free[out], copy_free[into])

@@ -85,6 +85,36 @@ def test_the_machine_charges_overhead_and_links():
     assert simulate("ring", 4, 4, machine=Machine(overhead=1.0), data=False).seconds == 12.0
 
 
+def test_the_machine_shares_ports_cores_and_ranks():
+    """The shared resources of the machine model, each against its
+    arithmetic: a node's port, a node's cores, a half-duplex rank, an
+    eager send, the call's own software, a measured curve."""
+    n = 1000  # float32 elements: 4000 bytes
+    # recursive doubling on 2 nodes of 2: the step across sends 2 vectors
+    # through each node's port, one after the other
+    port = Machine(beta_inter=1.0, nodes=(0, 0, 1, 1))
+    assert simulate("recursive_doubling", 4, n, machine=port, data=False).seconds == 2 * 4 * n
+    # half duplex: each rank's two messages across (one each way) queue too
+    half = Machine(alpha_inter=1.0, half_duplex=True, nodes=(0, 1))
+    assert simulate("recursive_doubling", 2, n, machine=half, data=False).seconds == 2.0
+    assert simulate("recursive_doubling", 2, n, machine=Machine(alpha_inter=1.0, nodes=(0, 1)),
+                    data=False).seconds == 1.0
+    # 4 busy ranks on 2 cores reduce at half speed; 2 on 2 at full
+    shared = Machine(gamma=1.0, cores=2)
+    assert simulate("recursive_doubling", 4, n, machine=shared, data=False).seconds == 2 * 2 * 4 * n
+    assert simulate("recursive_doubling", 2, n, machine=shared, data=False).seconds == 4 * n
+    # the driver's senders wait for the root's receives in turn, unless
+    # eager: then only the root's one-at-a-time copying orders them
+    wait = simulate("driver", 4, 1, machine=Machine(alpha=1.0, overhead=0.5), data=False)
+    eager = simulate("driver", 4, 1, machine=Machine(alpha=1.0, overhead=0.5, eager_bytes=4),
+                     data=False)
+    assert (wait.seconds, eager.seconds) == (9.0, 7.0)
+    assert simulate("ring", 2, 2, machine=Machine(call_overhead=3.0), data=False).seconds == 3.0
+    curve = Machine(curve=((8, 1.0), (4096, 2.0), (8192, 10.0)))
+    assert simulate("recursive_doubling", 2, 1024, machine=curve, data=False).seconds == 2.0
+    assert simulate("recursive_doubling", 2, 4096, machine=curve, data=False).seconds == 26.0
+
+
 # --- the simulator catches broken schedules --------------------------------
 
 class _Fixed:

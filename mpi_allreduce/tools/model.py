@@ -60,6 +60,8 @@ class Params:
     eager_bytes: Optional[int] = None
     #: software of one call outside its rounds (checks, plan lookup)
     call_overhead: float = 0.0
+    #: across nodes a rank moves one message at a time (see Machine)
+    half_duplex: bool = False
 
     def __post_init__(self):
         for name in ("curve", "curve_inter", "curve_fresh"):  # from JSON: lists; kept as tuples (hashable)
@@ -76,7 +78,8 @@ def machine_of(prm: Params, nodes: Optional[tuple] = None) -> Machine:
                    op_overhead=prm.op_overhead, alpha_inter=prm.alpha_inter,
                    beta_inter=prm.beta_inter, nodes=nodes, curve=prm.curve,
                    curve_inter=prm.curve_inter, cores=prm.cores, curve_fresh=prm.curve_fresh,
-                   eager_bytes=prm.eager_bytes, call_overhead=prm.call_overhead)
+                   eager_bytes=prm.eager_bytes, call_overhead=prm.call_overhead,
+                   half_duplex=prm.half_duplex)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -273,7 +276,8 @@ def fit(comm, two_level: bool = False) -> Params:
     * across nodes (``two_level``): a ping-pong between the first ranks of
       the first two nodes, one message at a time on the network
       (``alpha_inter``, ``beta_inter``, ``curve_inter``; the simulator
-      queues concurrent messages on the nodes' ports);
+      queues concurrent messages on the nodes' ports), and whether an
+      exchange both ways takes twice that (``half_duplex``);
     * the same inside the node with the sender writing each message just
       before it sends it (``curve_fresh``: on some launches of some
       machines such messages cost several times more);
@@ -306,9 +310,15 @@ def fit(comm, two_level: bool = False) -> Params:
         return fit_link(sizes, times) + (tuple(zip(sizes, times)),)
 
     alpha_inter = beta_inter = curve_inter = None
+    half_duplex = False
     if len(by_node) > 1:  # a message alone on the network: the ports' sharing is simulated
-        alpha_inter, beta_inter, curve_inter = link(
-            (0, min(by_node[n][0] for n in by_node if n != nodes[0])), both_ways=False)
+        other = min(by_node[n][0] for n in by_node if n != nodes[0])
+        alpha_inter, beta_inter, curve_inter = link((0, other), both_ways=False)
+        # both ways at once: twice a message's time when the rank moves one at a time
+        large = [n for n in sizes if n >= 1 << 20]
+        both = measure_exchange(comm, large, [(0, other)])
+        alone = [t for n, t in curve_inter if n >= 1 << 20]
+        half_duplex = bool(np.median(np.divide(both, alone)) > 1.5)
     # one rank a node: the only link is across
     alpha, beta, curve = link(tuple(members[:2])) if len(members) > 1 else \
         (alpha_inter, beta_inter, curve_inter)
@@ -317,7 +327,7 @@ def fit(comm, two_level: bool = False) -> Params:
                                min(by_node[n][0] for n in by_node if n != nodes[0])))
     return comm.bcast(Params(alpha, beta, gamma, alpha_inter, beta_inter, overhead,
                              op_overhead, curve, curve_inter, cores, curve_fresh,
-                             eager_limit(curve), call), root=0)
+                             eager_limit(curve), call, half_duplex), root=0)
 
 
 def measure_call(comm, pair, iters: int = 2000) -> float:
@@ -431,7 +441,8 @@ def report(comm, sizes, iters: int = 20, json_path: Optional[str] = None,
           f"{iters} iterations x {repeats} repeats a point (median)")
     if params.alpha_inter is not None:
         print(f"# across nodes: alpha = {params.alpha_inter * 1e6:.2f} us, beta = "
-              f"{_rate(params.beta_inter)} GB/s a port")
+              f"{_rate(params.beta_inter)} GB/s a port, "
+              f"{'half' if params.half_duplex else 'full'} duplex a rank")
     print(f"# o = {params.overhead * 1e6:.2f} us per message posted, o_op = "
           f"{params.op_overhead * 1e6:.2f} us per local action, "
           f"{params.call_overhead * 1e6:.2f} us per call; sends up to {params.eager_bytes} B eager")
