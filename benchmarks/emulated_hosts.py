@@ -173,7 +173,7 @@ def model_check(out: Path) -> list[str]:
     time against its measured time (``model-<layout>-<rate>.txt/json``)."""
     report = []
     for layout, rate in MODEL_CHECKS:
-        name = f"{len(layout)}x{layout[0]}-{rate}"
+        name = f"check-{len(layout)}x{layout[0]}-{rate}"
         with EmulatedHosts(layout, rate) as hosts:
             m = hosts.mpiexec([sys.executable, "-m", "mpi_allreduce", "model", "--two-level",
                                "-e", "16M", "-f", "8", "-n", "50", "--json",

@@ -21,9 +21,14 @@ _ALGORITHMS = {
                    naive, tree, double_binary_tree)
 }
 
-#: algorithms run by name only, not yet candidates of ``auto``, ``tune`` or
-#: live selection (the O(p^2) baseline; the trees until the model says where they win)
-NOT_CANDIDATES = ("naive", "tree", "double_binary_tree")
+#: algorithms run by name only, not candidates of ``auto``, ``tune`` or live
+#: selection: the O(p^2) baseline, and the double binary tree, which the
+#: cost model predicts fastest nowhere from 2 to 65536 ranks (README, *The
+#: cost model*).  The binomial tree is a candidate: the model has it
+#: fastest for short vectors on thousands of ranks with many a node, where
+#: recursive doubling's steps across nodes queue every rank of a node on
+#: its port; ``tune`` measures it, and a table it writes may choose it.
+NOT_CANDIDATES = ("naive", "double_binary_tree")
 
 #: the names ``algorithm=`` accepts besides "auto"
 ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)

@@ -253,8 +253,12 @@ def _rabenseifner(m: Links, p: int, c: int, s: int) -> float:
     allgather's one round a step back (no reduction: the same exchange
     with gamma and o_op left out)."""
     P = _pof2(p)
-    block = -(-c // P)
-    halves = [(1 << k, block * (P >> (k + 1))) for k in range(P.bit_length() - 1)]
+    whole, extra = divmod(c, P)  # blocks of ``whole`` elements, the first ``extra`` one more
+
+    def largest(blocks: int) -> int:  # the most elements in ``blocks`` consecutive blocks
+        return blocks * whole + min(blocks, extra)
+
+    halves = [(1 << k, largest(P >> (k + 1))) for k in range(P.bit_length() - 1)]
     return _fold(m, p, c, s) + _steps(m, p, [(d, n, s, True) for d, n in halves]
                                       + [(d, n, max(n, 1), False) for d, n in halves[::-1]])
 
