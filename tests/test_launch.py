@@ -91,6 +91,30 @@ def test_info_command():
     assert "staged through host memory -- forced by MPI_ALLREDUCE_CUDA_AWARE=0" in result.stdout
 
 
+def test_model_command_fits_and_predicts_every_algorithm(tmp_path):
+    """``model`` on 3 ranks (emulated as 2 nodes would need root; one node
+    here): the fitted machine has its measured curves, software costs and
+    core count, and every algorithm at every size has a positive
+    prediction next to its measurement."""
+    import json
+
+    from mpi_allreduce.registry import ALGORITHMS
+
+    out = tmp_path / "model.json"
+    result = run_mpi(3, [sys.executable, "-m", "mpi_allreduce", "model", "-b", "8", "-e", "64K",
+                         "-f", "64", "-n", "3", "-r", "1", "--json", str(out)],
+                     timeout=300, cwd=str(ROOT))
+    assert result.returncode == 0, tail(result.stdout)
+    data = json.loads(out.read_text())
+    prm = data["params"]
+    assert len(prm["curve"]) == len(prm["curve_fresh"]) == 20
+    assert all(t >= 0 for _, t in prm["curve"]) and prm["curve"][-1][1] > prm["curve"][0][1]
+    assert prm["cores"] >= 1 and prm["overhead"] > 0 and prm["gamma"] > 0
+    assert {r["algorithm"] for r in data["rows"]} == set(ALGORITHMS)
+    assert all(r["predicted_us"] > 0 and r["measured_us"] > 0 for r in data["rows"])
+    assert re.search(r"# within \+-25%: \d+ of 27 points", result.stdout), tail(result.stdout)
+
+
 def test_sgd_example_keeps_ranks_bit_identical(tmp_path):
     """The data-parallel example: every mode leaves every rank's weights
     bit-identical to rank 0's, and the loss curve is written."""

@@ -152,3 +152,11 @@ def test_predict_command(tmp_path):
     # at 4096 ranks and 8 bytes: the ring's 2(p-1) steps against lg p
     at8 = {r["algorithm"]: r["seconds"] for r in data if r["p"] == 4096 and r["size"] == 8}
     assert at8["ring"] > 100 * at8["recursive_doubling"]
+
+
+def test_eager_limit_is_where_the_curve_steps_up():
+    from mpi_allreduce.tools.model import eager_limit
+
+    curve = ((8, 1.0), (1024, 1.2), (2048, 1.4), (4096, 3.0), (8192, 3.5), (1 << 20, 100.0))
+    assert eager_limit(curve) == 2048
+    assert eager_limit(((8, 1.0), (4096, 1.2), (1 << 20, 100.0))) is None  # no step below 64 KiB
