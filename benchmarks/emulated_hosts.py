@@ -170,7 +170,7 @@ MODEL_CHECKS = [([2, 2], "1gbit"), ([2, 2, 2, 2], "1gbit")]
 def model_check(out: Path) -> list[str]:
     """``model --two-level`` on each of ``MODEL_CHECKS``: the machine's
     parameters fitted on the emulated hosts, every algorithm's predicted
-    time against its measured time (``model-<layout>-<rate>.txt/json``)."""
+    time against its measured time (``model-check-<hosts>x<ranks>-<rate>.txt/json``)."""
     report = []
     for layout, rate in MODEL_CHECKS:
         name = f"check-{len(layout)}x{layout[0]}-{rate}"
@@ -252,7 +252,8 @@ def plot_settings(inputs, output: Path) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", nargs="?", default="all", choices=["all", "verify", "run", "check", "model"])
+    parser.add_argument("action", nargs="?", default="all",
+                        choices=["all", "verify", "run", "check", "model"])
     parser.add_argument("--layout", default="2,2", help="ranks per host, e.g. 2,3,2")
     parser.add_argument("--rate", default=None, help="tbf rate of every link, e.g. 1gbit")
     parser.add_argument("--out", default=str(HERE / "results" / "emulated"))

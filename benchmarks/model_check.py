@@ -61,8 +61,8 @@ def main() -> int:
     for ranks in (int(r) for r in args.ranks.split(",")):
         for index in range(1, args.launches + 1):
             r = launch(ranks, index, args.iters, args.timeout)
-            lines.append(f"| {ranks} | {index} | {r['within']} of {r['points']} "
-                         f"({r['within'] / r['points']:.0%}) | {r['picked']} of {r['sizes']} sizes |")
+            share = f"{r['within']} of {r['points']} ({r['within'] / r['points']:.0%})"
+            lines.append(f"| {ranks} | {index} | {share} | {r['picked']} of {r['sizes']} sizes |")
             print(lines[-1], flush=True)
     text = ("# The cost model's check on this machine\n\n"
             f"`python benchmarks/model_check.py --ranks {args.ranks} --launches {args.launches} "

@@ -108,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a `model --json` file: also predict the time on that machine")
     si.add_argument("--predict", action="store_true",
                     help="with --params: predicted time of every algorithm for each of --ranks "
-                         "and each size (closed forms, up to 65536 ranks), the crossovers, "
-                         "optionally --png and --json")
+                         "and each size (closed forms, up to 65536 ranks; --ranks-per-node to a "
+                         "node, default 1), the crossovers, optionally --png and --json")
     si.add_argument("--ranks", default="2,4,16,64,256,1024,4096,16384,65536",
                     help="--predict: comma-separated rank counts")
     si.add_argument("-b", "--minbytes", default="8")

@@ -18,17 +18,25 @@ of ranks match in the order they are posted.  It checks
 
 With a :class:`Machine` it also times the schedules (LogGP-style): a message
 of n bytes posted at times s (sender) and r (receiver) arrives at
-``max(s, r) + alpha + n beta``; posting costs ``overhead``, reducing n bytes
-``n gamma``; a round ends when its last message has arrived.  The time of
-the all-reduce is the latest rank's.  With ``nodes``, messages between
-nodes take ``alpha_inter`` and ``beta_inter`` and each node has one network
-port, as in LogGOPSim: the bytes of the node's ranks leave (and enter) it
-one message after another, so q ranks sending n bytes across at once take
-``alpha_inter + q n beta_inter``; inside a node a rank sends (and receives)
-one message at a time, its CPU doing the copy.  Ranks are taken in order of their clocks,
-so the port serves messages about in the order they are posted.  Unit machines (``alpha=1`` and the
-rest 0, and so on) give the messages, bytes on the wire and bytes reduced
-along the critical path.
+``max(s, r) + alpha + n beta`` (or the machine's measured curve at n bytes);
+posting costs ``overhead``, reducing n bytes ``n gamma``; a round ends when
+its last message has arrived.  The time of the all-reduce is the latest
+rank's.  The machine's shared parts queue what uses them at once:
+
+* with ``nodes``, messages between nodes take ``alpha_inter`` and
+  ``beta_inter``, and each node has one network port, as in LogGOPSim: the
+  bytes of its ranks leave (and enter) it one message after another, so q
+  ranks sending n bytes across at once take ``alpha_inter + q n beta_inter``;
+* inside a node a rank sends (and receives) one message at a time, its CPU
+  doing the copy (and across nodes too, in both directions together, on a
+  ``half_duplex`` machine);
+* with ``cores``, the busy ranks of a node share its cores.
+
+Ranks are taken in the order of their clocks, so these queues serve
+messages about in the order they are posted.  ``eager_bytes`` lets short
+sends complete once posted (timing only).  Unit machines (``alpha=1`` and
+the rest 0, and so on) give the messages, bytes on the wire and bytes
+reduced along the critical path.
 """
 
 from __future__ import annotations
@@ -277,7 +285,9 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
     recvs: dict = defaultdict(deque)
     ready = [(r.clock, rank) for rank, r in enumerate(ranks)]  # (clock, rank), a heap
     port_free: dict = defaultdict(float)  # (node, "out" or "in") -> when the port is free
-    copy_free: dict = defaultdict(float)  # (rank, "out" or "in") -> inside a node, the same
+    # (rank, "out" / "in" inside a node, "net" across on a half-duplex
+    # machine) -> when the rank is free to move its next message
+    copy_free: dict = defaultdict(float)
     # with ``cores``: until when each rank has work (software, a reduction,
     # a copy of a matched message), and who shares its node
     busy_until = [0.0] * size

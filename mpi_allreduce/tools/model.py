@@ -1,16 +1,18 @@
 """The cost model: schedules timed on a fitted machine.
 
-A message of n bytes costs ``alpha + n * beta`` on the wire and ``o`` of
-software on each side when posted; a local reduction of n bytes costs
-``o_op + n * gamma``.  :func:`predict` does not restate a formula per
+A message of n bytes costs ``alpha + n * beta`` on the wire -- or, once
+fitted, the time measured for that size (a curve: MPI's protocols make it
+no straight line) -- and ``o`` of software on each side when posted; a
+local reduction of n bytes costs ``o_op + n * gamma``; a call starts with
+``call_overhead``.  :func:`predict` does not restate a formula per
 algorithm: it builds every rank's schedule and times them against each
 other with :func:`mpi_allreduce.simulate.simulate` (no data), so what it
 counts -- messages, segments, folds, the critical path through the root of
-the driver or the leaders of hierarchical -- is what the executor runs.
-:func:`fit` measures alpha and beta by ping-pong between ranks 0 and 1, o
-as the cost of an mpi4py ``Sendrecv`` call with nobody at the other end,
-o_op as the cost of a ufunc call on one element, and gamma by timing the
-reduction ufunc on long vectors.
+the driver or the leaders of hierarchical, the ports, ranks and cores that
+messages share -- is what the executor runs.  :func:`fit` measures each
+part with nothing else running (see its docstring); :func:`report` sets
+the predictions beside measured times.  :mod:`.scale` gives the same
+model's times in closed form for thousands of ranks.
 
 For reference, the textbook forms (Thakur, Rabenseifner and Gropp, 2005),
 which the simulated times reproduce with o = o_op = 0:
@@ -64,7 +66,8 @@ class Params:
     half_duplex: bool = False
 
     def __post_init__(self):
-        for name in ("curve", "curve_inter", "curve_fresh"):  # from JSON: lists; kept as tuples (hashable)
+        # from JSON the curves are lists: kept as tuples (hashable, for the caches)
+        for name in ("curve", "curve_inter", "curve_fresh"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, tuple(tuple(map(float, pt)) for pt in value))
@@ -303,6 +306,7 @@ def fit(comm, two_level: bool = False) -> Params:
     for r, n in enumerate(nodes):
         by_node.setdefault(n, []).append(r)
     members = by_node[nodes[0]]
+    other = min((m[0] for n, m in by_node.items() if n != nodes[0]), default=None)
 
     def link(pair, both_ways=True, fresh=False):
         times = [max(t - 2 * overhead, 0.0) for t in
@@ -311,8 +315,7 @@ def fit(comm, two_level: bool = False) -> Params:
 
     alpha_inter = beta_inter = curve_inter = None
     half_duplex = False
-    if len(by_node) > 1:  # a message alone on the network: the ports' sharing is simulated
-        other = min(by_node[n][0] for n in by_node if n != nodes[0])
+    if other is not None:  # a message alone on the network: the ports' sharing is simulated
         alpha_inter, beta_inter, curve_inter = link((0, other), both_ways=False)
         # both ways at once: twice a message's time when the rank moves one at a time
         large = [n for n in sizes if n >= 1 << 20]
@@ -323,8 +326,7 @@ def fit(comm, two_level: bool = False) -> Params:
     alpha, beta, curve = link(tuple(members[:2])) if len(members) > 1 else \
         (alpha_inter, beta_inter, curve_inter)
     curve_fresh = link(tuple(members[:2]), fresh=True)[2] if len(members) > 1 else None
-    call = measure_call(comm, (0, members[1] if len(members) > 1 else
-                               min(by_node[n][0] for n in by_node if n != nodes[0])))
+    call = measure_call(comm, (0, members[1] if len(members) > 1 else other))
     return comm.bcast(Params(alpha, beta, gamma, alpha_inter, beta_inter, overhead,
                              op_overhead, curve, curve_inter, cores, curve_fresh,
                              eager_limit(curve), call, half_duplex), root=0)
@@ -424,8 +426,8 @@ def report(comm, sizes, iters: int = 20, json_path: Optional[str] = None,
     params = fit(comm, two_level)
     p = comm.Get_size()
     nodes = node_layout(comm) if two_level else None
-    share = max(1.0, sum(1 for n in (nodes or (0,) * p) if n == (nodes or (0,))[0])
-                / params.cores)
+    layout = nodes or (0,) * p
+    local = layout.count(layout[0])  # ranks on rank 0's node
     results = bench(comm, sizes, list(ALGORITHMS), iters=iters, warmup=2, repeats=repeats,
                     progress=False)
     rows = []
@@ -435,10 +437,9 @@ def report(comm, sizes, iters: int = 20, json_path: Optional[str] = None,
                      "predicted_us": predicted * 1e6})
     if comm.Get_rank() != 0:
         return 0
-    local = sum(1 for n in nodes if n == nodes[0]) if nodes else p
-    print(f"# {p} ranks, {local} on rank 0's node, {share:.2g} ranks a core there "
-          f"({params.cores} cores); "
-          f"{iters} iterations x {repeats} repeats a point (median)")
+    print(f"# {p} ranks, {local} on rank 0's node, {max(1.0, local / params.cores):.2g} ranks "
+          f"a core there ({params.cores} cores); {iters} iterations x {repeats} repeats a point "
+          f"(median)")
     if params.alpha_inter is not None:
         print(f"# across nodes: alpha = {params.alpha_inter * 1e6:.2f} us, beta = "
               f"{_rate(params.beta_inter)} GB/s a port, "
