@@ -90,6 +90,8 @@ CURVED = Params(alpha=1e-6, beta=2e-10, gamma=3e-11, alpha_inter=15e-6, beta_int
 def test_closed_form_follows_a_measured_curve(algorithm):
     """The same forms on a machine whose message time is no straight line."""
     for p, q in ((8, 8), (16, 4), (32, 8)):
+        if algorithm == "naive" and q < p:  # the form does not follow the port (see above)
+            continue
         for nbytes in (4 * p * 8, 4 * p * 1024, 4 * p * 8192):
             nodes = tuple(r // q for r in range(p)) if q < p else None
             options = None
@@ -99,8 +101,6 @@ def test_closed_form_follows_a_measured_curve(algorithm):
                                 options=options, machine=machine_of(CURVED, nodes),
                                 data=False).seconds
             got = seconds(algorithm, nbytes, p, CURVED, q, SEGMENT, inner="rabenseifner")
-            if algorithm == "naive" and q < p:  # the form does not follow the port (see above)
-                continue
             assert got == pytest.approx(expected, rel=0.03), (p, q, nbytes)
 
 
