@@ -40,13 +40,8 @@ def launch(ranks: int, index: int, iters: int, timeout: int) -> dict:
         raise SystemExit(f"launch {index} on {ranks} ranks failed:\n{out.stderr[-2000:]}")
     data = json.loads(stem.with_suffix(".json").read_text())
     rows = data["rows"]
-    by_size: dict = {}
-    for row in rows:
-        by_size.setdefault(row["size"], []).append(row)
-    picked = sum(min(v, key=lambda r: r["measured_us"])["algorithm"]
-                 == min(v, key=lambda r: r["predicted_us"])["algorithm"] for v in by_size.values())
     return {"ranks": ranks, "launch": index, "within": sum(r["within"] for r in rows),
-            "points": len(rows), "picked": picked, "sizes": len(by_size)}
+            "points": len(rows), "picked": data["picked"], "sizes": data["sizes"]}
 
 
 def main() -> int:

@@ -103,10 +103,20 @@ class Machine:
     #: that ratio (processor sharing; ranks waiting for a peer yield)
     cores: Optional[int] = None
 
-    def wire(self, src: int, dst: int, nbytes: float, fresh: bool = False) -> float:
-        """Seconds of an ``nbytes`` message from ``src`` to ``dst`` once both
-        sides have posted it (``fresh``: written by its sender in this call)."""
-        across = self.across(src, dst)
+    def across(self, src: int, dst: int) -> bool:
+        return self.nodes is not None and self.nodes[src] != self.nodes[dst]
+
+    def link(self, across: bool) -> tuple:
+        """(alpha, beta) of a message inside a node or across."""
+        if across:
+            return (self.alpha if self.alpha_inter is None else self.alpha_inter,
+                    self.beta if self.beta_inter is None else self.beta_inter)
+        return self.alpha, self.beta
+
+    def message_time(self, across: bool, nbytes: float, fresh: bool = False) -> float:
+        """Seconds of an ``nbytes`` message inside a node or across, once
+        both sides have posted it (``fresh``: written by its sender in this
+        call): the measured curve where there is one, else alpha + n beta."""
         curve = self.curve_fresh if fresh and self.curve_fresh is not None else self.curve
         if across and self.curve_inter is not None:
             curve = self.curve_inter
@@ -114,18 +124,8 @@ class Machine:
             curve = None  # a straight line across
         if curve is not None:
             return curve_time(curve, nbytes)
-        alpha, beta = self.link(src, dst)
+        alpha, beta = self.link(across)
         return alpha + nbytes * beta
-
-    def across(self, src: int, dst: int) -> bool:
-        return self.nodes is not None and self.nodes[src] != self.nodes[dst]
-
-    def link(self, src: int, dst: int) -> tuple:
-        """(alpha, beta) of a message from ``src`` to ``dst``."""
-        if self.across(src, dst):
-            return (self.alpha if self.alpha_inter is None else self.alpha_inter,
-                    self.beta if self.beta_inter is None else self.beta_inter)
-        return self.alpha, self.beta
 
 
 def curve_time(curve: tuple, nbytes: float) -> float:
@@ -332,16 +332,16 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
             begin = max(begin, port_free[out], port_free[into])
             if machine.half_duplex:
                 begin = max(begin, copy_free[(src, "net")], copy_free[(dst, "net")])
-            port_free[out] = port_free[into] = begin + nbytes * machine.link(src, dst)[1]
-            at = begin + machine.wire(src, dst, nbytes)
+            port_free[out] = port_free[into] = begin + nbytes * machine.link(True)[1]
+            at = begin + machine.message_time(True, nbytes)
             if machine.half_duplex:
                 copy_free[(src, "net")] = copy_free[(dst, "net")] = at
         else:  # inside a node the ranks' CPUs copy it, one message at a time each way
             out, into = (src, "out"), (dst, "in")
             begin = max(begin, copy_free[out], copy_free[into])
             fresh = sref.buf != SEND
-            at = begin + machine.wire(src, dst, nbytes, fresh) * max(slowdown(src, begin),
-                                                                      slowdown(dst, begin))
+            at = begin + machine.message_time(False, nbytes, fresh) * max(slowdown(src, begin),
+                                                                           slowdown(dst, begin))
             copy_free[out] = copy_free[into] = at
         busy_until[src] = max(busy_until[src], at)
         busy_until[dst] = max(busy_until[dst], at)

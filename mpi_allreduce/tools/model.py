@@ -77,12 +77,9 @@ class Params:
 
 
 def machine_of(prm: Params, nodes: Optional[tuple] = None) -> Machine:
-    return Machine(overhead=prm.overhead, alpha=prm.alpha, beta=prm.beta, gamma=prm.gamma,
-                   op_overhead=prm.op_overhead, alpha_inter=prm.alpha_inter,
-                   beta_inter=prm.beta_inter, nodes=nodes, curve=prm.curve,
-                   curve_inter=prm.curve_inter, cores=prm.cores, curve_fresh=prm.curve_fresh,
-                   eager_bytes=prm.eager_bytes, call_overhead=prm.call_overhead,
-                   half_duplex=prm.half_duplex)
+    """The simulator's machine: every fitted parameter (each has a
+    :class:`Machine` field of the same name), placed on ``nodes``."""
+    return Machine(nodes=nodes, **asdict(prm))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -160,12 +157,12 @@ def fit_link(sizes, times, large: int = 1 << 17) -> tuple[float, float]:
 STREAM_BYTES = 64 << 20
 
 
-def measure_exchange(comm, sizes, pairs, iters: int = 40, passes: int = 3,
+def measure_exchange(comm, sizes, pair, iters: int = 40, passes: int = 3,
                      both_ways: bool = True, fresh: bool = False) -> list[float]:
     """Seconds of one ``Sendrecv`` of n bytes each way between the two
-    ranks of every pair in ``pairs``, all pairs at once (as an algorithm's
-    rounds run: both directions at once, every rank of a pair busy); the
-    slowest rank's mean, the median of ``passes``, per size, on every rank.
+    ranks of ``pair`` (as an algorithm's rounds run: both directions at
+    once); the slower rank's mean, the median of ``passes``, per size, on
+    every rank (the others wait).
 
     Not ``both_ways``: a ping-pong instead, half its round trip (a message
     with the link to itself).  Messages of 64 KiB and more come from
@@ -176,7 +173,7 @@ def measure_exchange(comm, sizes, pairs, iters: int = 40, passes: int = 3,
     from mpi4py import MPI
 
     rank = comm.Get_rank()
-    peer = next((b if a == rank else a for a, b in pairs if rank in (a, b)), None)
+    peer = (pair[1] if rank == pair[0] else pair[0]) if rank in pair else None
     first = peer is not None and rank < peer
 
     def timed(call, reps):
@@ -310,7 +307,7 @@ def fit(comm, two_level: bool = False) -> Params:
 
     def link(pair, both_ways=True, fresh=False):
         times = [max(t - 2 * overhead, 0.0) for t in
-                 measure_exchange(comm, sizes, [pair], both_ways=both_ways, fresh=fresh)]
+                 measure_exchange(comm, sizes, pair, both_ways=both_ways, fresh=fresh)]
         return fit_link(sizes, times) + (tuple(zip(sizes, times)),)
 
     alpha_inter = beta_inter = curve_inter = None
@@ -319,13 +316,14 @@ def fit(comm, two_level: bool = False) -> Params:
         alpha_inter, beta_inter, curve_inter = link((0, other), both_ways=False)
         # both ways at once: twice a message's time when the rank moves one at a time
         large = [n for n in sizes if n >= 1 << 20]
-        both = measure_exchange(comm, large, [(0, other)])
+        both = measure_exchange(comm, large, (0, other))
         alone = [t for n, t in curve_inter if n >= 1 << 20]
         half_duplex = bool(np.median(np.divide(both, alone)) > 1.5)
-    # one rank a node: the only link is across
-    alpha, beta, curve = link(tuple(members[:2])) if len(members) > 1 else \
-        (alpha_inter, beta_inter, curve_inter)
-    curve_fresh = link(tuple(members[:2]), fresh=True)[2] if len(members) > 1 else None
+    if len(members) > 1:
+        alpha, beta, curve = link(tuple(members[:2]))
+        curve_fresh = link(tuple(members[:2]), fresh=True)[2]
+    else:  # one rank a node: the only link is across
+        alpha, beta, curve, curve_fresh = alpha_inter, beta_inter, curve_inter, None
     call = measure_call(comm, (0, members[1] if len(members) > 1 else other))
     return comm.bcast(Params(alpha, beta, gamma, alpha_inter, beta_inter, overhead,
                              op_overhead, curve, curve_inter, cores, curve_fresh,
@@ -467,7 +465,8 @@ def report(comm, sizes, iters: int = 20, json_path: Optional[str] = None,
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"params": params.as_dict(), "ranks": p, "nodes": nodes, "rows": rows,
-                       "within": hits / len(rows)}, f, indent=1)
+                       "within": hits / len(rows), "picked": agree, "sizes": len(by_size)},
+                      f, indent=1)
     return 0
 
 

@@ -57,7 +57,8 @@ def plot_scale(rows: list, output: str, title: str) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from .scale import ALGORITHMS, best, format_size
+    from .bench import human
+    from .scale import ALGORITHMS, best
 
     ranks = sorted({r["p"] for r in rows})
     sizes = sorted({r["size"] for r in rows})
@@ -72,7 +73,7 @@ def plot_scale(rows: list, output: str, title: str) -> None:
             ax.plot([p for p, _ in pts], [t * 1e6 for _, t in pts], marker="o", markersize=3,
                     label=name, color=colors[name])
         ax.set(xscale="log", yscale="log", xlabel="ranks p", ylabel="predicted time (us)",
-               title=f"{format_size(size)}")
+               title=f"{human(size)}")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=8)
     winners = best(rows)
@@ -86,7 +87,7 @@ def plot_scale(rows: list, output: str, title: str) -> None:
     ax = axes[3]
     ax.imshow(shown, origin="lower", aspect="auto", cmap=cmap, vmin=-0.5, vmax=len(used) - 0.5)
     ax.set_xticks(range(len(ranks)), [str(p) for p in ranks], rotation=45)
-    ax.set_yticks(range(len(sizes)), [format_size(s) for s in sizes])
+    ax.set_yticks(range(len(sizes)), [human(s) for s in sizes])
     ax.set(xlabel="ranks p", ylabel="message size", title="fastest algorithm (crossovers)")
     ax.legend(handles=[matplotlib.patches.Patch(color=colors[ALGORITHMS[i]], label=ALGORITHMS[i])
                        for i in used], fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))

@@ -37,8 +37,8 @@ import functools
 from typing import Optional
 
 from ..partition import real_rank
-from ..simulate import curve_time
-from .model import Params
+from .bench import human
+from .model import Params, machine_of
 
 __all__ = ["ALGORITHMS", "seconds", "Links"]
 
@@ -59,11 +59,9 @@ class Links:
 
     def __init__(self, prm: Params, ranks_per_node: int, itemsize: int):
         self.prm = prm
+        self.machine = machine_of(prm)  # its links: what a message costs
         self.o, self.o_op, self.w = prm.overhead, prm.op_overhead, itemsize
         self.g = prm.gamma * itemsize  # per element
-        self.intra = (prm.alpha, prm.beta * itemsize)
-        self.inter = (prm.alpha if prm.alpha_inter is None else prm.alpha_inter,
-                      (prm.beta if prm.beta_inter is None else prm.beta_inter) * itemsize)
         self.q = ranks_per_node
 
     def _key(self) -> tuple:
@@ -77,20 +75,12 @@ class Links:
 
     def port(self, across: bool) -> float:
         """Seconds per element on the link (across: on the node's port)."""
-        return (self.inter if across else self.intra)[1]
+        return self.machine.link(across)[1] * self.w
 
     def time(self, across: bool, elements: float) -> float:
-        """Seconds of a message of ``elements`` once both sides posted it:
-        the measured curve if the machine has one, else alpha + n beta."""
-        curve = self.prm.curve
-        if across and self.prm.curve_inter is not None:
-            curve = self.prm.curve_inter
-        elif across:
-            curve = None if self.prm.alpha_inter is not None else curve
-        if curve is not None:
-            return curve_time(curve, elements * self.w)
-        a, b = self.inter if across else self.intra
-        return a + elements * b
+        """Seconds of a message of ``elements`` once both sides posted it,
+        as the simulator times it (the untouched-message curve)."""
+        return self.machine.message_time(across, elements * self.w)
 
     def flat(self, p: int) -> bool:
         """Whether the slowest link among p ranks is across nodes."""
@@ -312,7 +302,6 @@ def _double_binary_tree(m: Links, p: int, c: int, s: int) -> float:
 @functools.lru_cache(maxsize=512)
 def _simulated(algorithm: str, p: int, count: int, s: int, m: "Links") -> float:
     from ..simulate import simulate
-    from .model import machine_of
 
     nodes = tuple(r // m.q for r in range(p)) if p > m.q else None
     dtype = {1: "u1", 2: "u2", 4: "float32", 8: "float64"}[m.w]
@@ -333,10 +322,7 @@ def _hierarchical(m: Links, p: int, c: int, s: int, inner: Optional[str]) -> flo
     nodes = -(-p // q)
     if nodes == 1:
         return inside if q > 1 else 0.0
-    a, b = m.inter
-    curve = m.prm.curve_inter if m.prm.alpha_inter is not None else m.prm.curve
-    across = Params(a, b / m.w, m.g / m.w, overhead=m.o, op_overhead=m.o_op, curve=curve)
-    leaders = Links(across, 1, m.w)  # one rank a node: nothing shares a port
+    leaders = Links(m.prm, 1, m.w)  # one rank a node: every message across, no port shared
     names = (inner,) if inner else ("ring", "recursive_doubling", "rabenseifner")
     return inside + min(_FORMS[name](leaders, nodes, c, s) for name in names)
 
@@ -369,23 +355,15 @@ def best(rows: list) -> dict:
     return out
 
 
-def crossovers(rows: list) -> dict:
-    """p -> [(first size, algorithm)]: where the fastest algorithm changes
-    as the size grows."""
-    winners = best(rows)
+def crossovers(winners: dict) -> dict:
+    """p -> [(first size, algorithm)]: where the fastest algorithm (of
+    :func:`best`) changes as the size grows."""
     out: dict = {}
     for (p, size), (name, _) in sorted(winners.items()):
         runs = out.setdefault(p, [])
         if not runs or runs[-1][1] != name:
             runs.append((size, name))
     return out
-
-
-def format_size(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
 
 
 def report(prm: Params, ranks: list, sizes: list, ranks_per_node: int, segment_bytes: int,
@@ -397,11 +375,11 @@ def report(prm: Params, ranks: list, sizes: list, ranks_per_node: int, segment_b
     rows = table(prm, ranks, sizes, ranks_per_node, segment_bytes)
     winners = best(rows)
     by_point = {(r["p"], r["size"], r["algorithm"]): r["seconds"] for r in rows}
-    names = [a for a in ALGORITHMS]
+    names = list(ALGORITHMS)
     width = max(len(n) for n in names) + 1
     print(header.rstrip())
     print(f"# predicted time per all-reduce (us), {ranks_per_node} ranks a node, segments of "
-          f"{format_size(segment_bytes)}; * the fastest")
+          f"{human(segment_bytes)}; * the fastest")
     print(f"{'p':>6} {'size':>9} " + " ".join(f"{n[:width]:>{width}}" for n in names))
     for p in ranks:
         for size in sizes:
@@ -410,10 +388,10 @@ def report(prm: Params, ranks: list, sizes: list, ranks_per_node: int, segment_b
                 t = by_point[(p, size, name)] * 1e6
                 mark = "*" if winners.get((p, size), ("",))[0] == name else " "
                 cells.append(f"{t:>{width - 1}.4g}{mark}")
-            print(f"{p:>6} {format_size(size):>9} " + " ".join(cells))
+            print(f"{p:>6} {human(size):>9} " + " ".join(cells))
     print("# crossovers: the fastest algorithm from each size on")
-    for p, runs in crossovers(rows).items():
-        print(f"{p:>6}: " + "; ".join(f"{name} from {format_size(size)}" for size, name in runs))
+    for p, runs in crossovers(winners).items():
+        print(f"{p:>6}: " + "; ".join(f"{name} from {human(size)}" for size, name in runs))
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"params": prm.as_dict(), "ranks_per_node": ranks_per_node,
