@@ -30,8 +30,21 @@ def tail(text: str, lines: int = 80) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+@pytest.fixture(scope="session")
+def peer_tests():
+    """mpi4py's own tests, fetched once here, outside any MPI run and its
+    per-test watchdog (a cold download can take minutes); a failure is
+    recorded, and the MPI runs skip those tests with its reason."""
+    from .mpi4py_suite import fetch
+
+    path, why = fetch()
+    if path is None:
+        sys.stderr.write(f"\n{why}\n")
+    return path
+
+
 @pytest.mark.parametrize("size", WORLD_SIZES, ids=lambda n: f"np{n}")
-def test_mpi_suite(size):
+def test_mpi_suite(size, peer_tests):
     """All MPI tests pass on every rank at this world size."""
     args = [sys.executable, "-m", "pytest", "--with-mpi", "-m", "mpi", "-q", "--color=no",
             "-p", "no:cacheprovider", str(ROOT / "tests")]
