@@ -3,9 +3,12 @@
 A call goes one way: validate the arguments (the same checks on every
 rank, before any message) -> the communicator's
 :class:`~mpi_allreduce.context.Context` -> the algorithm (named, or
-``auto``'s choice from :mod:`~mpi_allreduce.selection`) -> its
+``auto``'s choice from :mod:`~mpi_allreduce.selection`) and its options ->
+the call's :class:`~mpi_allreduce.spec.CallSpec` (whose fingerprint gives
+the tags and what ``check=True`` compares) -> its
 :class:`~mpi_allreduce.executor.Plan` (schedule and scratch, cached per
-call shape) -> the plan bound to the caller's arrays -> MPI.  The bound
+spec) -> the plan bound to the caller's arrays -> the engine
+(:mod:`~mpi_allreduce.progress`: the re-entry guard, the watchdog) -> MPI.  The bound
 call is kept by the identity of the arguments, so a repeat with the very
 same objects (a training loop, a benchmark) is a dictionary look-up, a few
 identity checks and the compiled steps.
@@ -21,16 +24,17 @@ from typing import NamedTuple, Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import registry, selection as _selection
+from . import progress, registry, selection as _selection
 from .algorithms.hierarchical import layout
 from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
 from .config import environment
 from .context import CALLS, Context, context_for
-from . import progress, watchdog
+from .errors import ArgumentMismatch, failed
 from .executor import Plan
 from .progress import PersistentRequest, Request
 from .ops import Op, check_dtype, dtype_label, resolve_op
+from .spec import CallSpec
 
 __all__ = ["allreduce", "iallreduce", "allreduce_init", "setup", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES", "plan_for", "choice"]
 
@@ -49,10 +53,6 @@ LIVE_MIN_BYTES = 16 * 1024
 SAMPLE = 8
 
 
-class ArgumentMismatch(ValueError):
-    """Raised on every rank when ``check=True`` finds ranks that disagree."""
-
-
 class _Call(NamedTuple):
     send: object  # array, or None for MPI.IN_PLACE
     recv: object
@@ -65,6 +65,8 @@ class _Call(NamedTuple):
     tuning: object  # selection.DecisionTable, or None unless algorithm == "auto"
     selection: str
     datatype: object = None  # the caller's MPI datatype (a message spec), else None
+    #: what a call made on behalf of another adds to its spec (reproducible sums)
+    salt: str = ""
 
 
 def allreduce(
@@ -200,9 +202,13 @@ def _reproducible(comm, call: _Call, check, ranks_per_node, inner, tuning, selec
     per shape, with the caller's algorithm and options."""
     from . import reproducible
 
+    # the inner calls carry the caller's dtype and op in their spec: ranks
+    # that disagree about them must not meet in the inner calls' messages
+    salt = f"reproducible/{dtype_label(call.recv.dtype)}/{call.op.stable}"
+
     def bind(send, recv, name):
         inner_call, _ = _setup(send, recv, name, comm, call.algorithm, check, None,
-                               ranks_per_node, inner, tuning, selection)
+                               ranks_per_node, inner, tuning, selection, salt)
         return _runner(context_for(comm), inner_call)
 
     try:
@@ -213,22 +219,6 @@ def _reproducible(comm, call: _Call, check, ranks_per_node, inner, tuning, selec
     except Exception as exc:  # noqa: BLE001 - after messages started
         failed(comm, exc, "reproducible sum")
     return call.recv
-
-
-def failed(comm: MPI.Comm, exc: Exception, algorithm: str) -> None:
-    """An error inside an algorithm, after this rank's messages started: the
-    other ranks may be waiting for messages this rank will never send.
-    Abort the job with a clear message, or (``MPI_ALLREDUCE_ON_ERROR=raise``)
-    raise -- then the caller owns the consequences."""
-    if environment().on_error == "raise" or isinstance(exc, watchdog.Stalled):
-        raise exc  # (a stalled call raises by the watchdog's configuration)
-    sys.stderr.write(
-        f"mpi_allreduce: rank {MPI.COMM_WORLD.Get_rank()}: {type(exc).__name__}: {exc}\n"
-        f"mpi_allreduce: the error came inside {algorithm!r} after messages had started, so "
-        "other ranks may wait forever; aborting the job (set MPI_ALLREDUCE_ON_ERROR=raise "
-        "to raise instead)\n")
-    sys.stderr.flush()
-    comm.Abort(1)
 
 
 def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
@@ -272,30 +262,33 @@ def _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_p
     context = context_for(comm)
     plan = plan_for(context, call, choice(context, call, call.recv.size))
     bound = plan.bind(call.send, call.recv, request=True)
-    operation = progress.operation(bound, context.next_tag(plan.fingerprint), call.recv.nbytes,
-                                   persistent)
+    operation = progress.operation(bound, context, call.recv.nbytes, persistent)
     if persistent:
         return progress.persistent_request(operation, call.recv, (bound,))
     return Request(operation, call.recv, (bound,))
 
 
 def _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_per_node, inner,
-           tuning, selection):
+           tuning, selection, salt: str = ""):
     """Validate a call (the same checks on every rank, before any message);
-    in check mode, also agree with the other ranks.  (call, checking)."""
+    in check mode, also agree with the other ranks on its whole spec.
+    (call, checking)."""
     checking = _check_enabled(check)
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"comm must be an MPI intra-communicator, got {comm!r}")
     try:
         call = _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inner,
-                         tuning, selection)
+                         tuning, selection)._replace(salt=salt)
         error = None
     except (TypeError, ValueError) as exc:
         if not checking or comm.Get_size() == 1:
             raise
         call, error = None, exc
     if checking and comm.Get_size() > 1:
+        context = context_for(comm)
         agree(comm, _fingerprint(call), error, "allreduce")
+        # then what the call will run (collective where the node map is made)
+        agree(comm, _resolved(context, call), None, "allreduce")
     return call, checking
 
 
@@ -320,8 +313,11 @@ def choice(context: Context, call: _Call, count: int) -> str:
     return name if call.op.commutative else registry.in_rank_order(name)
 
 
-def plan_for(context: Context, call: _Call, name: str) -> Plan:
-    """The plan of algorithm ``name`` for this call's shape, from the context's cache."""
+def spec_of(context: Context, call: _Call, name: str) -> CallSpec:
+    """The spec of ``call`` run with algorithm ``name`` on ``context``:
+    hierarchical's options resolved here, in one place (the node of every
+    rank; the leaders' algorithm, ``auto`` taken from the decision table
+    for the leaders' count)."""
     count, dtype = call.recv.size, call.recv.dtype
     options = ()
     if name == "hierarchical":
@@ -330,15 +326,24 @@ def plan_for(context: Context, call: _Call, name: str) -> Plan:
         if inner == "auto":
             leaders = len(layout(nodes)[1])
             inner = call.tuning.choose(count * dtype.itemsize, leaders, context.oversubscribed)
+            if not call.op.commutative:
+                inner = registry.in_rank_order(inner)
         options = (("inner", inner), ("nodes", nodes))
+    return CallSpec("allreduce", name, context.size, count, dtype_label(dtype), call.op.stable,
+                    call.segment_size, options, salt=call.salt)
+
+
+def plan_for(context: Context, call: _Call, name: str) -> Plan:
+    """The plan of algorithm ``name`` for this call's spec, from the context's cache."""
+    spec = spec_of(context, call, name)
     datatype = call.datatype
-    key = (name, count, dtype_label(dtype), call.op.identity, call.backend, call.segment_size,
-           options, None if datatype is None else datatype.py2f())
+    key = (spec, call.op.identity, call.backend, None if datatype is None else datatype.py2f())
 
     def build():
-        schedule = registry.schedule(name, context.comm.Get_rank(), context.size, count,
-                                     call.segment_size, options)
-        return Plan(context.comm, schedule, dtype, call.op, call.backend, datatype=datatype)
+        schedule = registry.schedule(name, context.comm.Get_rank(), context.size, spec.count,
+                                     spec.segment_size, spec.options)
+        return Plan(context.comm, schedule, call.recv.dtype, call.op, call.backend, spec,
+                    datatype=datatype)
     return context.plan(key, build)
 
 
@@ -350,7 +355,7 @@ def _runner(context: Context, call: _Call):
     if call.algorithm != "auto" or call.selection == "table" or \
             recv.nbytes < LIVE_MIN_BYTES:
         bound = plan_for(context, call, name).bind(send, recv)
-        return watchdog.watched(bound.run, context, "allreduce", bound)
+        return progress.blocking(bound, context, "allreduce")
     shape = (recv.size, dtype_label(recv.dtype), call.op.identity, call.backend, call.segment_size)
     selector = context.selectors.get(shape)
     if selector is None:
@@ -367,7 +372,7 @@ def _runner(context: Context, call: _Call):
         run = bound.get(chosen)
         if run is None:
             b = plan_for(context, call, chosen).bind(send, recv)
-            run = bound[chosen] = watchdog.watched(b.run, context, "allreduce", b)
+            run = bound[chosen] = progress.blocking(b, context, "allreduce")
         return run
 
     def run():
@@ -526,17 +531,28 @@ def _check_order(op: Op, algorithm: str) -> None:
 
 
 def _fingerprint(call: Optional[_Call]):
+    """What check mode compares first: the arguments, options resolved."""
     if call is None:
         return None
     return {
         "count": int(call.recv.size),
         "dtype": dtype_label(call.recv.dtype),
-        "op": call.op.name,
+        "op": call.op.stable,
         "algorithm": call.algorithm,
         "segment_size": call.segment_size,
         "ranks_per_node": call.ranks_per_node,
         "inner": call.inner,
+        "selection": call.selection,
+        "salt": call.salt,
     }
+
+
+def _resolved(context: Context, call: _Call) -> dict:
+    """What check mode compares next: the spec the call runs (the decision
+    table's choice, hierarchical's options), where the table decides."""
+    if not call.recv.size or (call.algorithm == "auto" and call.selection == "live"):
+        return {}
+    return spec_of(context, call, choice(context, call, call.recv.size)).fields()
 
 
 def agree(comm: MPI.Intracomm, fingerprint: Optional[dict], error: Optional[Exception],
@@ -549,9 +565,9 @@ def agree(comm: MPI.Intracomm, fingerprint: Optional[dict], error: Optional[Exce
     if failed:
         detail = "; ".join(f"rank {rank}: {err}" for rank, err in failed)
         raise ArgumentMismatch(f"{what} rejected on {len(failed)} rank(s): {detail}")
-    reference = everyone[0][0]
-    for key in reference:
-        values = [fp[key] for fp, _ in everyone]
+    keys = dict.fromkeys(key for fp, _ in everyone for key in fp)
+    for key in keys:
+        values = [fp.get(key) for fp, _ in everyone]
         if any(v != values[0] for v in values):
             by_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
             raise ArgumentMismatch(f"{what} arguments differ across ranks in {key} ({by_rank})")

@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 from mpi4py import MPI
 
-from .config import CUDA_AWARE_ENV, TRUE_WORDS, environment, on_refresh
+from .config import CUDA_AWARE_ENV, environment, on_refresh
 
 __all__ = ["Backend", "HostBackend", "backend_for", "cuda_aware_support", "as_array"]
 
@@ -229,8 +229,7 @@ def cuda_aware_support() -> tuple[bool, str]:
     """
     forced = environment().cuda_aware
     if forced is not None:
-        value = forced.lower() in TRUE_WORDS
-        return value, f"forced by {CUDA_AWARE_ENV}={forced}"
+        return forced, f"forced by {CUDA_AWARE_ENV}={os.environ.get(CUDA_AWARE_ENV, '').strip()}"
     for name in _libmpi_candidates():
         try:
             lib = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)

@@ -12,20 +12,23 @@ share its segments, staging and device handling.
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
+import weakref
 from typing import Optional
 
 import numpy as np
 from mpi4py import MPI
 
 from .algorithms.ring import build_allgather, build_reduce_scatter
+from . import progress
 from .api import DEFAULT_SEGMENT_BYTES, _check_enabled, agree, setup
 from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
-from .config import environment, on_refresh
+from .config import environment
 from .context import context_for
+from .errors import failed
 from .executor import Plan
 from .ops import check_dtype, dtype_label, resolve_op
+from .spec import CallSpec
 
 __all__ = ["reduce_scatter", "allgather"]
 
@@ -67,8 +70,8 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
         return send, recv, blocks, datatype
 
     send, recv, blocks, datatype = _validated(
-        validate, comm, check, "reduce_scatter",
-        lambda v: {"counts": v[2], "dtype": dtype_label(v[1].dtype), "op": op.name})
+        validate, comm, check, "reduce_scatter", segment_size,
+        lambda v: {"counts": v[2], "dtype": dtype_label(v[1].dtype), "op": op.stable})
     return _run(comm, "reduce_scatter", send, recv, blocks, op, segment_size, datatype)
 
 
@@ -99,7 +102,7 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
         _check_pair(send, recv)
         return send, recv, blocks
 
-    send, recv, blocks = _validated(validate, comm, check, "allgather",
+    send, recv, blocks = _validated(validate, comm, check, "allgather", segment_size,
                                     lambda v: {"counts": v[2], "dtype": dtype_label(v[1].dtype)})
     return _run(comm, "allgather", send, recv, blocks, resolve_op(MPI.SUM), segment_size)
 
@@ -142,20 +145,34 @@ def _check_pair(send, recv) -> None:
         raise ValueError("sendbuf and recvbuf overlap; use MPI.IN_PLACE for in-place")
 
 
-def _validated(validate, comm, check, what: str, fingerprint):
-    """``validate()`` on every rank; in check mode the ranks also agree."""
+def _validated(validate, comm, check, what: str, segment_size, fingerprint):
+    """``validate()`` on every rank; in check mode the ranks also agree
+    (on the counts of every rank, the dtype, the op and the segment)."""
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"comm must be an MPI intra-communicator, got {comm!r}")
     checking = _check_enabled(check) and comm.Get_size() > 1
     try:
         values, error = validate(), None
+        segment = _segment(segment_size, values[1].dtype)
     except (TypeError, ValueError) as exc:
         if not checking:
             raise
         values, error = None, exc
     if checking:
-        agree(comm, None if values is None else fingerprint(values), error, what)
+        agree(comm, None if values is None else dict(fingerprint(values), segment_size=segment),
+              error, what)
     return values
+
+
+def _segment(segment_size, dtype) -> int:
+    """Elements per message at most: the argument, else the environment's bytes."""
+    if segment_size is None:
+        segment_bytes = environment().segment_bytes or DEFAULT_SEGMENT_BYTES
+        return max(1, segment_bytes // dtype.itemsize)
+    if isinstance(segment_size, bool) or not isinstance(segment_size, (int, np.integer)) \
+            or segment_size < 1:
+        raise ValueError(f"segment_size must be a positive integer, got {segment_size!r}")
+    return int(segment_size)
 
 
 @functools.lru_cache(maxsize=64)
@@ -167,9 +184,7 @@ def _schedule(what: str, rank: int, size: int, blocks: tuple, segment: int, in_p
 
 def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size, datatype=None):
     backend, dtype = backend_for(recv), recv.dtype
-    if segment_size is None:
-        segment_bytes = environment().segment_bytes or DEFAULT_SEGMENT_BYTES
-        segment_size = max(1, segment_bytes // dtype.itemsize)
+    segment = _segment(segment_size, dtype)
     if sum(blocks) == 0:
         setup(comm)  # collective the first time: every rank takes part
         return recv
@@ -179,33 +194,29 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size, datatype=
             backend.copy(recv.reshape(-1)[:send.size], send)
         return recv
     context = context_for(comm)
-    key = (what, blocks, dtype_label(dtype), op.identity, backend, int(segment_size), send is None,
+    # in place or not is each rank's own affair: in the cache key, not the spec
+    spec = CallSpec(what, "ring", context.size, sum(blocks), dtype_label(dtype), op.stable,
+                    segment, blocks=blocks)
+    key = (spec, op.identity, backend, send is None,
            None if datatype is None else datatype.py2f())
-    bound_key = key + (id(send), id(recv))
-    kept = _BOUND.get(bound_key)
-    if kept is not None and kept[1] is send and kept[2] is recv and kept[3] is context:
-        _BOUND.move_to_end(bound_key)
-        kept[0].run()
-        return recv
-
-    def build():
-        schedule = _schedule(what, context.comm.Get_rank(), context.size, blocks,
-                             int(segment_size), send is None)
-        return Plan(context.comm, schedule, dtype, op, backend, kind=what, datatype=datatype)
-    bound = context.plan(key, build).bind(send, recv)
-    _BOUND[bound_key] = (bound, send, recv, context)  # holds the arrays: ids stay theirs
-    while len(_BOUND) > MAX_BOUND:
-        _BOUND.popitem(last=False)
-    bound.run()
+    bound_key = (what, id(send), id(recv))
+    kept = context.halves.get(bound_key)
+    if kept is not None and kept[0] == key and kept[2]() is send and kept[3]() is recv:
+        run = kept[1]
+    else:
+        def build():
+            schedule = _schedule(what, context.comm.Get_rank(), context.size, blocks, segment,
+                                 send is None)
+            return Plan(context.comm, schedule, dtype, op, backend, spec, datatype=datatype)
+        bound = context.plan(key, build).bind(send, recv)
+        run = progress.blocking(bound, context, what)
+        try:
+            refs = (weakref.ref(send) if send is not None else lambda: None, weakref.ref(recv))
+            context.keep_half(bound_key, (key, run) + refs)
+        except TypeError:  # an array type without weak references: not kept
+            pass
+    try:
+        run()
+    except Exception as exc:  # noqa: BLE001 - after messages started
+        failed(context.comm, exc, what)
     return recv
-
-
-#: the last calls' compiled steps, for repeats on the same arrays (the
-#: entries hold their arrays, so an id cannot be reused while kept)
-_BOUND: "OrderedDict[tuple, tuple]" = OrderedDict()
-MAX_BOUND = 16
-
-
-@on_refresh
-def _forget_bound() -> None:
-    _BOUND.clear()

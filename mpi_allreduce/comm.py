@@ -63,6 +63,8 @@ class Comm(MPI.Intracomm):
         super().__init__()
 
     def __repr__(self) -> str:
+        if self == MPI.COMM_NULL:
+            return f"<mpi_allreduce.Comm: null, algorithm={self.algorithm!r}>"
         return f"<mpi_allreduce.Comm of {self.Get_size()} ranks, algorithm={self.algorithm!r}>"
 
     def _wrap(self, comm):

@@ -1,54 +1,132 @@
-"""Settings from the environment, read once (as MPI libraries read theirs at start-up).
+"""Settings from the environment: one declarative table, read once (as MPI
+libraries read theirs at start-up).
 
-=============================== ==============================================
-MPI_ALLREDUCE_CHECK=1           check mode: exchange an argument fingerprint first
-MPI_ALLREDUCE_SEGMENT_BYTES=N   bytes per message where the data is reduced
-                                (default 1 MiB)
-MPI_ALLREDUCE_RANKS_PER_NODE=N  hierarchical: emulate nodes of N consecutive ranks
-MPI_ALLREDUCE_INNER=NAME        hierarchical: algorithm across node leaders
-MPI_ALLREDUCE_TUNING=PATH       decision table for algorithm="auto"
-MPI_ALLREDUCE_SELECTION=S       auto: "table" (default; reproducible) or
-                                "live" (also times candidates on live calls)
-MPI_ALLREDUCE_CUDA_AWARE=0|1    force the GPU path (direct or staged)
-MPI_ALLREDUCE_ON_ERROR=E        an error inside an algorithm, after messages
-                                started: "abort" the job (default) or "raise"
-MPI_ALLREDUCE_WATCHDOG=S        report a call that waits S seconds (default 600;
-                                0: off), then act:
-MPI_ALLREDUCE_WATCHDOG_ACTION=A "abort" the job (default), "raise" Stalled, or
-                                "warn" only
-MPI_ALLREDUCE_PROGRESS=P        non-blocking calls: "thread" (default where
-                                MPI runs with MPI_THREAD_MULTIPLE) or
-                                "caller" (progress in test/wait only)
-=============================== ==============================================
-
-Call :func:`refresh` after changing them inside a running program.
+:data:`SETTINGS` holds every variable with its type, range, default and
+meaning; it drives the parsing (a bad value raises :class:`SettingError`
+naming the variable, never a silent default), ``python -m mpi_allreduce
+info`` and the README's table (``python -m mpi_allreduce info --settings``
+prints it).  Call :func:`refresh` after changing a variable inside a
+running program.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
-from typing import NamedTuple, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Optional
 
-CHECK_ENV = "MPI_ALLREDUCE_CHECK"
-SEGMENT_ENV = "MPI_ALLREDUCE_SEGMENT_BYTES"
-RANKS_PER_NODE_ENV = "MPI_ALLREDUCE_RANKS_PER_NODE"
-INNER_ENV = "MPI_ALLREDUCE_INNER"
-TUNING_ENV = "MPI_ALLREDUCE_TUNING"
-SELECTION_ENV = "MPI_ALLREDUCE_SELECTION"
-CUDA_AWARE_ENV = "MPI_ALLREDUCE_CUDA_AWARE"
-PROGRESS_ENV = "MPI_ALLREDUCE_PROGRESS"
-PROGRESS_CHOICES = ("thread", "caller")
-WATCHDOG_ENV = "MPI_ALLREDUCE_WATCHDOG"
-WATCHDOG_ACTION_ENV = "MPI_ALLREDUCE_WATCHDOG_ACTION"
-WATCHDOG_ACTIONS = ("abort", "raise", "warn")
-#: seconds a call may wait before the watchdog acts, unless set
-DEFAULT_WATCHDOG_SECONDS = 600.0
-ON_ERROR_ENV = "MPI_ALLREDUCE_ON_ERROR"
-ON_ERROR_CHOICES = ("abort", "raise")
+__all__ = ["SETTINGS", "Setting", "SettingError", "environment", "refresh", "on_refresh",
+           "settings_table"]
 
-#: values of a yes/no variable that mean yes
+
+class SettingError(ValueError):
+    """An environment variable of the library's holds a value it refuses."""
+
+
+#: the spellings of yes and no
 TRUE_WORDS = ("1", "yes", "true", "on")
+FALSE_WORDS = ("0", "no", "false", "off")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: ``parse(text)`` gives its value (or raises
+    ValueError with what was expected); unset or empty means ``default``."""
+
+    name: str
+    field: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    values: str  # what it takes, for the table
+
+
+def _flag(text: str) -> bool:
+    word = text.lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"expected one of {', '.join(TRUE_WORDS + FALSE_WORDS)}")
+
+
+def _positive_int(limit: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise ValueError("expected a whole number") from None
+        if not 1 <= value <= limit:
+            raise ValueError(f"expected 1 to {limit}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("expected a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("expected a finite number of seconds, 0 (off) or more")
+    return value
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text.lower() not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return text.lower()
+    return parse
+
+
+def _name(text: str) -> str:
+    return text
+
+
+def _path(text: str) -> str:
+    return text
+
+
+#: every setting; ``environment()`` has one field per row
+SETTINGS: tuple = (
+    Setting("MPI_ALLREDUCE_CHECK", "check", _flag, False,
+            "check mode: exchange the call's full fingerprint before every call", "0|1"),
+    Setting("MPI_ALLREDUCE_SEGMENT_BYTES", "segment_bytes", _positive_int(1 << 40), None,
+            "bytes per message at most where the data is to be reduced, and so each "
+            "algorithm's scratch (default 1 MiB)", "N >= 1"),
+    Setting("MPI_ALLREDUCE_RANKS_PER_NODE", "ranks_per_node", _positive_int(1 << 31), None,
+            "hierarchical: emulate nodes of N consecutive ranks", "N >= 1"),
+    Setting("MPI_ALLREDUCE_INNER", "inner", _name, None,
+            "hierarchical: algorithm among node leaders (default auto)", "NAME"),
+    Setting("MPI_ALLREDUCE_TUNING", "tuning", _path, None,
+            "decision table for auto (a JSON file written by tune)", "PATH"),
+    Setting("MPI_ALLREDUCE_SELECTION", "selection", _choice("table", "live"), None,
+            "auto: the decision table alone (default; reproducible), or live selection too",
+            "table|live"),
+    Setting("MPI_ALLREDUCE_CUDA_AWARE", "cuda_aware", _flag, None,
+            "force direct (1) or staged (0) GPU buffers", "0|1"),
+    Setting("MPI_ALLREDUCE_PROGRESS", "progress", _choice("thread", "caller"), None,
+            "non-blocking calls: a progress thread (default where MPI runs "
+            "MPI_THREAD_MULTIPLE) or progress in test()/wait() only", "thread|caller"),
+    Setting("MPI_ALLREDUCE_ON_ERROR", "on_error", _choice("abort", "raise"), "abort",
+            "an error inside an algorithm after messages started: abort the job or raise",
+            "abort|raise"),
+    Setting("MPI_ALLREDUCE_WATCHDOG", "watchdog", _seconds, 600.0,
+            "report a call that has waited this long, on every kind of call (0: off)",
+            "SECONDS"),
+    Setting("MPI_ALLREDUCE_WATCHDOG_ACTION", "watchdog_action",
+            _choice("abort", "raise", "warn"), "abort",
+            "then abort the job, raise mar.Stalled, or only report", "abort|raise|warn"),
+)
+
+_BY_FIELD = {s.field: s for s in SETTINGS}
+# the names other modules and tests use
+CHECK_ENV, SEGMENT_ENV, RANKS_PER_NODE_ENV, INNER_ENV, TUNING_ENV, SELECTION_ENV, \
+    CUDA_AWARE_ENV, PROGRESS_ENV, ON_ERROR_ENV, WATCHDOG_ENV, WATCHDOG_ACTION_ENV = \
+    (s.name for s in SETTINGS)
 
 
 class Environment(NamedTuple):
@@ -58,63 +136,39 @@ class Environment(NamedTuple):
     inner: Optional[str]
     tuning: Optional[str]
     selection: Optional[str]
-    cuda_aware: Optional[str]
+    cuda_aware: Optional[bool]
     progress: Optional[str]
     on_error: str
     watchdog: float
     watchdog_action: str
 
 
-def _get(name: str) -> Optional[str]:
-    value = os.environ.get(name, "").strip()
-    return value or None
+assert Environment._fields == tuple(_BY_FIELD), "one Environment field per setting"
 
 
-def _int(name: str) -> Optional[int]:
-    value = _get(name)
-    if value is None:
-        return None
+def _read(setting: Setting):
+    text = os.environ.get(setting.name, "").strip()
+    if not text:
+        return setting.default
     try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not an integer") from None
+        return setting.parse(text)
+    except ValueError as exc:
+        raise SettingError(f"{setting.name}={text!r}: {exc}") from None
 
 
 @functools.lru_cache(maxsize=1)
 def environment() -> Environment:
-    return Environment(
-        check=(_get(CHECK_ENV) or "").lower() in TRUE_WORDS,
-        segment_bytes=_int(SEGMENT_ENV),
-        ranks_per_node=_int(RANKS_PER_NODE_ENV),
-        inner=_get(INNER_ENV),
-        tuning=_get(TUNING_ENV),
-        selection=_get(SELECTION_ENV),
-        cuda_aware=_get(CUDA_AWARE_ENV),
-        progress=_choice(PROGRESS_ENV, PROGRESS_CHOICES),
-        on_error=_choice(ON_ERROR_ENV, ON_ERROR_CHOICES) or "abort",
-        watchdog=_seconds(WATCHDOG_ENV, DEFAULT_WATCHDOG_SECONDS),
-        watchdog_action=_choice(WATCHDOG_ACTION_ENV, WATCHDOG_ACTIONS) or "abort",
-    )
+    """Every setting, parsed (a bad value raises :class:`SettingError`)."""
+    return Environment(*(_read(s) for s in SETTINGS))
 
 
-def _seconds(name: str, default: float) -> float:
-    value = _get(name)
-    if value is None:
-        return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not a number of seconds") from None
-    if seconds < 0:
-        raise ValueError(f"{name}={value!r} must be 0 (off) or more")
-    return seconds
-
-
-def _choice(name: str, choices: tuple) -> Optional[str]:
-    value = _get(name)
-    if value is not None and value.lower() not in choices:
-        raise ValueError(f"{name}={value!r}: expected one of {', '.join(choices)}")
-    return value and value.lower()
+def settings_table() -> str:
+    """The settings as a reStructuredText/Markdown-friendly table."""
+    rows = [("variable", "values", "default", "meaning")]
+    rows += [(s.name, s.values, "-" if s.default is None else str(s.default), s.doc)
+             for s in SETTINGS]
+    return "\n".join(f"| {' | '.join(r)} |" if i else
+                     f"| {' | '.join(r)} |\n|---|---|---|---|" for i, r in enumerate(rows))
 
 
 def refresh() -> None:

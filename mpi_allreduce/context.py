@@ -4,22 +4,29 @@ A :class:`Context` is cached as an attribute of the caller's communicator
 and owns everything the library keeps for it: its own duplicate of the
 communicator (so a caller's pending receives never match library
 messages), the node map and oversubscription flag, the plans (a schedule
-with its scratch, per call shape), the bound calls (a plan on the caller's
-arrays, found again by the identity of those arrays) and the live
-selectors.  :meth:`Context.free` drops all of it; it runs when the caller
-frees the communicator, on :func:`release`, and (the caches only) on
-:func:`mpi_allreduce.config.refresh`.
+with its scratch, per call shape), the one cache of bound calls (a plan on
+the caller's arrays, found again by the identity of those arrays: every
+kind of call keeps its bound calls here), the live selectors, the tags of
+the calls in flight (:meth:`Context.claim`) and the re-entry guard
+(:attr:`Context.lock`).  :meth:`Context.free` drops all of it; it runs when
+the caller frees the communicator, on :func:`release`, and (the caches
+only) on :func:`mpi_allreduce.config.refresh`.  A communicator freed while
+calls are in flight on it keeps its duplicate until they complete (MPI
+completes pending operations on a freed communicator, and so do we).
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections import OrderedDict
 from typing import Callable, Optional
 
 from mpi4py import MPI
 
 from .config import on_refresh
-from .executor import tag_space
+from .errors import ConcurrentCall, TagsExhausted
+from .spec import tag_layout
 from .topology import node_map, oversubscribed
 
 __all__ = ["Context", "context_for", "release", "MAX_PLANS", "MAX_CALLS"]
@@ -28,10 +35,9 @@ __all__ = ["Context", "context_for", "release", "MAX_PLANS", "MAX_CALLS"]
 MAX_PLANS = 64
 #: bound calls kept per communicator (the oldest go first)
 MAX_CALLS = 64
-#: non-blocking calls in flight together on one communicator with
-#: different tags for sure (their sequence numbers cycle through these)
-SEQUENCE_SLOTS = 4096
-
+#: bound reduce_scatter/allgather calls kept per communicator (they hold
+#: views of their arrays: the fewer, the sooner a dropped array is freed)
+MAX_HALVES = 16
 
 class Context:
     """The library's state for one caller communicator."""
@@ -47,23 +53,58 @@ class Context:
         #: keys of this context's bound calls in :data:`CALLS`
         self.calls: dict = {}
         self.selectors: dict = {}
+        #: reduce_scatter/allgather calls bound to arrays, by (kind, ids):
+        #: the arrays by weak reference (checked on every hit), at most MAX_CALLS
+        self.halves: "OrderedDict[tuple, tuple]" = OrderedDict()
         #: ids of the caller's comm objects that lead here (see _LIVE)
         self.ids: set = set()
-        self._sequence = 0
+        #: how this communicator's tags are shared out (see spec.TagLayout)
+        self.tags = tag_layout(self.comm.Get_attr(MPI.TAG_UB))
+        self._made = {True: 0, False: 0}  # persistent / non-blocking calls made so far
+        #: slot -> weak reference to the operation holding it
+        self.holders: dict = {}
         #: why this communicator is unusable (a call stalled and raised), or None
         self.broken: Optional[str] = None
+        #: taken while a thread is inside a call (or starting one): a second
+        #: thread finds it taken and gets ConcurrentCall instead of a wrong result
+        self.lock = threading.Lock()
+        #: freed by the caller while calls were in flight: free when they end
+        self.closing = False
 
-    def next_tag(self, fingerprint: int) -> int:
-        """The tag of the next non-blocking or persistent call, in the lower
-        half of the tag space (blocking calls take the upper half): its
-        place in the sequence of such calls (every rank starts them in the
-        same order, so each call has one tag everywhere, and calls in flight
-        together have different ones, as in libnbc), and above that bits of
-        the call's fingerprint, so mismatched calls cannot match."""
-        self._sequence += 1
-        half = tag_space(self.comm)
-        slots = min(SEQUENCE_SLOTS, half)
-        return self._sequence % slots + slots * (fingerprint % (half // slots))
+    def claim(self, op, fingerprint: int, persistent: bool) -> int:
+        """The tag of the next persistent (``persistent``) or non-blocking
+        call, ``op``, held until ``op`` no longer holds it (complete; a
+        persistent one freed).  Refused if its slot is still held here."""
+        number = self._made[persistent]
+        self._made[persistent] = number + 1
+        slot = self.tags.slot(persistent, number)
+        ref = self.holders.get(slot)
+        held = ref() if ref is not None else None
+        if held is not None and held.holds_tag():
+            what = "persistent requests alive" if persistent else "non-blocking calls in flight"
+            room = self.tags.persistent if persistent else self.tags.slots - self.tags.persistent
+            raise TagsExhausted(
+                f"more than {room} {what} on one communicator (MPI_TAG_UB "
+                f"{self.comm.Get_attr(MPI.TAG_UB)}): the next would reuse the tag of one still "
+                "held; wait for (or free) older ones first")
+        holders = self.holders
+
+        def gone(r, slot=slot):
+            if holders.get(slot) is r:
+                del holders[slot]
+        holders[slot] = weakref.ref(op, gone)
+        return self.tags.request_tag(slot, fingerprint)
+
+    def in_flight(self) -> int:
+        """Calls of this context in flight now (on this rank)."""
+        return sum(1 for ref in list(self.holders.values())
+                   if (op := ref()) is not None and not op.done)
+
+    def concurrent(self) -> ConcurrentCall:
+        return ConcurrentCall(
+            f"two threads entered calls on one communicator ({self.size} ranks) at once; MPI "
+            "leaves that erroneous (the ranks cannot agree on the calls' order): give each "
+            "thread a communicator of its own (comm.Dup())")
 
     def nodes(self, ranks_per_node: Optional[int]) -> tuple:
         """The node of every rank (collective the first time for real nodes)."""
@@ -91,6 +132,12 @@ class Context:
             oldest = next(iter(self.calls))
             self.forget(oldest, self.calls[oldest])
 
+    def keep_half(self, key: tuple, entry: tuple) -> None:
+        self.halves[key] = entry
+        self.halves.move_to_end(key)
+        while len(self.halves) > MAX_HALVES:
+            self.halves.popitem(last=False)
+
     def forget(self, key: tuple, call) -> None:
         if call is not None and self.calls.get(key) is call:
             del self.calls[key]
@@ -103,14 +150,31 @@ class Context:
             self.forget(key, call)
         self.plans.clear()
         self.selectors.clear()
+        self.halves.clear()
 
     def free(self) -> None:
         self.clear()
         for key in self.ids:
             _LIVE.pop(key, None)
         self.ids.clear()
-        if self.comm != MPI.COMM_NULL:
+        if self.in_flight():
+            self.closing = True  # the duplicate outlives its calls: see reap()
+            _CLOSING.append(self)
+        elif self.comm != MPI.COMM_NULL:
             self.comm.Free()
+
+
+#: contexts freed with calls in flight, their duplicates not yet freed
+_CLOSING: list = []
+
+
+def reap() -> None:
+    """Free the duplicates of freed communicators whose calls have ended."""
+    for context in list(_CLOSING):
+        if not context.in_flight():
+            _CLOSING.remove(context)
+            if context.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+                context.comm.Free()
 
 
 #: every context's bound calls, by the identity of the call's arguments:

@@ -37,19 +37,19 @@ to its end.
 from __future__ import annotations
 
 import functools
-import zlib
 from typing import Callable, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 
 from .backend import Backend
-from .ops import Op, dtype_label, reduce_step
+from .ops import Op, reduce_step
 from .schedule import Recv, Reduce, Schedule, Send
+from .spec import CallSpec, tag_layout
 
-__all__ = ["Plan", "Bound", "Stage", "wire_type", "element_type", "tag_space", "fingerprint"]
+__all__ = ["Plan", "Bound", "Stage", "wire_type", "element_type"]
 
-#: derive every blocking call's tag from the call (see :func:`tag_space`);
+#: derive every blocking call's tag from the call's spec (see :mod:`.spec`);
 #: False: one fixed tag (what the guard costs is measured against that)
 TAG_GUARD = True
 #: the tag of every blocking call's messages without the guard
@@ -83,32 +83,20 @@ def element_type(dtype: np.dtype) -> MPI.Datatype:
         return MPI.BYTE.Create_contiguous(np.dtype(dtype).itemsize).Commit()
 
 
-def fingerprint(kind: str, schedule: Schedule, dtype: np.dtype, op: Op) -> int:
-    """A 32-bit digest of what every rank of a call must agree on."""
-    text = f"{kind}/{schedule.algorithm}/{schedule.size}/{schedule.count}/{dtype_label(dtype)}/{op.name}"
-    return zlib.crc32(text.encode())
-
-
-def tag_space(comm: MPI.Comm) -> int:
-    """Half the tags this MPI offers (``MPI_TAG_UB`` + 1, at least 32768):
-    blocking calls take ``half + fingerprint % half``; non-blocking calls
-    the lower half (:meth:`~mpi_allreduce.context.Context.next_tag`)."""
-    upper = comm.Get_attr(MPI.TAG_UB) or 32767
-    return (int(upper) + 1) // 2
-
-
 class Plan:
     """A schedule on ``comm`` for one dtype and op, with its scratch.
 
-    ``tag``: the tag of its blocking messages, derived from the call's
-    fingerprint (kind, algorithm, ranks, count, dtype, op).  Ranks that
-    disagree on any of these post messages that cannot match each other's,
-    so a mismatched call waits (and the watchdog reports it) instead of
-    returning a wrong result; the tag is fixed when the plan is made, so
-    the guard costs nothing per call."""
+    ``tag``: the tag of its blocking messages, derived from the fingerprint
+    of the call's :class:`~mpi_allreduce.spec.CallSpec` (everything that
+    shapes its messages).  Ranks that disagree on any of it post messages
+    that cannot match each other's, so a mismatched call waits (and the
+    watchdog reports it) instead of returning a wrong result; the tag is
+    fixed when the plan is made, so the guard costs nothing per call.
+    Non-blocking and persistent calls take tags of their own from the
+    communicator's context, with the same fingerprint in them."""
 
     def __init__(self, comm: MPI.Intracomm, schedule: Schedule, dtype: np.dtype, op: Op,
-                 backend: Backend, kind: str = "allreduce", datatype=None):
+                 backend: Backend, spec: CallSpec, datatype=None):
         self.comm = comm
         #: the MPI datatype of one element, for a user MPI.Op's Reduce_local
         #: (the caller's, from a message spec; else the dtype's)
@@ -119,9 +107,10 @@ class Plan:
         self.backend = backend
         self.mpitype = wire_type(self.dtype)
         self.scratch = backend.empty(max(schedule.scratch, 1), self.dtype)
-        self.fingerprint = fingerprint(kind, schedule, self.dtype, op)
-        half = tag_space(comm)
-        self.tag = half + self.fingerprint % half if TAG_GUARD else FIXED_TAG
+        self.spec = spec
+        self.fingerprint = spec.fingerprint
+        self.tag = tag_layout(comm.Get_attr(MPI.TAG_UB)).blocking_tag(self.fingerprint) \
+            if TAG_GUARD else FIXED_TAG
 
     @property
     def scratch_bytes(self) -> int:

@@ -15,6 +15,10 @@ the last of its dtype) is reduced where it is, without packing.  A bucket that c
 shapes reuses its packing buffer and its persistent request
 (:func:`~mpi_allreduce.allreduce_init`): a training loop's steady state
 allocates nothing and builds nothing.
+
+A :class:`Fusion` owns MPI resources (its buckets' persistent requests and
+their tags): :meth:`Fusion.free` releases them, as does leaving a ``with
+Fusion(...) as fusion:`` block or dropping the last reference to it.
 """
 
 from __future__ import annotations
@@ -125,6 +129,29 @@ class Fusion:
             for array in bucket.arrays:
                 backend.copy(array, bucket.buffer[offset:offset + array.size])
                 offset += array.size
+
+    def free(self) -> None:
+        """Release the kept buckets (packing buffers, persistent requests
+        and their tags).  Not while buckets are in flight: wait() first."""
+        if self._started:
+            raise RuntimeError("Fusion.free() with buckets in flight: wait() first")
+        kept, self._kept = self._kept, OrderedDict()
+        for pool in kept.values():
+            for _, request in pool:
+                request.free()
+
+    def __enter__(self) -> "Fusion":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.wait()
+        if not self._started:
+            self.free()
+
+    def __del__(self):
+        if not getattr(self, "_started", True):
+            self.free()
 
     def allreduce(self, arrays) -> None:
         """All-reduce every array of ``arrays`` in place, fused."""

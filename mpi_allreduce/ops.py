@@ -114,6 +114,16 @@ class Op:
     key: object = None
 
     @property
+    def stable(self) -> str:
+        """The op's identity across ranks, for a call's spec: the name of a
+        predefined op or a callable, and whether a user op commutes (a user
+        ``MPI.Op``'s handle is not part of it: ranks that made their ops in
+        another order have different handles for the same function)."""
+        if self.key is None:
+            return self.name
+        return f"{self.name}/{'commutative' if self.commutative else 'ordered'}"
+
+    @property
     def identity(self):
         """The op in cache keys: the name of a predefined op; a user op's
         function or MPI handle as well."""
@@ -194,8 +204,8 @@ def _applied(function):
 
 @functools.lru_cache(maxsize=64)
 def _mpi_user_op(handle: int, commutative: bool) -> Op:
-    return Op(f"mpi-user-op:{handle}", None, MPI.Op.f2py(handle), frozenset({_ANY}),
-              commutative=commutative, device=False, key=commutative)
+    return Op("mpi-user-op", None, MPI.Op.f2py(handle), frozenset({_ANY}),
+              commutative=commutative, device=False, key=(handle, commutative))
 
 
 def resolve_op(op) -> Op:

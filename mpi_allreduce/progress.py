@@ -28,12 +28,20 @@ Who advances an operation:
   would cost more than the call.
 
 Ranks must start collective calls on one communicator in the same order
-(as MPI requires); they may complete and be waited in any order.
+(as MPI requires); they may complete and be waited in any order, from any
+thread.
+
+This module is the one engine every kind of call goes through: blocking
+calls (:func:`blocking`), non-blocking and persistent ones, the one-round
+persistent short cut, reduce-scatter and allgather.  Each is watched by the
+watchdog from start to completion, and in the watchdog's ``raise`` mode
+each waits against one deadline loop (:meth:`_Engine.wait`).
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import itertools
 import threading
 import time
@@ -41,12 +49,14 @@ from typing import Optional
 
 from mpi4py import MPI
 
-from . import watchdog
 from .config import environment
+from .context import _CLOSING, reap
+from .errors import ConcurrentCall, RequestError, Stalled, failed
 from .executor import Bound, Stage
+from .watchdog import WATCH, describe, report, settings
 
-__all__ = ["Operation", "Request", "RequestError", "waitall", "thread_progress",
-           "THREAD_MIN_BYTES"]
+__all__ = ["Operation", "Request", "PersistentRequest", "RequestError", "waitall",
+           "thread_progress", "blocking", "THREAD_MIN_BYTES"]
 
 #: calls moving fewer bytes per rank than this are advanced by the caller
 THREAD_MIN_BYTES = 64 * 1024
@@ -54,19 +64,15 @@ THREAD_MIN_BYTES = 64 * 1024
 _WAKE_TAG = 0x77616B
 
 
-class RequestError(RuntimeError):
-    """A request used out of turn: waited twice, never started, started
-    while active, or used after ``free()``."""
-
-
 class Operation:
     """One call in flight: a bound plan's stages, run in order."""
 
     __slots__ = ("stages", "plan", "comm", "mpitype", "post", "tag", "slot", "index", "pending",
-                 "done", "error", "event", "threaded", "persistent")
+                 "done", "error", "event", "threaded", "persistent", "kind", "starts",
+                 "limit", "deadline", "reserved", "context", "lock", "__weakref__")
 
     def __init__(self, stages: list, plan, tag: int, slot: str, threaded: bool,
-                 persistent=None):
+                 persistent=None, kind: str = "non-blocking call", context=None):
         self.stages, self.tag, self.plan = stages, tag, plan
         if plan is not None:
             self.comm, self.mpitype, self.post = plan.comm, plan.mpitype, plan.backend.post
@@ -79,10 +85,32 @@ class Operation:
         self.done = True
         self.error: Optional[BaseException] = None
         self.event = threading.Event() if threaded else None
+        self.kind, self.context, self.starts = kind, context, 0
+        #: a persistent request's tag is held until it is freed
+        self.reserved = persistent is not None
+        #: two threads never advance one operation at once
+        self.lock = threading.Lock()
+        seconds, action = settings()
+        #: the watchdog's raise mode: seconds a start may wait (else 0)
+        self.limit = seconds if action == "raise" else 0.0
+        self.deadline = 0.0
+        if plan is not None and seconds > 0:
+            WATCH.watch(self)
+
+    def snapshot(self) -> tuple:
+        """What the watchdog samples: (starts, (kind, plan) while in flight, thread)."""
+        return self.starts, None if self.done else (self.kind, self.plan), "any"
+
+    def holds_tag(self) -> bool:
+        """Whether this call's tag may not be given to another call yet."""
+        return self.reserved or not self.done
 
     def begin(self) -> None:
         """Run the stages up to the first with messages in flight."""
         self.index, self.done, self.error = -1, False, None
+        self.starts += 1
+        if self.limit:
+            self.deadline = time.monotonic() + self.limit
         if self.event is not None:
             self.event.clear()
         self._next()
@@ -115,7 +143,9 @@ class Operation:
     def advance(self, block: bool) -> bool:
         """Move on as far as the messages allow (``block``: until done);
         whether the call is complete.  An error ends the call: it is kept
-        for ``wait()`` to raise."""
+        for ``wait()`` to raise.  (Another thread advancing it now: no.)"""
+        if not self.lock.acquire(block):
+            return self.done
         try:
             while not self.done:
                 if block:
@@ -129,7 +159,20 @@ class Operation:
                 self._next()
         except BaseException as exc:  # noqa: BLE001 - raised again by wait()
             self.error, self.done, self.pending = exc, True, []
+        finally:
+            self.lock.release()
         return True
+
+    def stalled(self) -> Stalled:
+        """Give up on this call (its deadline passed): the error to raise."""
+        if not self.threaded:  # (the thread's own wait holds its requests)
+            self.abandon()
+        text = report(describe(self.kind, self.plan), self.limit, self.starts,
+                      threading.current_thread().name)
+        if self.context is not None:
+            self.context.broken = ("an earlier call on this communicator stalled, its "
+                                   "messages are in disarray: " + text)
+        return Stalled(text)
 
     def abandon(self) -> None:
         """Give up on the messages in flight (a stalled call): receives are
@@ -168,7 +211,11 @@ class _Engine:
     """The calls in flight in this process, and the progress thread."""
 
     def __init__(self):
-        self._local = threading.local()  # each thread's calls advanced by test()/wait()
+        #: calls advanced by test()/wait() of any thread, oldest first (under
+        #: ``lock``: two threads never touch one MPI request at once)
+        self.caller: list = []
+        self.incoming: collections.deque = collections.deque()  # started, not yet in ``caller``
+        self.lock = threading.RLock()
         self.threaded: list = []  # advanced by the thread (under ``cond``)
         self.cond = threading.Condition()
         self.thread: Optional[threading.Thread] = None
@@ -180,38 +227,62 @@ class _Engine:
     def slot(self) -> str:
         return f"nb{next(self._slots)}"
 
-    @property
-    def caller(self) -> list:
-        """This thread's calls advanced by test()/wait(), oldest first (a
-        thread advances its own calls only: MPI requests are never waited
-        on by two threads)."""
-        ops = getattr(self._local, "ops", None)
-        if ops is None:
-            ops = self._local.ops = []
-        return ops
-
-    @caller.setter
-    def caller(self, ops: list) -> None:
-        self._local.ops = ops
-
     # --- caller progress ----------------------------------------------------
-    def progress_caller(self) -> None:
-        still = []
-        for op in self.caller:
-            if not op.advance(False):
-                still.append(op)
-        self.caller = still
+    def start_caller(self, op: Operation) -> None:
+        self.incoming.append(op)  # (atomic: no lock, so a start never waits for a wait)
 
-    def wait_caller(self, op: Operation) -> None:
+    def _progress(self) -> None:
+        """Advance every caller-progressed call without blocking (under ``lock``)."""
+        incoming, caller = self.incoming, self.caller
+        while incoming:
+            caller.append(incoming.popleft())
+        self.caller = [op for op in caller if not op.advance(False)]
+
+    def progress_caller(self) -> None:
+        with self.lock:
+            self._progress()
+
+    def wait(self, op: Operation) -> None:
+        """Until ``op`` is done (from any thread): the one wait loop.
+        Without a deadline it blocks in MPI (``MPI_Waitall`` for a call
+        alone in flight, ``MPI_Waitany`` over all of them otherwise); with
+        one (the watchdog's raise mode) it polls, and past the deadline
+        abandons the call and raises :class:`Stalled`."""
+        limit = op.limit
+        spins = 0
         while not op.done:
-            if len(self.caller) == 1 and self.caller[0] is op:
-                op.advance(True)
-                self.caller = []
-                return
-            self.progress_caller()
-            if op.done:
-                return
-            MPI.Request.Waitany([r for other in self.caller for r in other.requests()])
+            if op.threaded:
+                if op.event.wait(0.01 if limit else 1.0):
+                    return
+            else:
+                with self.lock:
+                    self._progress()
+                    if op.done:
+                        return
+                    if not limit:
+                        caller = self.caller
+                        if len(caller) == 1 and caller[0] is op and not self.incoming:
+                            op.advance(True)
+                            self.caller = []
+                            return
+                        MPI.Request.Waitany([r for other in caller for r in other.requests()])
+            if limit:
+                spins += 1
+                if (op.threaded or spins & 0xFF == 0) and time.monotonic() > op.deadline \
+                        and not op.done:
+                    with self.lock:
+                        self.caller = [o for o in self.caller if o is not op]
+                    raise op.stalled()
+
+    def overdue(self, op: Operation) -> None:
+        """``test()``'s deadline check (raise mode): raise once it passed."""
+        if op.limit and not op.done and time.monotonic() > op.deadline:
+            with self.lock:
+                self._progress()
+                if op.done:
+                    return
+                self.caller = [o for o in self.caller if o is not op]
+            raise op.stalled()
 
     # --- the thread -------------------------------------------------------------
     def start_threaded(self, op: Operation) -> None:
@@ -297,21 +368,27 @@ class Request:
         self._state = "complete"
 
     def _begin(self) -> None:
-        self._state = "active"
         op = self._op
         if op is None:  # nothing to send: complete at once
+            self._state = "active"
             return
+        context = op.context
+        if context is not None and not context.lock.acquire(False):
+            raise context.concurrent()
         try:
+            if context is not None and context.broken is not None:
+                raise Stalled(context.broken)
             op.begin()
-        except BaseException:
-            self._state = "complete"
-            raise
+            self._state = "active"
+        finally:
+            if context is not None:
+                context.lock.release()
         if op.done:
             return
         if op.threaded:
             _ENGINE.start_threaded(op)
         else:
-            _ENGINE.caller.append(op)
+            _ENGINE.start_caller(op)
 
     def test(self) -> bool:
         """Whether the call is complete (a true answer completes the
@@ -321,10 +398,12 @@ class Request:
         if op is not None and not op.done:
             if op.threaded:
                 if not op.event.is_set():
+                    _ENGINE.overdue(op)
                     return False
             else:
                 _ENGINE.progress_caller()
                 if not op.done:
+                    _ENGINE.overdue(op)
                     return False
         self._complete()
         return True
@@ -334,43 +413,13 @@ class Request:
         self._check_active("wait")
         op = self._op
         if op is not None and not op.done:
-            seconds, action = watchdog.settings()
-            if seconds > 0 and action == "raise":
-                self._wait_until(op, time.monotonic() + seconds, seconds)
-            elif seconds > 0:
-                watchdog.WATCH.ensure_monitor()
-                watchdog.WATCH.current = ("non-blocking call", op.plan)
-                watchdog.WATCH.calls += 1
-                try:
-                    self._wait(op)
-                finally:
-                    watchdog.WATCH.current = None
-            else:
-                self._wait(op)
+            try:
+                _ENGINE.wait(op)
+            except Stalled:
+                self._state = "complete"  # abandoned: not waitable again
+                raise
         self._complete()
         return self._result
-
-    @staticmethod
-    def _wait(op: Operation) -> None:
-        if op.threaded:
-            while not op.event.wait(1.0):
-                pass
-        else:
-            _ENGINE.wait_caller(op)
-
-    def _wait_until(self, op: Operation, deadline: float, seconds: float) -> None:
-        """Wait by polling; past the deadline, raise :class:`~.watchdog.Stalled`."""
-        while not (op.event.wait(0.01) if op.threaded else op.done):
-            if not op.threaded:
-                _ENGINE.progress_caller()
-            if time.monotonic() > deadline and not op.done:
-                self._state = "complete"  # abandoned: not waitable again
-                if not op.threaded:
-                    _ENGINE.caller = [o for o in _ENGINE.caller if o is not op]
-                    op.abandon()
-                raise watchdog.Stalled(watchdog.report(
-                    watchdog.describe("non-blocking call", op.plan), seconds,
-                    watchdog.WATCH.calls))
 
     # mpi4py's spellings, so code written for MPI.Request runs unchanged
     def Wait(self, status=None) -> bool:  # noqa: N802
@@ -383,9 +432,10 @@ class Request:
     def _complete(self) -> None:
         op = self._op
         self._state = "complete"
+        if _CLOSING:
+            reap()
         if op is not None and op.error is not None:
             error, op.error = op.error, None
-            from .api import failed  # (api imports this module)
             failed(getattr(op, "comm", MPI.COMM_WORLD), error, "a non-blocking call")
 
     def _check_active(self, what: str) -> None:
@@ -402,7 +452,9 @@ class Request:
 
 class PersistentRequest(Request):
     """A call set up once and started many times: ``start()``, then
-    ``wait()`` (or ``test()``), again and again; ``free()`` at the end."""
+    ``wait()`` (or ``test()``), again and again; ``free()`` at the end (or
+    ``with allreduce_init(...) as request:``).  A request that is garbage
+    collected is freed too (its MPI requests and its tag)."""
 
     __slots__ = ()
 
@@ -422,15 +474,35 @@ class PersistentRequest(Request):
         self.free()
 
     def free(self) -> None:
-        """Release the request (not while it is active)."""
+        """Release the request (not while it is active): its MPI requests
+        and its tag."""
         if self._state == "active":
             raise RequestError("free() on an active request (wait() for it first)")
+        self._release()
+
+    def _release(self) -> None:
         op = self._op
-        if op is not None and op.persistent is not None:
-            for requests in op.persistent:
-                for r in requests or ():
-                    r.Free()
+        if op is not None:
+            op.reserved = False
+            if op.persistent is not None and not MPI.Is_finalized():
+                for requests in op.persistent:
+                    for r in requests or ():
+                        r.Free()
+            op.persistent = None
         self._state, self._op, self._keep = "freed", None, ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._state == "active" and exc[0] is None:
+            self.wait()
+        if self._state != "active":
+            self._release()
+
+    def __del__(self):
+        if self._state != "active" and self._state != "freed":
+            self._release()
 
 
 class _OneRound(PersistentRequest):
@@ -438,7 +510,9 @@ class _OneRound(PersistentRequest):
     short vectors): ``start()`` runs the local steps before that round and
     starts its MPI persistent requests, ``wait()`` waits for them and runs
     the rest.  With one round nothing needs advancing in between, so the
-    call bypasses the engine: no more Python than that per call."""
+    call needs no more Python than that; it is still one operation of the
+    engine's: watched while in flight, its tag held, the communicator's
+    re-entry guard taken, and (raise mode) waited against its deadline."""
 
     __slots__ = ("_before", "_requests", "_after", "_after_wait")
 
@@ -455,19 +529,41 @@ class _OneRound(PersistentRequest):
     def start(self) -> None:
         if self._state != "complete":
             super().start()  # raises
-        for function, args in self._before:
-            function(*args)
-        _startall(self._requests)
-        for function, args in self._after:
-            function(*args)
-        self._state = "active"
+        op = self._op
+        context = op.context
+        if not context.lock.acquire(False):
+            raise context.concurrent()
+        try:
+            if context.broken is not None:
+                raise Stalled(context.broken)
+            for function, args in self._before:
+                function(*args)
+            _startall(self._requests)
+            for function, args in self._after:
+                function(*args)
+            op.starts += 1
+            op.done = False
+            if op.limit:
+                op.deadline = time.monotonic() + op.limit
+            self._state = "active"
+        finally:
+            context.lock.release()
 
     def wait(self):
         if self._state != "active":
             self._check_active("wait")
-        _waitall(self._requests)
+        op = self._op
+        if op.limit:
+            while not _testall(self._requests):
+                if time.monotonic() > op.deadline:
+                    self._state = "complete"
+                    op.pending = [_Started(self._requests)]
+                    raise op.stalled()
+        else:
+            _waitall(self._requests)
         for function, args in self._after_wait:
             function(*args)
+        op.done = True
         self._state = "complete"
         return self._result
 
@@ -475,6 +571,11 @@ class _OneRound(PersistentRequest):
         if self._state != "active":
             self._check_active("test")
         if not _testall(self._requests):
+            op = self._op
+            if op.limit and time.monotonic() > op.deadline:
+                self._state = "complete"
+                op.pending = [_Started(self._requests)]
+                raise op.stalled()
             return False
         self.wait()
         return True
@@ -508,14 +609,19 @@ def persistent_requests(bound: Bound, tag: int) -> list:
     return out
 
 
-def operation(bound: Bound, tag: int, nbytes: int, persistent: bool) -> Operation:
-    """An operation for ``bound`` whose messages carry ``tag`` (one of its
-    own: calls in flight together must not match each other's messages):
-    threaded or not, persistent MPI requests or not."""
+def operation(bound: Bound, context, nbytes: int, persistent: bool) -> Operation:
+    """An operation for ``bound`` on ``context``, threaded or not, with MPI
+    persistent requests or not, holding a tag of its own from the
+    context (calls in flight together must not match each other's
+    messages; a persistent request holds its tag until it is freed)."""
     threaded = nbytes >= THREAD_MIN_BYTES and thread_progress()
-    requests = persistent_requests(bound, tag) if persistent and not bound.plan.backend.device \
-        else None
-    return Operation(bound.stages, bound.plan, tag, _ENGINE.slot(), threaded, requests)
+    kind = "persistent call" if persistent else "non-blocking call"
+    op = Operation(bound.stages, bound.plan, 0, _ENGINE.slot(), threaded, None, kind, context)
+    op.reserved = persistent
+    op.tag = context.claim(op, bound.plan.fingerprint, persistent)
+    if persistent and not bound.plan.backend.device:
+        op.persistent = persistent_requests(bound, op.tag)
+    return op
 
 
 def local_operation(backend, send, recv) -> Operation:
@@ -524,6 +630,58 @@ def local_operation(backend, send, recv) -> Operation:
     if send is not None and recv.size:
         steps = [(backend.device_synchronize, ()), (backend.copy, (recv, send))]
     return Operation([Stage(tuple(steps), (), ())], None, 0, "", False)
+
+
+def blocking(bound: Bound, context, kind: str):
+    """What runs a blocking call of ``bound`` on ``context``: its compiled
+    steps, with the communicator's re-entry guard and the watchdog -- the
+    thread's cell (abort, warn), or (raise) the call run as an operation
+    against its deadline."""
+    run, lock = bound.run, context.lock
+    seconds, action = settings()
+    if seconds > 0 and action == "raise":
+        op = Operation(bound.stages, bound.plan, bound.plan.tag, "wd", False, None, kind,
+                       context)
+
+        def deadline_run():
+            if not lock.acquire(False):
+                raise context.concurrent()
+            try:
+                if context.broken is not None:
+                    raise Stalled(context.broken)
+                op.begin()
+                spins = 0
+                while not op.advance(False):
+                    spins += 1
+                    if spins & 0xFF == 0 and time.monotonic() > op.deadline:
+                        raise op.stalled()
+            finally:
+                lock.release()
+            if op.error is not None:
+                error, op.error = op.error, None
+                raise error
+        return deadline_run
+    what = (kind, bound.plan)
+    cell_of = WATCH.cell if seconds > 0 else None
+
+    def guarded_run():
+        if not lock.acquire(False):
+            raise context.concurrent()
+        if cell_of is None:
+            try:
+                run()
+            finally:
+                lock.release()
+            return
+        cell = cell_of()
+        cell.what = what
+        cell.count += 1
+        try:
+            run()
+        finally:
+            cell.what = None
+            lock.release()
+    return guarded_run
 
 
 def waitall(requests) -> list:

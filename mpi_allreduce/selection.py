@@ -76,28 +76,42 @@ DEFAULT_TUNING = {
 }
 
 
+def _whole(value, what: str, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 1 << 62:
+        raise ValueError(f"{what} must be a whole number from {low} to 2^62, got {value!r}")
+    return value
+
+
 def check_tuning(table: dict) -> dict:
-    """Raise ValueError unless ``table`` is a decision table we can use."""
-    try:
-        rules = table["rules"]
-        for rule in rules:
-            int(rule["comm_size"])
-            if rule.get("oversubscribed") not in (None, True, False):
-                raise ValueError(f"oversubscribed must be true, false or absent, "
-                                 f"got {rule['oversubscribed']!r}")
-            for row in rule["table"]:
-                get(row["algorithm"])
-                if row["algorithm"] == "hierarchical":
-                    raise ValueError("a decision table may not choose 'hierarchical'")
-                if row["max_bytes"] is not None:
-                    int(row["max_bytes"])
-            if rule["table"][-1]["max_bytes"] is not None:
-                raise ValueError(f"the last row for comm_size {rule['comm_size']} needs "
-                                 "max_bytes null (no upper limit)")
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"malformed decision table: {exc!r}") from None
+    """Raise ValueError unless ``table`` is a decision table we can use
+    (every field of the right type and range: a table is read from files)."""
+    if not isinstance(table, dict) or not isinstance(table.get("rules"), list):
+        raise ValueError("malformed decision table: expected an object with a list 'rules'")
+    rules = table["rules"]
     if not rules:
         raise ValueError("decision table has no rules")
+    for rule in rules:
+        if not isinstance(rule, dict) or not isinstance(rule.get("table"), list) \
+                or not rule["table"]:
+            raise ValueError(f"malformed decision table: a rule needs comm_size and a "
+                             f"non-empty list 'table', got {rule!r:.200}")
+        _whole(rule.get("comm_size"), "comm_size", 1)
+        if rule.get("oversubscribed") not in (None, True, False):
+            raise ValueError(f"oversubscribed must be true, false or absent, "
+                             f"got {rule['oversubscribed']!r}")
+        for row in rule["table"]:
+            if not isinstance(row, dict) or not isinstance(row.get("algorithm"), str) \
+                    or "max_bytes" not in row:
+                raise ValueError(f"malformed decision table: a row needs max_bytes and "
+                                 f"algorithm, got {row!r:.200}")
+            get(row["algorithm"])
+            if row["algorithm"] == "hierarchical":
+                raise ValueError("a decision table may not choose 'hierarchical'")
+            if row["max_bytes"] is not None:
+                _whole(row["max_bytes"], "max_bytes")
+        if rule["table"][-1]["max_bytes"] is not None:
+            raise ValueError(f"the last row for comm_size {rule['comm_size']} needs "
+                             "max_bytes null (no upper limit)")
     return table
 
 
@@ -132,10 +146,26 @@ class DecisionTable:
         return rows[-1][1]
 
 
+#: the largest decision table file read (a real one is a few KiB)
+MAX_TABLE_BYTES = 1 << 20
+
+
 @functools.lru_cache(maxsize=8)
 def _load(path: str) -> DecisionTable:
-    with open(path) as f:
-        return DecisionTable(json.load(f))
+    """The table in ``path``: a regular file of at most :data:`MAX_TABLE_BYTES`
+    holding a valid table; anything else is a ValueError naming the file."""
+    try:
+        if not os.path.isfile(path):
+            raise ValueError("not a regular file")
+        with open(path, "rb") as f:
+            text = f.read(MAX_TABLE_BYTES + 1)
+        if len(text) > MAX_TABLE_BYTES:
+            raise ValueError(f"larger than {MAX_TABLE_BYTES} bytes")
+        return DecisionTable(json.loads(text))
+    except RecursionError:
+        raise ValueError(f"decision table {path}: nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"decision table {path}: {exc}") from None
 
 
 _DEFAULT = DecisionTable(DEFAULT_TUNING)
