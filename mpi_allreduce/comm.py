@@ -48,6 +48,8 @@ class Comm(MPI.Intracomm):
     ``MPI.Intracomm()`` is."""
 
     def __new__(cls, comm=None, algorithm: str = "auto", **options):
+        if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL:
+            comm = None  # the null communicator, as MPI.Intracomm(MPI.COMM_NULL) is
         if comm is not None and not isinstance(comm, MPI.Intracomm):
             raise TypeError(f"Comm wraps an MPI.Intracomm, got {type(comm).__name__}")
         unknown = set(options) - set(_OPTIONS)

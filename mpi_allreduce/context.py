@@ -28,6 +28,7 @@ from .config import on_refresh
 from .errors import ConcurrentCall, TagsExhausted
 from .spec import tag_layout
 from .topology import node_map, oversubscribed
+from .watchdog import WATCH, settings
 
 __all__ = ["Context", "context_for", "release", "MAX_PLANS", "MAX_CALLS"]
 
@@ -202,11 +203,28 @@ def context_for(comm: MPI.Intracomm) -> Context:
         return entry[1]
     context = comm.Get_attr(_KEYVAL)
     if context is None:
-        context = Context(comm)
+        context = _watched_setup(comm)
         comm.Set_attr(_KEYVAL, context)
     context.ids.add(id(comm))
     _LIVE[id(comm)] = (comm, context)
     return context
+
+
+def _watched_setup(comm: MPI.Intracomm) -> Context:
+    """A new context: collective (a Dup, the node's CPU count), so a rank
+    that never comes leaves the others waiting in MPI -- watched like a
+    call (abort and warn modes: MPI cannot be left early)."""
+    seconds, _ = settings()
+    if seconds <= 0:
+        return Context(comm)
+    cell = WATCH.cell()
+    cell.what = (f"the first call on a communicator of {comm.Get_size()} ranks (its set-up: "
+                 "MPI_Comm_dup, collective; mpi_allreduce.setup(comm) does it ahead)", None)
+    cell.count += 1
+    try:
+        return Context(comm)
+    finally:
+        cell.what = None
 
 
 def cached_context(comm) -> Optional[Context]:

@@ -202,10 +202,14 @@ def _applied(function):
     return combine
 
 
-@functools.lru_cache(maxsize=64)
-def _mpi_user_op(handle: int, commutative: bool) -> Op:
-    return Op("mpi-user-op", None, MPI.Op.f2py(handle), frozenset({_ANY}),
-              commutative=commutative, device=False, key=(handle, commutative))
+def _mpi_user_op(op: MPI.Op) -> Op:
+    """The caller's user-defined MPI.Op, itself (not a copy made from its
+    handle: a freed op's handle is reused by the next one made, so a handle
+    names no function for long).  Caches tell it by the object, which the
+    Op holds, so its id stays its own while a plan keeps it."""
+    commutative = bool(op.Is_commutative())
+    return Op("mpi-user-op", None, op, frozenset({_ANY}), commutative=commutative,
+              device=False, key=(id(op), op.py2f(), commutative))
 
 
 def resolve_op(op) -> Op:
@@ -230,7 +234,7 @@ def resolve_op(op) -> Op:
         if op in (MPI.REPLACE, MPI.NO_OP):
             raise ValueError("MPI.REPLACE and MPI.NO_OP are for one-sided accumulates, "
                              "not for a reduction")
-        return _mpi_user_op(op.py2f(), bool(op.Is_commutative()))
+        return _mpi_user_op(op)
     if callable(op):
         return user_op(op)
     raise TypeError(f"op must be an MPI.Op, a string or a callable, got {type(op).__name__}")

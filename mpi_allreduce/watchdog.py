@@ -49,7 +49,10 @@ def settings() -> tuple:
 
 
 def describe(kind: str, plan) -> str:
-    """What a report says of a call: its shape and its peers."""
+    """What a report says of a call: its shape and its peers (or, for a
+    step without a plan, the kind alone)."""
+    if plan is None:
+        return kind
     schedule = plan.schedule
     peers = sorted({a.peer for r in schedule.rounds for a in r if hasattr(a, "peer")})
     return (f"{kind} of {schedule.count} x {plan.dtype.name}, op {plan.op.name}, "

@@ -1,0 +1,435 @@
+"""The README's guarantees on every path: ranks that disagree never get a
+wrong result, calls in flight never match each other's messages, a call
+that waits too long is reported, threads that share a communicator are
+refused, and what a call holds is freed with it.  Each test is a case that
+failed before the call spec, the tag claims and the one engine; stalls are
+bounded by a raising watchdog of a second or less."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpi_allreduce as mar
+from mpi_allreduce import config
+from mpi_allreduce.context import context_for
+from mpi_allreduce.spec import tag_layout
+
+pytestmark = pytest.mark.mpi
+
+THREADS = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+@pytest.fixture
+def watchdog(monkeypatch):
+    """Set the watchdog: ``watchdog(seconds, action)``; undone afterwards."""
+    def set_(seconds, action="raise"):
+        monkeypatch.setenv(config.WATCHDOG_ENV, str(seconds))
+        monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, action)
+        config.refresh()
+    yield set_
+    monkeypatch.undo()
+    config.refresh()
+
+
+@pytest.fixture
+def fresh():
+    """A fresh duplicate of the world (a stalled call leaves its communicator
+    unusable), set up on every rank (its first use is collective)."""
+    comm = MPI.COMM_WORLD.Dup()
+    mar.setup(comm)
+    yield comm
+    comm.Free()
+
+
+def _need(comm, ranks: int = 2):
+    if comm.Get_size() < ranks:
+        pytest.skip(f"needs {ranks} ranks")
+
+
+# --- many calls in flight, persistent and non-blocking mixed -------------------------------
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_a_training_loop_past_4096_steps_stays_right(fresh, algorithm):
+    """One persistent all-reduce and one non-blocking one of the same
+    shape per step: before, the non-blocking call's tag wrapped onto the
+    persistent request's at step 4095 and returned a wrong result."""
+    p, r = fresh.Get_size(), fresh.Get_rank()
+    a = np.zeros(4)
+    b = np.zeros(4)
+    with mar.allreduce_init(MPI.IN_PLACE, a, comm=fresh, algorithm=algorithm) as persistent:
+        for step in range(4100):
+            a[:] = r + step
+            b[:] = r - step
+            persistent.start()
+            request = mar.iallreduce(MPI.IN_PLACE, b, comm=fresh, algorithm=algorithm)
+            request.wait()
+            persistent.wait()
+            assert a[0] == p * step + p * (p - 1) // 2, (step, a)
+            assert b[0] == -p * step + p * (p - 1) // 2, (step, b)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_4500_calls_in_flight_at_once(fresh, algorithm):
+    r = fresh.Get_rank()
+    arrays = [np.full(3, float(r + i)) for i in range(4500)]
+    requests = [mar.iallreduce(MPI.IN_PLACE, x, comm=fresh, algorithm=algorithm) for x in arrays]
+    mar.waitall(requests[::-1])
+    p = fresh.Get_size()
+    got = np.array([x[0] for x in arrays])
+    want = p * np.arange(4500) + p * (p - 1) // 2
+    assert np.array_equal(got, want)
+
+
+def _small_tags(comm):
+    """The tag layout of an MPI with the standard's smallest MPI_TAG_UB
+    (32767): 256 persistent slots, 768 non-blocking ones."""
+    context = context_for(comm)
+    context.tags = tag_layout(32767)
+    return context.tags
+
+
+def test_with_the_smallest_tag_space_a_wrap_never_meets_a_held_tag(fresh):
+    tags = _small_tags(fresh)
+    p, r = fresh.Get_size(), fresh.Get_rank()
+    a, b = np.zeros(2), np.zeros(2)
+    persistent = mar.allreduce_init(MPI.IN_PLACE, a, comm=fresh, algorithm="ring")
+    for step in range(2 * (tags.slots - tags.persistent) + 5):  # the slots wrap twice
+        a[:], b[:] = r + step, r
+        persistent.start()
+        mar.iallreduce(MPI.IN_PLACE, b, comm=fresh, algorithm="ring").wait()
+        persistent.wait()
+        assert a[0] == p * step + p * (p - 1) // 2 and b[0] == p * (p - 1) // 2, step
+    persistent.free()
+
+
+def test_more_calls_in_flight_than_tags_are_refused_on_every_rank(fresh):
+    _need(fresh)
+    tags = _small_tags(fresh)
+    room = tags.slots - tags.persistent
+    arrays = [np.full(2, float(i)) for i in range(room + 1)]
+    requests = [mar.iallreduce(MPI.IN_PLACE, x, comm=fresh) for x in arrays[:room]]
+    with pytest.raises(mar.TagsExhausted, match="non-blocking calls in flight"):
+        mar.iallreduce(MPI.IN_PLACE, arrays[room], comm=fresh)
+    mar.waitall(requests)
+    p = fresh.Get_size()
+    assert all(x[0] == p * i for i, x in enumerate(arrays[:room]))
+    held = [mar.allreduce_init(MPI.IN_PLACE, np.zeros(2), comm=fresh)
+            for _ in range(tags.persistent)]
+    with pytest.raises(mar.TagsExhausted, match="persistent requests alive"):
+        mar.allreduce_init(MPI.IN_PLACE, np.zeros(2), comm=fresh)
+    for request in held:
+        request.free()
+    x = np.ones(2)  # a freed request's tag is free again
+    with mar.allreduce_init(MPI.IN_PLACE, x, comm=fresh) as request:
+        request.start()
+        request.wait()
+    assert x[0] == p
+
+
+# --- ranks that disagree: never a wrong result ---------------------------------------------
+
+def _disagree(comm, call, want):
+    """Run ``call()`` on every rank: each returns ``want`` or raises Stalled
+    (never another result), and some rank stalls."""
+    try:
+        out = call()
+        stalled = False
+        np.testing.assert_array_equal(out, want)
+    except mar.Stalled:
+        stalled = True
+    assert MPI.COMM_WORLD.allreduce(int(stalled)) >= 1
+
+
+SEGMENT = {
+    "argument": lambda r, mp: dict(segment_size=2 if r == 0 else 3),
+    "environment": lambda r, mp: (mp.setenv(config.SEGMENT_ENV, "16") if r == 0 else None,
+                                  config.refresh(), {})[-1],
+}
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "ring_pipelined", "rabenseifner", "auto"])
+@pytest.mark.parametrize("how", list(SEGMENT))
+def test_segment_size_mismatch(fresh, watchdog, monkeypatch, how, algorithm):
+    _need(fresh)
+    watchdog(0.5)
+    options = SEGMENT[how](fresh.Get_rank(), monkeypatch)
+    data = np.arange(40.0)
+    _disagree(fresh, lambda: mar.allreduce(data, comm=fresh, algorithm=algorithm, **options),
+              data * fresh.Get_size())
+    monkeypatch.delenv(config.SEGMENT_ENV, raising=False)
+    config.refresh()
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_hierarchical_inner_mismatch(fresh, watchdog, monkeypatch, how):
+    _need(fresh, 3)
+    watchdog(0.5)
+    r = fresh.Get_rank()
+    inner = "ring" if r == 0 else "recursive_doubling"
+    options = {"inner": inner} if how == "argument" else {}
+    if how == "environment":
+        monkeypatch.setenv(config.INNER_ENV, inner)
+        config.refresh()
+    data = np.arange(30.0)
+    _disagree(fresh, lambda: mar.allreduce(data, comm=fresh, algorithm="hierarchical",
+                                           ranks_per_node=1, **options),
+              data * fresh.Get_size())
+
+
+@pytest.mark.parametrize("what", ["reduce_scatter", "allgather"])
+def test_counts_mismatch_with_the_same_total(fresh, watchdog, what):
+    _need(fresh)
+    watchdog(0.5)
+    p, r = fresh.Get_size(), fresh.Get_rank()
+    counts = [2] * p
+    if r == 0:
+        counts[0], counts[1] = 3, 1
+    if what == "reduce_scatter":
+        data = np.arange(2.0 * p)
+        want = (data * p)[sum(counts[:r]):sum(counts[:r + 1])]
+        call = lambda: mar.reduce_scatter(data, None, "sum", counts, comm=fresh)  # noqa: E731
+    else:
+        data = np.full(counts[r], float(r))
+        want = np.repeat(np.arange(p, dtype=float), counts)
+        call = lambda: mar.allgather(data, None, counts, comm=fresh)  # noqa: E731
+    _disagree(fresh, call, want)
+
+
+REPRODUCIBLE = {
+    "float64-complex128": lambda r: (np.ones(8, np.float64 if r == 0 else np.complex128), "sum"),
+    "float32-float16": lambda r: (np.ones(8, np.float32 if r == 0 else np.float16), "sum"),
+    "sum-avg": lambda r: (np.ones(8), "sum" if r == 0 else "avg"),
+}
+
+
+@pytest.mark.parametrize("case", list(REPRODUCIBLE))
+def test_reproducible_keeps_the_callers_dtype_and_op(fresh, watchdog, case):
+    _need(fresh)
+    watchdog(0.5)
+    data, op = REPRODUCIBLE[case](fresh.Get_rank())
+    _disagree(fresh, lambda: mar.allreduce(data, None, op, comm=fresh, reproducible=True),
+              data * (fresh.Get_size() if op == "sum" else 1))
+    with pytest.raises(mar.ArgumentMismatch):
+        mar.allreduce(data, None, op, comm=MPI.COMM_WORLD, reproducible=True, check=True)
+
+
+CHECKED = {
+    "segment_size": lambda r: dict(algorithm="ring", segment_size=2 + (r == 0)),
+    "inner": lambda r: dict(algorithm="hierarchical", ranks_per_node=1,
+                            inner="ring" if r == 0 else "tree"),
+}
+
+
+@pytest.mark.parametrize("field", list(CHECKED))
+def test_check_names_every_option_that_shapes_the_messages(comm, field):
+    _need(comm)
+    with pytest.raises(mar.ArgumentMismatch, match=field):
+        mar.allreduce(np.ones(10), comm=comm, check=True, **CHECKED[field](comm.Get_rank()))
+
+
+def test_check_names_different_counts_of_reduce_scatter(comm):
+    _need(comm)
+    p = comm.Get_size()
+    counts = [1] * p
+    counts[0], counts[1] = (2, 0) if comm.Get_rank() == 0 else (1, 1)
+    with pytest.raises(mar.ArgumentMismatch, match="counts"):
+        mar.reduce_scatter(np.ones(p), None, "sum", counts, comm=comm, check=True)
+
+
+def _pick_second(a, b, datatype):  # another user op, made first on rank 0
+    pass
+
+
+def test_user_op_handles_that_differ_between_ranks(comm):
+    """The same function, its MPI.Op made in another order on rank 0: the
+    handles differ, the call is the same (before: a hang, and check=True
+    raised a false mismatch)."""
+    def add(a, b, datatype):
+        np.add(np.frombuffer(a, np.float64), np.frombuffer(b, np.float64),
+               out=np.frombuffer(b, np.float64))
+    if comm.Get_rank() == 0:
+        other = MPI.Op.Create(_pick_second, commute=True)
+        mine = MPI.Op.Create(add, commute=True)
+    else:
+        mine = MPI.Op.Create(add, commute=True)
+        other = MPI.Op.Create(_pick_second, commute=True)
+    handles = comm.allgather(mine.py2f())
+    try:
+        x = np.arange(6.0) + comm.Get_rank()
+        want = np.empty_like(x)
+        comm.Allreduce(x, want, MPI.SUM)
+        for algorithm in ("ring", "recursive_doubling"):
+            got = mar.allreduce(x, None, mine, comm=comm, algorithm=algorithm, check=True)
+            np.testing.assert_array_equal(got, want)
+        assert comm.Get_size() == 1 or len(set(handles)) > 1 or comm.Get_rank() != 0
+    finally:
+        mine.Free()
+        other.Free()
+
+
+# --- the watchdog on every path -----------------------------------------------------------
+
+@pytest.mark.parametrize("what", ["reduce_scatter", "allgather"])
+def test_watchdog_on_the_halves(fresh, watchdog, what):
+    _need(fresh)
+    watchdog(0.5)
+    p = fresh.Get_size()
+    if fresh.Get_rank() == 0:  # the others never come
+        with pytest.raises(mar.Stalled, match=what):
+            if what == "reduce_scatter":
+                mar.reduce_scatter(np.ones(p), comm=fresh)
+            else:
+                mar.allgather(np.ones(1), comm=fresh)
+
+
+def test_watchdog_on_the_one_round_persistent_call(fresh, watchdog):
+    _need(fresh)
+    watchdog(0.5)
+    x = np.ones(2)
+    request = mar.allreduce_init(MPI.IN_PLACE, x, comm=fresh, algorithm="recursive_doubling")
+    if fresh.Get_rank() == 0:  # the others never start it
+        request.start()
+        with pytest.raises(mar.Stalled, match="persistent call"):
+            request.wait()
+
+
+def test_watchdog_on_a_test_polling_loop(fresh, watchdog):
+    _need(fresh)
+    watchdog(0.5)
+    if fresh.Get_rank() == 0:
+        request = mar.iallreduce(np.ones(4), comm=fresh, algorithm="ring")
+        with pytest.raises(mar.Stalled, match="non-blocking call"):
+            while not request.test():
+                time.sleep(0.001)
+
+
+@pytest.mark.skipif(not THREADS, reason="needs MPI_THREAD_MULTIPLE")
+def test_watchdog_names_the_stalled_call_while_another_thread_makes_calls(watchdog, capfd):
+    """Warn mode: one thread waits in a call on one communicator; the main
+    thread keeps making calls on another.  The report names the waiting
+    call and its thread (before: one global slot, overwritten by the main
+    thread's calls, and no report)."""
+    world = MPI.COMM_WORLD
+    _need(world)
+    watchdog(0.5, "warn")
+    slow, busy = world.Dup(), world.Dup()
+    mar.setup(slow)
+    mar.setup(busy)
+    late = np.arange(7.0)
+
+    def waiter():
+        mar.allreduce(late, comm=slow, algorithm="ring")
+    thread = threading.Thread(target=waiter, name="stuck-thread")
+    if world.Get_rank() == 0:
+        thread.start()
+    for _ in range(40):  # about 2 s of the main threads' calls on the other communicator
+        mar.allreduce(np.ones(2), comm=busy, algorithm="ring")
+        time.sleep(0.05)
+    if world.Get_rank() != 0:
+        waiter()
+    thread.join(timeout=30) if world.Get_rank() == 0 else None
+    err = capfd.readouterr().err
+    if world.Get_rank() == 0:
+        assert not thread.is_alive()
+        assert "thread 'stuck-thread'" in err and "allreduce of 7 x float64" in err, err
+    slow.Free()
+    busy.Free()
+
+
+@pytest.mark.skipif(not THREADS, reason="needs MPI_THREAD_MULTIPLE")
+@pytest.mark.parametrize("mode", ["caller", "thread"])
+def test_a_request_waited_from_another_thread(fresh, monkeypatch, mode):
+    monkeypatch.setenv(config.PROGRESS_ENV, mode)
+    config.refresh()
+    x = np.arange(100000.0) + fresh.Get_rank()
+    request = mar.iallreduce(x, comm=fresh, algorithm="ring")
+    result = []
+    thread = threading.Thread(target=lambda: result.append(request.wait()))
+    thread.start()
+    thread.join(timeout=60)
+    monkeypatch.undo()
+    config.refresh()
+    assert not thread.is_alive(), "the wait from another thread never returned"
+    p = fresh.Get_size()
+    np.testing.assert_array_equal(result[0], p * np.arange(100000.0) + p * (p - 1) / 2)
+
+
+# --- threads, lifetimes --------------------------------------------------------------------
+
+@pytest.mark.skipif(not THREADS, reason="needs MPI_THREAD_MULTIPLE")
+def test_two_threads_on_one_communicator_are_refused(fresh):
+    _need(fresh)
+    mar.setup(fresh)
+    x = np.arange(5.0)
+    result = []
+    if fresh.Get_rank() == 0:
+        thread = threading.Thread(target=lambda: result.append(
+            mar.allreduce(x, comm=fresh, algorithm="ring")))
+        thread.start()
+        time.sleep(0.3)  # the thread waits in its call: the others come later
+        with pytest.raises(mar.ConcurrentCall, match="two threads"):
+            mar.allreduce(x, comm=fresh, algorithm="ring")
+        with pytest.raises(mar.ConcurrentCall):
+            mar.iallreduce(x, comm=fresh, algorithm="ring")
+        fresh.send(None, dest=1)  # now the others may enter
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+    else:
+        if fresh.Get_rank() == 1:
+            fresh.recv(source=0)
+        result.append(mar.allreduce(x, comm=fresh, algorithm="ring"))
+    np.testing.assert_array_equal(result[0], x * fresh.Get_size())
+
+
+def test_free_with_a_call_in_flight_completes_it():
+    comm = MPI.COMM_WORLD.Dup()
+    x = np.arange(50.0) + comm.Get_rank()
+    request = mar.iallreduce(x, comm=comm, algorithm="ring")
+    comm.Free()
+    out = request.wait()
+    p = MPI.COMM_WORLD.Get_size()
+    np.testing.assert_array_equal(out, p * np.arange(50.0) + p * (p - 1) / 2)
+
+
+def test_repr_of_a_null_comm():
+    assert "null" in repr(mar.Comm(MPI.COMM_NULL))
+    assert "null" in repr(mar.Comm())
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_dropped_fusions_and_persistent_requests_free_what_they_hold(fresh):
+    a, b = np.ones(100), np.ones(50, np.float32)
+
+    def fusions(n):
+        for _ in range(n):
+            fusion = mar.Fusion(fresh, bucket_bytes=1 << 20)
+            fusion.add(a)
+            fusion.add(b)
+            fusion.wait()
+
+    def persistents(n):
+        for _ in range(n):
+            request = mar.allreduce_init(MPI.IN_PLACE, a, comm=fresh)
+            request.start()
+            request.wait()
+
+    fusions(200)
+    persistents(500)
+    gc.collect()
+    before = _rss()
+    fusions(2000)
+    persistents(10000)
+    gc.collect()
+    grown = _rss() - before
+    assert grown < 8 << 20, f"RSS grew by {grown / 2**20:.1f} MiB"
+    assert len(context_for(fresh).holders) < 10, "tags of dropped requests still held"
