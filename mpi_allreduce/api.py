@@ -25,7 +25,6 @@ import numpy as np
 from mpi4py import MPI
 
 from . import progress, registry, selection as _selection
-from .algorithms.hierarchical import layout
 from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
 from .config import environment
@@ -314,21 +313,15 @@ def choice(context: Context, call: _Call, count: int) -> str:
 
 
 def spec_of(context: Context, call: _Call, name: str) -> CallSpec:
-    """The spec of ``call`` run with algorithm ``name`` on ``context``:
-    hierarchical's options resolved here, in one place (the node of every
-    rank; the leaders' algorithm, ``auto`` taken from the decision table
-    for the leaders' count)."""
+    """The spec of ``call`` run with algorithm ``name`` on ``context``
+    (hierarchical's options resolved by
+    :func:`~mpi_allreduce.selection.hierarchical_options`)."""
     count, dtype = call.recv.size, call.recv.dtype
     options = ()
     if name == "hierarchical":
-        nodes = context.nodes(call.ranks_per_node)
-        inner = call.inner
-        if inner == "auto":
-            leaders = len(layout(nodes)[1])
-            inner = call.tuning.choose(count * dtype.itemsize, leaders, context.oversubscribed)
-            if not call.op.commutative:
-                inner = registry.in_rank_order(inner)
-        options = (("inner", inner), ("nodes", nodes))
+        options = _selection.hierarchical_options(
+            context.nodes(call.ranks_per_node), call.inner, count * dtype.itemsize, call.tuning,
+            context.oversubscribed, call.op.commutative)
     return CallSpec("allreduce", name, context.size, count, dtype_label(dtype), call.op.stable,
                     call.segment_size, options, salt=call.salt)
 
@@ -476,7 +469,7 @@ def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inn
     else:
         tuning = None
     if algorithm == "hierarchical":
-        inner = inner_setting(inner)
+        inner = _selection.inner_setting(inner)
         ranks_per_node = ranks_per_node_setting(ranks_per_node)
     selection = selection or environment().selection or "table"
     if selection not in SELECTIONS:
@@ -579,12 +572,4 @@ def ranks_per_node_setting(value):
         value = environment().ranks_per_node
     if value is not None and (not isinstance(value, int) or value < 1):
         raise ValueError(f"ranks_per_node must be a positive integer, got {value!r}")
-    return value
-
-
-def inner_setting(value) -> str:
-    """The leaders' algorithm: the argument, else the environment, else auto."""
-    value = registry.check_name(value or environment().inner or "auto")
-    if value == "hierarchical":
-        raise ValueError("inner algorithm of 'hierarchical' cannot be 'hierarchical'")
     return value

@@ -41,7 +41,6 @@ each waits against one deadline loop (:meth:`_Engine.wait`).
 from __future__ import annotations
 
 import atexit
-import collections
 import itertools
 import threading
 import time
@@ -69,7 +68,7 @@ class Operation:
 
     __slots__ = ("stages", "plan", "comm", "mpitype", "post", "tag", "slot", "index", "pending",
                  "done", "error", "event", "threaded", "persistent", "kind", "starts",
-                 "limit", "deadline", "reserved", "context", "lock", "__weakref__")
+                 "limit", "deadline", "reserved", "context", "lock", "owner", "__weakref__")
 
     def __init__(self, stages: list, plan, tag: int, slot: str, threaded: bool,
                  persistent=None, kind: str = "non-blocking call", context=None):
@@ -90,6 +89,7 @@ class Operation:
         self.reserved = persistent is not None
         #: two threads never advance one operation at once
         self.lock = threading.Lock()
+        self.owner = 0  # the thread that advances it (caller progress)
         seconds, action = settings()
         #: the watchdog's raise mode: seconds a start may wait (else 0)
         self.limit = seconds if action == "raise" else 0.0
@@ -211,11 +211,7 @@ class _Engine:
     """The calls in flight in this process, and the progress thread."""
 
     def __init__(self):
-        #: calls advanced by test()/wait() of any thread, oldest first (under
-        #: ``lock``: two threads never touch one MPI request at once)
-        self.caller: list = []
-        self.incoming: collections.deque = collections.deque()  # started, not yet in ``caller``
-        self.lock = threading.RLock()
+        self._local = threading.local()  # each thread's calls advanced by test()/wait()
         self.threaded: list = []  # advanced by the thread (under ``cond``)
         self.cond = threading.Condition()
         self.thread: Optional[threading.Thread] = None
@@ -228,60 +224,92 @@ class _Engine:
         return f"nb{next(self._slots)}"
 
     # --- caller progress ----------------------------------------------------
-    def start_caller(self, op: Operation) -> None:
-        self.incoming.append(op)  # (atomic: no lock, so a start never waits for a wait)
+    @property
+    def caller(self) -> list:
+        """This thread's calls advanced by test()/wait(), oldest first: the
+        thread that starts a call owns it, and blocks in MPI only on its
+        own calls' requests (a thread blocked on another's could wait for
+        a peer that waits for that other thread)."""
+        ops = getattr(self._local, "ops", None)
+        if ops is None:
+            ops = self._local.ops = []
+        return ops
 
-    def _progress(self) -> None:
-        """Advance every caller-progressed call without blocking (under ``lock``)."""
-        incoming, caller = self.incoming, self.caller
-        while incoming:
-            caller.append(incoming.popleft())
-        self.caller = [op for op in caller if not op.advance(False)]
+    @caller.setter
+    def caller(self, ops: list) -> None:
+        self._local.ops = ops
+
+    def start_caller(self, op: Operation) -> None:
+        op.owner = threading.get_ident()
+        self.caller.append(op)
 
     def progress_caller(self) -> None:
-        with self.lock:
-            self._progress()
+        self.caller = [op for op in self.caller if not op.advance(False)]
+
+    def _advance(self, op: Operation) -> None:
+        """One step of progress for ``op`` without blocking: by its owner,
+        with the owner's other calls; by another thread, that call alone
+        (under its lock: never while its owner blocks on it)."""
+        if op.owner == threading.get_ident():
+            self.progress_caller()
+        else:
+            op.advance(False)
 
     def wait(self, op: Operation) -> None:
-        """Until ``op`` is done (from any thread): the one wait loop.
-        Without a deadline it blocks in MPI (``MPI_Waitall`` for a call
-        alone in flight, ``MPI_Waitany`` over all of them otherwise); with
-        one (the watchdog's raise mode) it polls, and past the deadline
-        abandons the call and raises :class:`Stalled`."""
+        """Until ``op`` is done, from any thread: the one wait loop.
+        Without a deadline its owner blocks in MPI (``MPI_Waitall`` for a
+        call alone in flight, ``MPI_Waitany`` over all of its calls
+        otherwise); another thread, or any thread with a deadline (the
+        watchdog's raise mode), polls -- and past the deadline abandons the
+        call and raises :class:`Stalled`."""
         limit = op.limit
         spins = 0
         while not op.done:
             if op.threaded:
                 if op.event.wait(0.01 if limit else 1.0):
                     return
+            elif op.owner != threading.get_ident():
+                if not op.advance(False):
+                    time.sleep(20e-6)  # (its owner may be blocked on it: let it run)
             else:
-                with self.lock:
-                    self._progress()
-                    if op.done:
-                        return
-                    if not limit:
-                        caller = self.caller
-                        if len(caller) == 1 and caller[0] is op and not self.incoming:
-                            op.advance(True)
-                            self.caller = []
-                            return
-                        MPI.Request.Waitany([r for other in caller for r in other.requests()])
+                self.progress_caller()
+                if op.done:
+                    return
+                if not limit:
+                    self._block(op)
             if limit:
                 spins += 1
                 if (op.threaded or spins & 0xFF == 0) and time.monotonic() > op.deadline \
                         and not op.done:
-                    with self.lock:
-                        self.caller = [o for o in self.caller if o is not op]
+                    self._drop(op)
                     raise op.stalled()
+
+    def _block(self, op: Operation) -> None:
+        """Block in MPI until one of this thread's calls can move on."""
+        caller = self.caller
+        if len(caller) == 1 and caller[0] is op:
+            op.advance(True)
+            self.caller = []
+            return
+        held = [other for other in caller if other.lock.acquire(False)]
+        try:
+            requests = [r for other in held for r in other.requests()]
+            if requests:
+                MPI.Request.Waitany(requests)
+            else:  # another thread is advancing them right now
+                time.sleep(20e-6)
+        finally:
+            for other in held:
+                other.lock.release()
+
+    def _drop(self, op: Operation) -> None:
+        if op.owner == threading.get_ident():
+            self.caller = [o for o in self.caller if o is not op]
 
     def overdue(self, op: Operation) -> None:
         """``test()``'s deadline check (raise mode): raise once it passed."""
         if op.limit and not op.done and time.monotonic() > op.deadline:
-            with self.lock:
-                self._progress()
-                if op.done:
-                    return
-                self.caller = [o for o in self.caller if o is not op]
+            self._drop(op)
             raise op.stalled()
 
     # --- the thread -------------------------------------------------------------
@@ -401,7 +429,7 @@ class Request:
                     _ENGINE.overdue(op)
                     return False
             else:
-                _ENGINE.progress_caller()
+                _ENGINE._advance(op)
                 if not op.done:
                     _ENGINE.overdue(op)
                     return False

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import functools
 
-from .algorithms import (double_binary_tree, driver, hierarchical, naive, rabenseifner,
-                         recursive_doubling, ring, ring_pipelined, tree)
+from .algorithms import FLAT, hierarchical
 from .schedule import Schedule
 
 __all__ = ["ALGORITHMS", "FLAT_ALGORITHMS", "ORDERED", "in_rank_order", "get", "builder", "check_name", "schedule"]
 
-_ALGORITHMS = {
-    module.NAME: module
-    for module in (driver, ring, recursive_doubling, hierarchical, ring_pipelined, rabenseifner,
-                   naive, tree, double_binary_tree)
-}
+#: the flat algorithms, with hierarchical (composed above them) after the first three
+_ALGORITHMS = dict(list(FLAT.items())[:3] + [(hierarchical.NAME, hierarchical)]
+                   + list(FLAT.items())[3:])
 
 #: algorithms run by name only, not candidates of ``auto``, ``tune`` or live
 #: selection: the O(p^2) baseline, and the double binary tree, which the

@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .config import environment
-from .registry import get
+from .registry import check_name, get, in_rank_order
 
 __all__ = ["DEFAULT_TUNING", "DecisionTable", "tuning_table", "choose", "describe_choices",
            "check_tuning", "LiveSelector"]
@@ -169,6 +169,8 @@ def _load(path: str) -> DecisionTable:
 
 
 _DEFAULT = DecisionTable(DEFAULT_TUNING)
+#: the built-in table (what simulations resolve ``auto`` with: never a user's file)
+BUILT_IN_TABLE = _DEFAULT
 
 
 def tuning_table(tuning=None) -> DecisionTable:
@@ -180,6 +182,37 @@ def tuning_table(tuning=None) -> DecisionTable:
         return DecisionTable(tuning)
     path = tuning or environment().tuning
     return _load(os.path.abspath(path)) if path else _DEFAULT
+
+
+#: the leaders' algorithm of ``hierarchical`` unless named: the decision
+#: table's choice for the leaders' count and the vector's size
+DEFAULT_INNER = "auto"
+
+
+def inner_setting(value) -> str:
+    """The leaders' algorithm: the argument, else ``MPI_ALLREDUCE_INNER``,
+    else :data:`DEFAULT_INNER` (``auto`` still to resolve)."""
+    value = check_name(value or environment().inner or DEFAULT_INNER)
+    if value == "hierarchical":
+        raise ValueError("inner algorithm of 'hierarchical' cannot be 'hierarchical'")
+    return value
+
+
+def hierarchical_options(nodes: tuple, inner: Optional[str], nbytes: int, tuning=None,
+                         oversubscribed: bool = False, commutative: bool = True) -> tuple:
+    """``hierarchical``'s options, resolved in this one place: the node of
+    every rank and the leaders' algorithm (``auto``: the decision table's
+    choice for the leaders' count; one that keeps rank order for a
+    non-commutative op)."""
+    from .algorithms.hierarchical import layout
+
+    inner = inner_setting(inner)
+    if inner == "auto":
+        leaders = len(layout(nodes)[1])
+        inner = tuning_table(tuning).choose(nbytes, leaders, oversubscribed)
+    if not commutative:
+        inner = in_rank_order(inner)
+    return (("inner", inner), ("nodes", tuple(nodes)))
 
 
 def choose(nbytes: int, size: int, tuning=None, oversubscribed: bool = False) -> str:

@@ -162,13 +162,17 @@ class Outcome:
 def schedules(algorithm: str, size: int, count: int, segment_size: int,
               options: Optional[dict] = None) -> list:
     """Every rank's schedule (``hierarchical`` takes ``nodes`` or
-    ``ranks_per_node`` and ``inner``, ``auto`` resolved beforehand)."""
+    ``ranks_per_node``, and ``inner``, whose default is resolved as a live
+    call's is: :func:`~mpi_allreduce.selection.hierarchical_options` with
+    the built-in decision table, for float64 elements)."""
     options = dict(options or {})
     if algorithm == "hierarchical":
+        from .selection import BUILT_IN_TABLE, hierarchical_options
+
         rpn = options.pop("ranks_per_node", None) or size
         nodes = options.get("nodes") or tuple((r // rpn) * rpn for r in range(size))
-        options["nodes"] = tuple(nodes)
-        options.setdefault("inner", "recursive_doubling")
+        options = dict(hierarchical_options(tuple(nodes), options.get("inner"), count * 8,
+                                            tuning=BUILT_IN_TABLE))
     build = registry.builder(algorithm)
     return [build(rank, size, count, segment_size, options) for rank in range(size)]
 

@@ -414,6 +414,7 @@ def test_messages_longer_than_the_count_limit_are_cut(comm, variant, monkeypatch
     from mpi_allreduce.backend import backend_for
     from mpi_allreduce.context import context_for
     from mpi_allreduce.ops import resolve_op
+    from mpi_allreduce.spec import CallSpec
 
     monkeypatch.setattr(executor, "MAX_MESSAGE_COUNT", 14)
     config.refresh()  # no plan or bound call made with the real limit
@@ -429,9 +430,11 @@ def test_messages_longer_than_the_count_limit_are_cut(comm, variant, monkeypatch
                                      algorithm=algorithm, segment_size=1 << 20, **options)
             np.testing.assert_array_equal(request.wait(), expected(comm, dtype, "sum", count))
             if comm.Get_size() > 1 and algorithm != "hierarchical":
+                spec = CallSpec("allreduce", algorithm, comm.Get_size(), count,
+                                data.dtype.str, "sum", 1 << 20)
                 plan = executor.Plan(context_for(comm).comm, registry.schedule(
                     algorithm, comm.Get_rank(), comm.Get_size(), count, 1 << 20),
-                    data.dtype, resolve_op("sum"), backend_for(data))
+                    data.dtype, resolve_op("sum"), backend_for(data), spec)
                 lengths = [len(v) for stage in plan.bind(data, out).stages
                            for send, _, recv, _ in stage.pairs for v in (send, recv)
                            if v is not None]

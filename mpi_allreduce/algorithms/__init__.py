@@ -11,4 +11,24 @@ are one array and the same schedule serves.
 
 ``COMMUTATIVE`` says whether the algorithm needs a commutative op (it
 combines some blocks in an order other than by rank).
+
+The flat algorithms are registered here (:data:`FLAT`); ``hierarchical``
+composes one of them across node leaders and is registered above them, in
+:mod:`mpi_allreduce.registry`.
 """
+
+from . import (double_binary_tree, driver, naive, rabenseifner, recursive_doubling, ring,
+               ring_pipelined, tree)
+
+#: name -> module of every flat algorithm (one level: no algorithm inside)
+FLAT = {module.NAME: module for module in (driver, ring, recursive_doubling, ring_pipelined,
+                                           rabenseifner, naive, tree, double_binary_tree)}
+
+
+def flat(name: str):
+    """The flat algorithm ``name``'s module (ValueError names the choices)."""
+    try:
+        return FLAT[name]
+    except KeyError:
+        raise ValueError(f"unknown flat algorithm {name!r}; choose one of: "
+                         f"{', '.join(FLAT)}") from None

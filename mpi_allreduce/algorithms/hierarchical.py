@@ -21,11 +21,14 @@ The inner all-reduce is another algorithm's schedule, built for the m
 leaders and moved onto their ranks (:func:`~mpi_allreduce.schedule.remap`).
 
 ``options``: ``nodes``, the node of every rank (a tuple of length p), and
-``inner``, the leaders' algorithm (a name, already resolved).
+``inner``, the leaders' algorithm: a flat algorithm's name, resolved by the
+caller (:func:`mpi_allreduce.selection.hierarchical_options` is the one
+place that resolves it).
 """
 
 from __future__ import annotations
 
+from . import flat
 from ..partition import block_bounds, ring_owned_block
 from ..schedule import RECV, SEND, Builder, Recv, Ref, Send, remap
 from .ring import allgather, reduce_scatter
@@ -44,8 +47,6 @@ def layout(nodes) -> tuple:
 
 
 def build(rank: int, size: int, count: int, segment_size: int, options=None):
-    from ..registry import builder  # the inner algorithm comes from the registry
-
     options = options or {}
     nodes = options.get("nodes") or tuple(range(size))
     if len(nodes) != size:
@@ -60,8 +61,10 @@ def build(rank: int, size: int, count: int, segment_size: int, options=None):
     reduce_scatter(b, node, local, blocks, segment_size)
     _gather_to_leader(b, node, local, owned)
     if local == 0 and len(leaders) > 1:
-        inner = builder(options.get("inner", "recursive_doubling"))
-        part = inner(leaders.index(rank), len(leaders), count, segment_size, {})
+        if "inner" not in options:
+            raise ValueError("hierarchical needs options['inner'], the leaders' algorithm")
+        part = flat(options["inner"]).build(leaders.index(rank), len(leaders), count,
+                                            segment_size, {})
         b.extend(remap(part, leaders, {SEND: RECV}))
     _scatter_from_leader(b, node, local, owned)
     allgather(b, node, local, blocks, segment_size)

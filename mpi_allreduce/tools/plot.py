@@ -47,10 +47,11 @@ def plot(paths, output: str, title=None) -> None:
     plt.close(fig)
 
 
-def plot_scale(rows: list, output: str, title: str) -> None:
+def plot_scale(rows: list, winners: dict, algorithms: tuple, output: str, title: str) -> None:
     """Left: predicted time against p at three sizes, one line per
-    algorithm.  Right: the fastest algorithm at every (p, size): the
-    crossovers are where the colour changes."""
+    algorithm.  Right: the fastest algorithm at every (p, size)
+    (``winners``: ``{(p, size): (name, seconds)}``): the crossovers are
+    where the colour changes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,8 +59,8 @@ def plot_scale(rows: list, output: str, title: str) -> None:
     import numpy as np
 
     from .bench import human
-    from .scale import ALGORITHMS, best
 
+    ALGORITHMS = tuple(algorithms)  # noqa: N806 - as the module constant it stands for
     ranks = sorted({r["p"] for r in rows})
     sizes = sorted({r["size"] for r in rows})
     picks = [sizes[0], sizes[len(sizes) // 2], sizes[-1]]
@@ -76,7 +77,6 @@ def plot_scale(rows: list, output: str, title: str) -> None:
                title=f"{human(size)}")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=8)
-    winners = best(rows)
     grid = np.full((len(sizes), len(ranks)), -1)
     for (p, size), (name, _) in winners.items():
         grid[sizes.index(size), ranks.index(p)] = ALGORITHMS.index(name)

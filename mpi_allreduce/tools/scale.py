@@ -399,4 +399,5 @@ def report(prm: Params, ranks: list, sizes: list, ranks_per_node: int, segment_b
     if png:
         from .plot import plot_scale
 
-        plot_scale(rows, png, f"predicted all-reduce time, {ranks_per_node} ranks a node")
+        plot_scale(rows, winners, ALGORITHMS, png,
+                   f"predicted all-reduce time, {ranks_per_node} ranks a node")
