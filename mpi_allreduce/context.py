@@ -7,8 +7,8 @@ messages), the node map and oversubscription flag, the plans (a schedule
 with its scratch, per call shape), the one cache of bound calls (a plan on
 the caller's arrays, found again by the identity of those arrays: every
 kind of call keeps its bound calls here), the live selectors, the tags of
-the calls in flight (:meth:`Context.claim`) and the re-entry guard
-(:attr:`Context.lock`).  :meth:`Context.free` drops all of it; it runs when
+the calls in flight (:meth:`Context.claim`), and the call in progress
+(:attr:`Context.what`: the re-entry guard, and what the watchdog samples).  :meth:`Context.free` drops all of it; it runs when
 the caller frees the communicator, on :func:`release`, and (the caches
 only) on :func:`mpi_allreduce.config.refresh`.  A communicator freed while
 calls are in flight on it keeps its duplicate until they complete (MPI
@@ -17,7 +17,6 @@ completes pending operations on a freed communicator, and so do we).
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections import OrderedDict
 from typing import Callable, Optional
@@ -66,11 +65,20 @@ class Context:
         self.holders: dict = {}
         #: why this communicator is unusable (a call stalled and raised), or None
         self.broken: Optional[str] = None
-        #: taken while a thread is inside a call (or starting one): a second
-        #: thread finds it taken and gets ConcurrentCall instead of a wrong result
-        self.lock = threading.Lock()
+        #: the blocking call in progress, as (kind, plan), or a non-blocking
+        #: one being started; None between calls.  A second thread that finds
+        #: it set gets ConcurrentCall instead of a wrong result (the test and
+        #: the store have no call between them: atomic under the GIL; see
+        #: progress.blocking), and the watchdog samples it with ``count``
+        self.what: Optional[tuple] = None
+        self.count = 0
         #: freed by the caller while calls were in flight: free when they end
         self.closing = False
+        WATCH.watch(self)
+
+    def snapshot(self) -> tuple:
+        """What the watchdog samples: (calls made, the one in progress, thread)."""
+        return self.count, self.what, None
 
     def claim(self, op, fingerprint: int, persistent: bool) -> int:
         """The tag of the next persistent (``persistent``) or non-blocking

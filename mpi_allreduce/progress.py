@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import sys
 import threading
 import time
 from typing import Optional
@@ -401,8 +402,10 @@ class Request:
             self._state = "active"
             return
         context = op.context
-        if context is not None and not context.lock.acquire(False):
-            raise context.concurrent()
+        if context is not None:
+            if context.what is not None:
+                raise context.concurrent()
+            context.what = _STARTING
         try:
             if context is not None and context.broken is not None:
                 raise Stalled(context.broken)
@@ -410,7 +413,7 @@ class Request:
             self._state = "active"
         finally:
             if context is not None:
-                context.lock.release()
+                context.what = None
         if op.done:
             return
         if op.threaded:
@@ -515,7 +518,8 @@ class PersistentRequest(Request):
             if op.persistent is not None and not MPI.Is_finalized():
                 for requests in op.persistent:
                     for r in requests or ():
-                        r.Free()
+                        if r != MPI.REQUEST_NULL:  # (an abandoned stage's are freed)
+                            r.Free()
             op.persistent = None
         self._state, self._op, self._keep = "freed", None, ()
 
@@ -538,11 +542,13 @@ class _OneRound(PersistentRequest):
     short vectors): ``start()`` runs the local steps before that round and
     starts its MPI persistent requests, ``wait()`` waits for them and runs
     the rest.  With one round nothing needs advancing in between, so the
-    call needs no more Python than that; it is still one operation of the
-    engine's: watched while in flight, its tag held, the communicator's
-    re-entry guard taken, and (raise mode) waited against its deadline."""
+    call needs no more Python than that; it is still watched by the
+    watchdog (this request is the watched item), holds its tag, sets its
+    communicator's call slot while it starts, and in raise mode waits
+    against its deadline."""
 
-    __slots__ = ("_before", "_requests", "_after", "_after_wait")
+    __slots__ = ("_before", "_requests", "_after", "_after_wait", "_context", "_limit",
+                 "_starts")
 
     def __init__(self, op: Operation, result, keep=()):
         super().__init__(op, result, keep)
@@ -553,45 +559,48 @@ class _OneRound(PersistentRequest):
         self._requests = op.persistent[index]
         self._after = list(stages[index].overlap)  # runs before the wait: it overlaps
         self._after_wait = [s for stage in stages[index + 1:] for s in stage.before + stage.overlap]
+        self._context, self._limit, self._starts = op.context, op.limit, 0
+        if settings()[0] > 0:
+            WATCH.watch(self)
+
+    def snapshot(self) -> tuple:
+        op = self._op
+        active = self._state == "active" and op is not None
+        return self._starts, (op.kind, op.plan) if active else None, "any"
 
     def start(self) -> None:
         if self._state != "complete":
             super().start()  # raises
-        op = self._op
-        context = op.context
-        if not context.lock.acquire(False):
+        context = self._context
+        if context.what is not None:
             raise context.concurrent()
+        context.what = _STARTING
         try:
-            if context.broken is not None:
-                raise Stalled(context.broken)
+            if self._limit:
+                if context.broken is not None:
+                    raise Stalled(context.broken)
+                self._op.deadline = time.monotonic() + self._limit
             for function, args in self._before:
                 function(*args)
             _startall(self._requests)
             for function, args in self._after:
                 function(*args)
-            op.starts += 1
-            op.done = False
-            if op.limit:
-                op.deadline = time.monotonic() + op.limit
+            self._starts += 1
             self._state = "active"
         finally:
-            context.lock.release()
+            context.what = None
 
     def wait(self):
         if self._state != "active":
             self._check_active("wait")
-        op = self._op
-        if op.limit:
+        if self._limit:
             while not _testall(self._requests):
-                if time.monotonic() > op.deadline:
-                    self._state = "complete"
-                    op.pending = [_Started(self._requests)]
-                    raise op.stalled()
+                if time.monotonic() > self._op.deadline:
+                    raise self._stalled()
         else:
             _waitall(self._requests)
         for function, args in self._after_wait:
             function(*args)
-        op.done = True
         self._state = "complete"
         return self._result
 
@@ -599,14 +608,17 @@ class _OneRound(PersistentRequest):
         if self._state != "active":
             self._check_active("test")
         if not _testall(self._requests):
-            op = self._op
-            if op.limit and time.monotonic() > op.deadline:
-                self._state = "complete"
-                op.pending = [_Started(self._requests)]
-                raise op.stalled()
+            if self._limit and time.monotonic() > self._op.deadline:
+                raise self._stalled()
             return False
         self.wait()
         return True
+
+    def _stalled(self) -> Stalled:
+        op = self._op
+        self._state = "complete"
+        op.starts, op.done, op.pending = self._starts, False, [_Started(self._requests)]
+        return op.stalled()
 
 
 _startall, _waitall, _testall = MPI.Prequest.Startall, MPI.Request.Waitall, MPI.Request.Testall
@@ -660,20 +672,31 @@ def local_operation(backend, send, recv) -> Operation:
     return Operation([Stage(tuple(steps), (), ())], None, 0, "", False)
 
 
+#: what a communicator's call slot holds while a non-blocking call starts
+_STARTING = ("start of a non-blocking call", None)
+#: whether a test and a store with no call between them are atomic: under
+#: the GIL (the interpreter switches threads only at calls and backward
+#: jumps); a free-threaded interpreter takes a lock instead
+_GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
+
+
 def blocking(bound: Bound, context, kind: str):
     """What runs a blocking call of ``bound`` on ``context``: its compiled
-    steps, with the communicator's re-entry guard and the watchdog -- the
-    thread's cell (abort, warn), or (raise) the call run as an operation
-    against its deadline."""
-    run, lock = bound.run, context.lock
+    steps, with the communicator's call slot set (the re-entry guard, and
+    what the watchdog's monitor samples: three attribute stores a call),
+    or in the watchdog's raise mode the call run as an operation against
+    its deadline."""
+    run = bound.run
     seconds, action = settings()
+    what = (kind, bound.plan)
     if seconds > 0 and action == "raise":
         op = Operation(bound.stages, bound.plan, bound.plan.tag, "wd", False, None, kind,
                        context)
 
         def deadline_run():
-            if not lock.acquire(False):
+            if context.what is not None:
                 raise context.concurrent()
+            context.what = what
             try:
                 if context.broken is not None:
                     raise Stalled(context.broken)
@@ -684,32 +707,38 @@ def blocking(bound: Bound, context, kind: str):
                     if spins & 0xFF == 0 and time.monotonic() > op.deadline:
                         raise op.stalled()
             finally:
-                lock.release()
+                context.what = None
             if op.error is not None:
                 error, op.error = op.error, None
                 raise error
-        return deadline_run
-    what = (kind, bound.plan)
-    cell_of = WATCH.cell if seconds > 0 else None
+        return _locked(deadline_run, context)
 
     def guarded_run():
-        if not lock.acquire(False):
+        if context.what is not None:
             raise context.concurrent()
-        if cell_of is None:
-            try:
-                run()
-            finally:
-                lock.release()
-            return
-        cell = cell_of()
-        cell.what = what
-        cell.count += 1
+        context.what = what
+        context.count += 1
         try:
             run()
         finally:
-            cell.what = None
+            context.what = None
+    return _locked(guarded_run, context)
+
+
+def _locked(run, context):
+    """``run`` as it is under the GIL; with a lock around its guard elsewhere."""
+    if _GIL:
+        return run
+    lock = context.__dict__.setdefault("_guard", threading.Lock())
+
+    def locked():
+        if not lock.acquire(False):
+            raise context.concurrent()
+        try:
+            run()
+        finally:
             lock.release()
-    return guarded_run
+    return locked
 
 
 def waitall(requests) -> list:

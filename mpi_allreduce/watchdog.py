@@ -19,8 +19,9 @@ messages go to and come from.  Then, as configured
 * ``warn``: the report alone, once per stalled call.
 
 Every kind of call is watched the same way: a blocking call through its
-thread's :class:`Cell` (a call costs two attribute stores and an
-increment), a non-blocking or persistent call through its operation
+communicator's call slot (``Context.what``; a call costs two attribute
+stores and an increment, and the report finds the thread from the
+threads' frames), a non-blocking or persistent call through its operation
 itself, from the moment it starts until it is complete -- whoever waits
 for it, from whichever thread, or if nobody does and the caller only polls
 ``test()``.  One monitor thread samples them all (:data:`WATCH`); in
@@ -136,11 +137,12 @@ class _Watch:
                 if now - old[1] < seconds or old[2]:
                     continue
                 seen[key] = (snap, old[1], True)
-                self._act(action, snap, now - old[1])
+                self._act(action, snap, now - old[1], item)
 
     @staticmethod
-    def _act(action: str, snap: tuple, waited: float) -> None:
+    def _act(action: str, snap: tuple, waited: float, item) -> None:
         count, (kind, plan), thread = snap
+        thread = thread or _thread_in(item)
         sys.stderr.write(report(describe(kind, plan), waited, count, thread) + "\n")
         sys.stderr.flush()
         if action == "abort":
@@ -148,6 +150,20 @@ class _Watch:
                              "(MPI_ALLREDUCE_WATCHDOG_ACTION=raise or warn to keep it)\n")
             sys.stderr.flush()
             MPI.COMM_WORLD.Abort(2)
+
+
+def _thread_in(item) -> str:
+    """The thread whose blocking call has ``item`` (a communicator's
+    context) as its ``context``: found from the threads' frames when a
+    report is written, so a call need not record its thread."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        while frame is not None:
+            if frame.f_code.co_name in ("guarded_run", "deadline_run") and \
+                    frame.f_locals.get("context") is item:
+                return names.get(ident, str(ident))
+            frame = frame.f_back
+    return "?"
 
 
 WATCH = _Watch()

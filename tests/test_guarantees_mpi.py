@@ -412,14 +412,14 @@ def test_dropped_fusions_and_persistent_requests_free_what_they_hold(fresh):
 
     def fusions(n):
         for _ in range(n):
-            fusion = mar.Fusion(fresh, bucket_bytes=1 << 20)
+            fusion = mar.Fusion(fresh, op="max", bucket_bytes=1 << 20)
             fusion.add(a)
             fusion.add(b)
             fusion.wait()
 
     def persistents(n):
         for _ in range(n):
-            request = mar.allreduce_init(MPI.IN_PLACE, a, comm=fresh)
+            request = mar.allreduce_init(MPI.IN_PLACE, a, "max", comm=fresh)
             request.start()
             request.wait()
 
