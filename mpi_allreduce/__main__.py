@@ -144,7 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--merge", action="store_true",
                     help="keep the rules for other communicator sizes already in the output file")
 
-    _device_arg(sub.add_parser("info", help="MPI library, communicator layout, GPU path"))
+    info = sub.add_parser("info", help="MPI library, communicator layout, GPU path")
+    _device_arg(info)
+    info.add_argument("--settings", action="store_true",
+                      help="print the table of environment variables (Markdown) and exit")
     return parser
 
 
@@ -336,6 +339,12 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_info(args) -> int:
+    if args.settings:
+        from .config import settings_table
+
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            print(settings_table())
+        return 0
     from . import ALGORITHMS
     from .backend import cuda_aware_support
     from .selection import describe_choices

@@ -163,12 +163,16 @@ def environment() -> Environment:
 
 
 def settings_table() -> str:
-    """The settings as a reStructuredText/Markdown-friendly table."""
-    rows = [("variable", "values", "default", "meaning")]
-    rows += [(s.name, s.values, "-" if s.default is None else str(s.default), s.doc)
-             for s in SETTINGS]
-    return "\n".join(f"| {' | '.join(r)} |" if i else
-                     f"| {' | '.join(r)} |\n|---|---|---|---|" for i, r in enumerate(rows))
+    """Every setting as a Markdown table (what the README shows, generated)."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| variable | values | default | meaning |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        default = "-" if s.default is None else \
+            f"`{int(s.default) if isinstance(s.default, bool) else s.default}`"
+        lines.append(f"| `{s.name}` | `{cell(s.values)}` | {default} | {cell(s.doc)} |")
+    return "\n".join(lines)
 
 
 def refresh() -> None:
