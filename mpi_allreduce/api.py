@@ -212,7 +212,8 @@ def _reproducible(comm, call: _Call, check, ranks_per_node, inner, tuning, selec
 
     try:
         reproducible.allreduce(call.send, call.recv, comm, call.backend, bind,
-                               (call.algorithm, ranks_per_node, inner, id(tuning), selection))
+                               (call.algorithm, ranks_per_node, inner, id(tuning), selection,
+                                salt), context_for(comm).work)
         if call.op.finalize is not None:
             call.backend.ufunc(call.op.finalize)(call.recv, comm.Get_size(), out=call.recv)
     except Exception as exc:  # noqa: BLE001 - after messages started

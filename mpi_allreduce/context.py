@@ -56,6 +56,8 @@ class Context:
         #: reduce_scatter/allgather calls bound to arrays, by (kind, ids):
         #: the arrays by weak reference (checked on every hit), at most MAX_CALLS
         self.halves: "OrderedDict[tuple, tuple]" = OrderedDict()
+        #: reproducible sums' work arrays and bound inner calls, per shape
+        self.work: "OrderedDict[tuple, object]" = OrderedDict()
         #: ids of the caller's comm objects that lead here (see _LIVE)
         self.ids: set = set()
         #: how this communicator's tags are shared out (see spec.TagLayout)
@@ -160,6 +162,7 @@ class Context:
         self.plans.clear()
         self.selectors.clear()
         self.halves.clear()
+        self.work.clear()
 
     def free(self) -> None:
         self.clear()

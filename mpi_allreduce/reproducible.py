@@ -46,8 +46,6 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .config import on_refresh
-
 __all__ = ["Scratch", "exponents", "slices", "assemble", "slices_for", "W", "MAX_RANKS", "allreduce"]
 
 #: bits per slice
@@ -169,31 +167,31 @@ class _Work:
         self.sum = bind(self.slices, self.total, "sum")
 
 
-#: (id(comm), elements, slices, backend, options) -> (comm, _Work), the last few
-_WORK: "OrderedDict[tuple, tuple]" = OrderedDict()
+#: shapes whose work arrays and bound calls a communicator keeps
 MAX_WORK = 4
 
 
-def allreduce(send, recv, comm, backend, bind, options: tuple = ()):
+def allreduce(send, recv, comm, backend, bind, options: tuple, kept: "OrderedDict"):
     """The reproducible sum of ``send`` (None: in place, read from ``recv``)
     into ``recv`` over ``comm``.  ``bind(sendbuf, recvbuf, op)`` returns an
     all-reduce of those arrays (the library's, with the caller's algorithm
-    and ``options``), run by calling it.  The work arrays and bound calls of
-    the last :data:`MAX_WORK` shapes are kept (56 bytes per float64
-    element, 48 per narrower one)."""
+    and ``options`` -- everything the bound calls depend on, the caller's
+    dtype and op included), run by calling it.  The work arrays and bound
+    calls of the last :data:`MAX_WORK` shapes are kept in ``kept`` (the
+    communicator's context owns it; 56 bytes per float64 element, 48 per
+    narrower one)."""
     if comm.Get_size() > MAX_RANKS:
         raise ValueError(f"reproducible sums take at most {MAX_RANKS} ranks")
     real = _real_view(recv if send is None else send).reshape(-1)
     n, count = real.shape[0], slices_for(real.dtype)
-    key = (id(comm), n, count, backend, options)
-    entry = _WORK.get(key)
-    if entry is None or entry[0] is not comm:
-        entry = _WORK[key] = (comm, _Work(backend, n, count, bind))
-        while len(_WORK) > MAX_WORK:
-            _WORK.popitem(last=False)
+    key = (n, count, backend, options)
+    work = kept.get(key)
+    if work is None:
+        work = kept[key] = _Work(backend, n, count, bind)
+        while len(kept) > MAX_WORK:
+            kept.popitem(last=False)
     else:
-        _WORK.move_to_end(key)
-    work = entry[1]
+        kept.move_to_end(key)
     if real.dtype == np.float64:
         x = real
     else:
@@ -208,11 +206,6 @@ def allreduce(send, recv, comm, backend, bind, options: tuple = ()):
     result = assemble(work.total.reshape(count, n), work.e_all, work.tmp)
     _real_view(recv).reshape(-1)[...] = result
     return recv
-
-
-@on_refresh
-def _forget_work() -> None:
-    _WORK.clear()
 
 
 def _real_view(array):

@@ -433,3 +433,18 @@ def test_dropped_fusions_and_persistent_requests_free_what_they_hold(fresh):
     grown = _rss() - before
     assert grown < 8 << 20, f"RSS grew by {grown / 2**20:.1f} MiB"
     assert len(context_for(fresh).holders) < 10, "tags of dropped requests still held"
+
+
+def test_reproducible_sums_of_two_dtypes_of_one_shape_keep_their_own_identity(fresh, watchdog):
+    """Every rank sums float32 reproducibly, then rank 0 sums float16 of the
+    same length while the others sum float32 again: a mismatch, which must
+    stall (before: the float16 call reused the float32 call's kept inner
+    calls, whose spec carried float32, and returned)."""
+    _need(fresh)
+    watchdog(0.5)
+    p = fresh.Get_size()
+    first = mar.allreduce(np.ones(8, np.float32), None, "sum", comm=fresh, reproducible=True)
+    assert first[0] == p
+    data = np.ones(8, np.float16 if fresh.Get_rank() == 0 else np.float32)
+    _disagree(fresh, lambda: mar.allreduce(data, None, "sum", comm=fresh, reproducible=True),
+              data * p)
