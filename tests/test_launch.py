@@ -219,7 +219,7 @@ def test_watchdog_aborts_a_mismatched_call_and_says_where():
                      extra=["-x", "MPI_ALLREDUCE_WATCHDOG"] if _openmpi() else [])
     assert result.returncode not in (0, 124), tail(result.stdout)
     assert "returned" not in result.stdout, tail(result.stdout)
-    assert re.search(r"watchdog: world rank \d has waited \d+ s in call #1 of this process: "
-                     r"allreduce of 4 x float64, op (max|sum), algorithm recursive_doubling",
-                     result.stdout), tail(result.stdout)
+    assert re.search(r"watchdog: world rank \d has waited \d+ s in call #1 of thread "
+                     r"'MainThread': allreduce of 4 x float64, op (max|sum), algorithm "
+                     r"recursive_doubling", result.stdout), tail(result.stdout)
     assert "aborting the job" in result.stdout, tail(result.stdout)
