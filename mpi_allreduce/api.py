@@ -1,72 +1,35 @@
-"""``allreduce()``: validate, take the short cuts, plan, run.
+"""The public calls: ``allreduce()``, ``iallreduce()``, ``allreduce_init()``.
 
-A call goes one way: validate the arguments (the same checks on every
-rank, before any message) -> the communicator's
-:class:`~mpi_allreduce.context.Context` -> the algorithm (named, or
-``auto``'s choice from :mod:`~mpi_allreduce.selection`) and its options ->
-the call's :class:`~mpi_allreduce.spec.CallSpec` (whose fingerprint gives
-the tags and what ``check=True`` compares) -> its
-:class:`~mpi_allreduce.executor.Plan` (schedule and scratch, cached per
-spec) -> the plan bound to the caller's arrays -> the engine
-(:mod:`~mpi_allreduce.progress`: the re-entry guard, the watchdog) -> MPI.  The bound
-call is kept by the identity of the arguments, so a repeat with the very
+A call goes one way: validate the arguments (:mod:`~mpi_allreduce.validate`:
+the same checks on every rank, before any message; ``check=True`` agrees)
+-> the communicator's :class:`~mpi_allreduce.context.Context` -> the
+algorithm, the call's :class:`~mpi_allreduce.spec.CallSpec` (whose
+fingerprint gives the tags and what ``check=True`` compares) and its
+:class:`~mpi_allreduce.executor.Plan` (:mod:`~mpi_allreduce.planner`) ->
+the plan bound to the caller's arrays -> the engine
+(:mod:`~mpi_allreduce.progress`: the re-entry guard, the watchdog) -> MPI.
+The bound call is kept by the identity of the arguments
+(:func:`~mpi_allreduce.context.remember_call`), so a repeat with the very
 same objects (a training loop, a benchmark) is a dictionary look-up, a few
 identity checks and the compiled steps.
 """
 
 from __future__ import annotations
 
-import sys
-import time
-import weakref
-from typing import NamedTuple, Optional
+from typing import Optional
 
-import numpy as np
 from mpi4py import MPI
 
-from . import progress, registry, selection as _selection
-from .backend import backend_for
-from .buffers import arrays_and_datatype, messages
-from .config import environment
-from .context import CALLS, Context, context_for
+from . import progress, validate as _validate
+from .context import CALLS, context_for, refcounts, remember_call, setup
 from .errors import ArgumentMismatch, failed
-from .executor import Plan
+from .ops import dtype_label
+from .planner import choice, plan_for, resolved, runner
 from .progress import PersistentRequest, Request
-from .ops import Op, check_dtype, dtype_label, resolve_op
-from .spec import CallSpec
+from .validate import DEFAULT_SEGMENT_BYTES, Call, agree, arguments, check_enabled
 
-__all__ = ["allreduce", "iallreduce", "allreduce_init", "setup", "ArgumentMismatch", "DEFAULT_SEGMENT_BYTES", "plan_for", "choice"]
-
-#: default segment: the most one message carries when its data is to be
-#: reduced, and so the scratch of every algorithm
-DEFAULT_SEGMENT_BYTES = 1 << 20
-
-#: the ways ``auto`` chooses (``selection=``, ``MPI_ALLREDUCE_SELECTION``)
-SELECTIONS = ("table", "live")
-#: below this many bytes live selection leaves ``auto`` to the table: a call
-#: is then latency, the algorithms' order follows their message counts, and
-#: the selector's own Python (about 0.3 us a call) would be 10% of a call
-LIVE_MIN_BYTES = 16 * 1024
-#: live selection times one call of the current algorithm in this many
-#: (each timed call stands for them all: the mean is what it needs)
-SAMPLE = 8
-
-
-class _Call(NamedTuple):
-    send: object  # array, or None for MPI.IN_PLACE
-    recv: object
-    op: Op
-    algorithm: str
-    backend: object
-    segment_size: int
-    ranks_per_node: Optional[int]
-    inner: Optional[str]
-    tuning: object  # selection.DecisionTable, or None unless algorithm == "auto"
-    selection: str
-    datatype: object = None  # the caller's MPI datatype (a message spec), else None
-    #: what a call made on behalf of another adds to its spec (reproducible sums)
-    salt: str = ""
-
+__all__ = ["allreduce", "iallreduce", "allreduce_init", "setup", "ArgumentMismatch",
+           "DEFAULT_SEGMENT_BYTES"]
 
 def allreduce(
     sendbuf,
@@ -134,7 +97,7 @@ def allreduce(
         logical and bitwise ops) run as usual; a float ``prod`` or a
         user-defined op is refused.
     """
-    kept = CALLS.get(id(recvbuf))  # a repeat with the very same objects (see _Remembered)
+    kept = CALLS.get(id(recvbuf))  # a repeat with the very same objects (see Remembered)
     if (kept is not None and kept.send == id(sendbuf) and kept.op is op and kept.comm is comm
             and kept.algorithm == algorithm and recvbuf.dtype is kept.dtype
             and (kept.in_place or sendbuf.dtype is kept.dtype)
@@ -163,14 +126,14 @@ def allreduce(
     if exact:
         return _reproducible(comm, call, check, ranks_per_node, inner, tuning, selection)
     context = context_for(comm)
-    held = _refcounts(call)
-    run = _runner(context, call)
+    held = refcounts(call)
+    run = runner(context, call)
     if not checking:
         extra = (check, segment_size, ranks_per_node, inner, tuning, selection, reproducible)
         # counted first: arguments already pushed for a call would count too
-        ours = [after - before for before, after in zip(held, _refcounts(call))]
-        _remember(context, run, sendbuf, recvbuf, op, comm, algorithm, call, ours,
-                  None if extra == (None,) * len(extra) else extra)
+        ours = [after - before for before, after in zip(held, refcounts(call))]
+        remember_call(context, run, sendbuf, recvbuf, op, comm, algorithm, call, ours,
+                      None if extra == (None,) * len(extra) else extra)
     try:
         run()
     except Exception as exc:  # noqa: BLE001 - after messages started
@@ -178,7 +141,7 @@ def allreduce(
     return call.recv
 
 
-def _order_matters(call: _Call) -> bool:
+def _order_matters(call: Call) -> bool:
     """Whether ``reproducible=True`` changes this call: a sum or avg of
     floats (integers, min and max are exact in any order already).  Ops
     whose float result depends on the order and that it cannot make
@@ -195,7 +158,7 @@ def _order_matters(call: _Call) -> bool:
     return True
 
 
-def _reproducible(comm, call: _Call, check, ranks_per_node, inner, tuning, selection):
+def _reproducible(comm, call: Call, check, ranks_per_node, inner, tuning, selection):
     """``allreduce(..., reproducible=True)`` of a validated call (see
     :mod:`~mpi_allreduce.reproducible`); its two all-reduces are bound once
     per shape, with the caller's algorithm and options."""
@@ -208,7 +171,7 @@ def _reproducible(comm, call: _Call, check, ranks_per_node, inner, tuning, selec
     def bind(send, recv, name):
         inner_call, _ = _setup(send, recv, name, comm, call.algorithm, check, None,
                                ranks_per_node, inner, tuning, selection, salt)
-        return _runner(context_for(comm), inner_call)
+        return runner(context_for(comm), inner_call)
 
     try:
         reproducible.allreduce(call.send, call.recv, comm, call.backend, bind,
@@ -273,12 +236,12 @@ def _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_per
     """Validate a call (the same checks on every rank, before any message);
     in check mode, also agree with the other ranks on its whole spec.
     (call, checking)."""
-    checking = _check_enabled(check)
+    checking = check_enabled(check)
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"comm must be an MPI intra-communicator, got {comm!r}")
     try:
-        call = _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inner,
-                         tuning, selection)._replace(salt=salt)
+        call = _validate.validate(sendbuf, recvbuf, op, algorithm, segment_size,
+                                  ranks_per_node, inner, tuning, selection)._replace(salt=salt)
         error = None
     except (TypeError, ValueError) as exc:
         if not checking or comm.Get_size() == 1:
@@ -286,291 +249,7 @@ def _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_per
         call, error = None, exc
     if checking and comm.Get_size() > 1:
         context = context_for(comm)
-        agree(comm, _fingerprint(call), error, "allreduce")
+        agree(comm, arguments(call), error, "allreduce")
         # then what the call will run (collective where the node map is made)
-        agree(comm, _resolved(context, call), None, "allreduce")
+        agree(comm, resolved(context, call), None, "allreduce")
     return call, checking
-
-
-def setup(comm: MPI.Intracomm) -> None:
-    """Do now what the first call on ``comm`` would: duplicate it (the
-    library's private communicator) and find whether its node is
-    oversubscribed -- both collective over ``comm``.  Call it on every rank
-    from one thread before threads start calls on their own communicators
-    (concurrent first uses on several communicators can deadlock in the MPI
-    library's communicator creation), or to keep that cost out of a timed
-    first call.  A communicator of one rank needs none."""
-    if comm.Get_size() > 1:
-        context_for(comm)
-
-
-def choice(context: Context, call: _Call, count: int) -> str:
-    """The algorithm the table runs for this call (``auto`` resolved)."""
-    if call.algorithm != "auto":
-        return call.algorithm
-    nbytes = count * call.recv.dtype.itemsize
-    name = call.tuning.choose(nbytes, context.size, context.oversubscribed)
-    return name if call.op.commutative else registry.in_rank_order(name)
-
-
-def spec_of(context: Context, call: _Call, name: str) -> CallSpec:
-    """The spec of ``call`` run with algorithm ``name`` on ``context``
-    (hierarchical's options resolved by
-    :func:`~mpi_allreduce.selection.hierarchical_options`)."""
-    count, dtype = call.recv.size, call.recv.dtype
-    options = ()
-    if name == "hierarchical":
-        options = _selection.hierarchical_options(
-            context.nodes(call.ranks_per_node), call.inner, count * dtype.itemsize, call.tuning,
-            context.oversubscribed, call.op.commutative)
-    return CallSpec("allreduce", name, context.size, count, dtype_label(dtype), call.op.stable,
-                    call.segment_size, options, salt=call.salt)
-
-
-def plan_for(context: Context, call: _Call, name: str) -> Plan:
-    """The plan of algorithm ``name`` for this call's spec, from the context's cache."""
-    spec = spec_of(context, call, name)
-    datatype = call.datatype
-    key = (spec, call.op.identity, call.backend, None if datatype is None else datatype.py2f())
-
-    def build():
-        schedule = registry.schedule(name, context.comm.Get_rank(), context.size, spec.count,
-                                     spec.segment_size, spec.options)
-        return Plan(context.comm, schedule, call.recv.dtype, call.op, call.backend, spec,
-                    datatype=datatype)
-    return context.plan(key, build)
-
-
-def _runner(context: Context, call: _Call):
-    """What runs this call on these arrays: the bound plan of the chosen
-    algorithm, or under live selection a small loop around the selector."""
-    send, recv = call.send, call.recv
-    name = choice(context, call, recv.size)
-    if call.algorithm != "auto" or call.selection == "table" or \
-            recv.nbytes < LIVE_MIN_BYTES:
-        bound = plan_for(context, call, name).bind(send, recv)
-        return progress.blocking(bound, context, "allreduce")
-    shape = (recv.size, dtype_label(recv.dtype), call.op.identity, call.backend, call.segment_size)
-    selector = context.selectors.get(shape)
-    if selector is None:
-        selector = context.selectors[shape] = _selection.LiveSelector(
-            context.comm, name, registry.FLAT_ALGORITHMS if call.op.commutative
-            else tuple(a for a in registry.FLAT_ALGORITHMS if a in registry.ORDERED))
-    bound = {}
-    clock = time.perf_counter
-    n = counted = 0  # calls made, calls told to the selector
-    due = 1  # the next call that times, probes or follows a move; the others just run
-    name = step = None  # the current algorithm and its bound call
-
-    def bound_run(chosen):
-        run = bound.get(chosen)
-        if run is None:
-            b = plan_for(context, call, chosen).bind(send, recv)
-            run = bound[chosen] = progress.blocking(b, context, "allreduce")
-        return run
-
-    def run():
-        nonlocal n, counted, due, name, step
-        n += 1
-        if n < due:  # most calls: the current algorithm, untimed
-            step()
-            return
-        start = clock()  # a first call pays for its plan: it is counted
-        probe = selector.probe
-        if probe is not None:
-            bound_run(probe)()
-            selector.observe(probe, clock() - start)
-            counted += 1
-        else:
-            if name != selector.current:
-                name, step = selector.current, bound_run(selector.current)
-            step()
-            # this timed call stands for the untimed ones since the last
-            selector.tick(clock() - start, n - counted)
-            counted = n
-        due = n + 1 if selector.probe is not None or name != selector.current else n + SAMPLE
-    return run
-
-
-class _Remembered:
-    """A bound call kept for repeats with the very same argument objects
-    (one per receive buffer: the last call made with it; ``extra``: its
-    optional arguments, None when it had none).
-
-    An id names one live object: the op and comm objects are held here,
-    the buffers by weak references whose death drops the entry (before an
-    id can be reused).  The bound call holds views of the buffers, so numpy
-    cannot resize them in place; their dtype is rechecked on every call
-    (assigning ``dtype`` reinterprets an array in place), and a reshaped
-    buffer is the same memory, which the views still cover.  Buffers that
-    are not C-contiguous, or read-only, were refused when first seen."""
-
-    __slots__ = ("run", "dtype", "in_place", "send", "op", "comm", "algorithm", "extra", "refs",
-                 "ours")
-
-    def abandoned(self) -> bool:
-        """Whether the caller holds none of the buffers any more: only the
-        bound call's views keep them alive (then they are dropped)."""
-        for ref, ours in zip(self.refs, self.ours):
-            buf = ref()
-            # the references: ours, this frame's ``buf`` and getrefcount's argument
-            if buf is None or sys.getrefcount(buf) - 2 <= ours:
-                return True
-        return False
-
-
-def _refcounts(call: _Call) -> list:
-    return [sys.getrefcount(b) for b in (call.recv, call.send) if b is not None]
-
-
-def _remember(context: Context, run, sendbuf, recvbuf, op, comm, algorithm,
-              call: _Call, ours: list, extra) -> None:
-    """Keep the bound call for repeats; drop those whose buffers the caller
-    has let go (the bound views would keep them alive otherwise)."""
-    for key, old in list(context.calls.items()):
-        if old.ours is not None and old.abandoned():
-            context.forget(key, old)
-    if recvbuf is not call.recv or (call.send is not None and sendbuf is not call.send):
-        return  # converted on the way in (a list, a foreign device array): no identity
-    kept = _Remembered()
-    key = id(recvbuf)
-
-    def forget(ref):  # a buffer dies: its entry goes before its id can be reused
-        entry = context.calls.get(key)  # (no reference to ``kept`` here: no cycle)
-        if entry is not None and ref in entry.refs:
-            context.forget(key, entry)
-
-    try:
-        # (in the order of ``ours``: see _refcounts)
-        buffers = (recvbuf,) if call.send is None else (recvbuf, sendbuf)
-        kept.refs = [weakref.ref(b, forget) for b in buffers]
-    except TypeError:  # an array type without weak references
-        return
-    kept.run, kept.op, kept.comm, kept.algorithm, kept.extra = run, op, comm, algorithm, extra
-    kept.dtype, kept.in_place, kept.send = recvbuf.dtype, call.send is None, id(sendbuf)
-    #: references the bound call holds on each buffer (recv, send); live
-    #: selection binds more later, so its entries are only evicted by age
-    kept.ours = ours if call.selection == "table" or call.algorithm != "auto" else None
-    context.remember(key, kept)
-
-
-def _check_enabled(check: Optional[bool]) -> bool:
-    return environment().check if check is None else bool(check)
-
-
-def _validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inner,
-              tuning, selection) -> _Call:
-    op = resolve_op(op)
-    algorithm = registry.check_name(algorithm)
-    if algorithm in ("auto", "hierarchical"):
-        try:
-            tuning = _selection.tuning_table(tuning)
-        except OSError as exc:
-            raise ValueError(f"cannot read the decision table: {exc}") from None
-    else:
-        tuning = None
-    if algorithm == "hierarchical":
-        inner = _selection.inner_setting(inner)
-        ranks_per_node = ranks_per_node_setting(ranks_per_node)
-    selection = selection or environment().selection or "table"
-    if selection not in SELECTIONS:
-        raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
-
-    send, recv, datatype = arrays_and_datatype(*messages(sendbuf, recvbuf, op.reduce_local))
-
-    backend = backend_for(send if send is not None else recv)
-    if recv is None:
-        recv = backend.empty_shaped(send.shape, send.dtype)
-    elif backend_for(recv) is not backend:
-        raise TypeError(
-            f"sendbuf and recvbuf live in different places "
-            f"({backend.name} vs {backend_for(recv).name})"
-        )
-    if backend.device and not op.device:
-        raise TypeError(f"op {op.name!r} runs on host memory only (MPI_Reduce_local); for "
-                        "device arrays pass a Python callable (mpi_allreduce.user_op)")
-    _check_order(op, algorithm)
-
-    dtype = recv.dtype
-    if not dtype.isnative:
-        raise TypeError(f"dtype {dtype.str} is not in native byte order")
-    check_dtype(dtype, op)
-    if send is not None:
-        if send.dtype != dtype:
-            raise TypeError(f"sendbuf dtype {send.dtype} != recvbuf dtype {dtype}")
-        if send.size != recv.size:
-            raise ValueError(f"sendbuf has {send.size} elements, recvbuf has {recv.size}")
-        if backend.shares_memory(send, recv):
-            raise ValueError("sendbuf and recvbuf overlap; use MPI.IN_PLACE for in-place")
-    if not backend.is_contiguous(recv):
-        raise ValueError("recvbuf must be C-contiguous")
-    if not backend.is_writeable(recv):
-        raise ValueError("recvbuf is read-only")
-
-    if segment_size is None:
-        segment_bytes = environment().segment_bytes or DEFAULT_SEGMENT_BYTES
-        segment_size = max(1, segment_bytes // dtype.itemsize)
-    if not isinstance(segment_size, (int, np.integer)) or segment_size < 1:
-        raise ValueError(f"segment_size must be a positive integer, got {segment_size!r}")
-    return _Call(send, recv, op, algorithm, backend, int(segment_size), ranks_per_node, inner,
-                 tuning, selection, datatype)
-
-
-def _check_order(op: Op, algorithm: str) -> None:
-    """A non-commutative op runs only where operands combine in rank order."""
-    if not op.commutative and algorithm != "auto" and registry.get(algorithm).COMMUTATIVE:
-        raise ValueError(
-            f"algorithm {algorithm!r} needs a commutative op and {op.name!r} is not; "
-            f"choose one that combines in rank order: {', '.join(registry.ORDERED)}")
-
-
-def _fingerprint(call: Optional[_Call]):
-    """What check mode compares first: the arguments, options resolved."""
-    if call is None:
-        return None
-    return {
-        "count": int(call.recv.size),
-        "dtype": dtype_label(call.recv.dtype),
-        "op": call.op.stable,
-        "algorithm": call.algorithm,
-        "segment_size": call.segment_size,
-        "ranks_per_node": call.ranks_per_node,
-        "inner": call.inner,
-        "selection": call.selection,
-        "salt": call.salt,
-    }
-
-
-def _resolved(context: Context, call: _Call) -> dict:
-    """What check mode compares next: the spec the call runs (the decision
-    table's choice, hierarchical's options), where the table decides."""
-    if not call.recv.size or (call.algorithm == "auto" and call.selection == "live"):
-        return {}
-    return spec_of(context, call, choice(context, call, call.recv.size)).fields()
-
-
-def agree(comm: MPI.Intracomm, fingerprint: Optional[dict], error: Optional[Exception],
-          what: str) -> None:
-    """Exchange argument fingerprints (None where this rank rejected its
-    input with ``error``); raise the same error on every rank if they differ."""
-    mine = (fingerprint, None if error is None else f"{type(error).__name__}: {error}")
-    everyone = context_for(comm).comm.allgather(mine)
-    failed = [(rank, err) for rank, (_, err) in enumerate(everyone) if err is not None]
-    if failed:
-        detail = "; ".join(f"rank {rank}: {err}" for rank, err in failed)
-        raise ArgumentMismatch(f"{what} rejected on {len(failed)} rank(s): {detail}")
-    keys = dict.fromkeys(key for fp, _ in everyone for key in fp)
-    for key in keys:
-        values = [fp.get(key) for fp, _ in everyone]
-        if any(v != values[0] for v in values):
-            by_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
-            raise ArgumentMismatch(f"{what} arguments differ across ranks in {key} ({by_rank})")
-
-
-def ranks_per_node_setting(value):
-    """The node-size override: the argument, else the environment, else None."""
-    if value is None:
-        value = environment().ranks_per_node
-    if value is not None and (not isinstance(value, int) or value < 1):
-        raise ValueError(f"ranks_per_node must be a positive integer, got {value!r}")
-    return value

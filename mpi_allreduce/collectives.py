@@ -20,15 +20,15 @@ from mpi4py import MPI
 
 from .algorithms.ring import build_allgather, build_reduce_scatter
 from . import progress
-from .api import DEFAULT_SEGMENT_BYTES, _check_enabled, agree, setup
 from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
 from .config import environment
-from .context import context_for
+from .context import context_for, setup
 from .errors import failed
 from .executor import Plan
 from .ops import check_dtype, dtype_label, resolve_op
 from .spec import CallSpec
+from .validate import DEFAULT_SEGMENT_BYTES, agree, check_enabled
 
 __all__ = ["reduce_scatter", "allgather"]
 
@@ -150,7 +150,7 @@ def _validated(validate, comm, check, what: str, segment_size, fingerprint):
     (on the counts of every rank, the dtype, the op and the segment)."""
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"comm must be an MPI intra-communicator, got {comm!r}")
-    checking = _check_enabled(check) and comm.Get_size() > 1
+    checking = check_enabled(check) and comm.Get_size() > 1
     try:
         values, error = validate(), None
         segment = _segment(segment_size, values[1].dtype)

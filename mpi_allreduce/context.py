@@ -17,6 +17,7 @@ completes pending operations on a freed communicator, and so do we).
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections import OrderedDict
 from typing import Callable, Optional
@@ -29,7 +30,7 @@ from .spec import tag_layout
 from .topology import node_map, oversubscribed
 from .watchdog import WATCH, settings
 
-__all__ = ["Context", "context_for", "release", "MAX_PLANS", "MAX_CALLS"]
+__all__ = ["Context", "context_for", "release", "setup", "remember_call", "MAX_PLANS", "MAX_CALLS"]
 
 #: plans kept per communicator (the least recently used go first)
 MAX_PLANS = 64
@@ -199,6 +200,68 @@ CALLS: dict = {}
 _LIVE: dict = {}
 
 
+class Remembered:
+    """A bound call kept for repeats with the very same argument objects
+    (one per receive buffer: the last call made with it; ``extra``: its
+    optional arguments, None when it had none).
+
+    An id names one live object: the op and comm objects are held here,
+    the buffers by weak references whose death drops the entry (before an
+    id can be reused).  The bound call holds views of the buffers, so numpy
+    cannot resize them in place; their dtype is rechecked on every call
+    (assigning ``dtype`` reinterprets an array in place), and a reshaped
+    buffer is the same memory, which the views still cover.  Buffers that
+    are not C-contiguous, or read-only, were refused when first seen."""
+
+    __slots__ = ("run", "dtype", "in_place", "send", "op", "comm", "algorithm", "extra", "refs",
+                 "ours")
+
+    def abandoned(self) -> bool:
+        """Whether the caller holds none of the buffers any more: only the
+        bound call's views keep them alive (then they are dropped)."""
+        for ref, ours in zip(self.refs, self.ours):
+            buf = ref()
+            # the references: ours, this frame's ``buf`` and getrefcount's argument
+            if buf is None or sys.getrefcount(buf) - 2 <= ours:
+                return True
+        return False
+
+
+def refcounts(call) -> list:
+    return [sys.getrefcount(b) for b in (call.recv, call.send) if b is not None]
+
+
+def remember_call(context: Context, run, sendbuf, recvbuf, op, comm, algorithm,
+              call, ours: list, extra) -> None:
+    """Keep the bound call for repeats; drop those whose buffers the caller
+    has let go (the bound views would keep them alive otherwise)."""
+    for key, old in list(context.calls.items()):
+        if old.ours is not None and old.abandoned():
+            context.forget(key, old)
+    if recvbuf is not call.recv or (call.send is not None and sendbuf is not call.send):
+        return  # converted on the way in (a list, a foreign device array): no identity
+    kept = Remembered()
+    key = id(recvbuf)
+
+    def forget(ref):  # a buffer dies: its entry goes before its id can be reused
+        entry = context.calls.get(key)  # (no reference to ``kept`` here: no cycle)
+        if entry is not None and ref in entry.refs:
+            context.forget(key, entry)
+
+    try:
+        # (in the order of ``ours``: see refcounts)
+        buffers = (recvbuf,) if call.send is None else (recvbuf, sendbuf)
+        kept.refs = [weakref.ref(b, forget) for b in buffers]
+    except TypeError:  # an array type without weak references
+        return
+    kept.run, kept.op, kept.comm, kept.algorithm, kept.extra = run, op, comm, algorithm, extra
+    kept.dtype, kept.in_place, kept.send = recvbuf.dtype, call.send is None, id(sendbuf)
+    #: references the bound call holds on each buffer (recv, send); live
+    #: selection binds more later, so its entries are only evicted by age
+    kept.ours = ours if call.selection == "table" or call.algorithm != "auto" else None
+    context.remember(key, kept)
+
+
 def _delete_context(comm, keyval, context) -> None:
     if not MPI.Is_finalized():
         context.free()
@@ -242,6 +305,18 @@ def cached_context(comm) -> Optional[Context]:
     """The context of this very comm object if it has one already (no MPI call)."""
     entry = _LIVE.get(id(comm))
     return entry[1] if entry is not None and entry[0] is comm else None
+
+
+def setup(comm: MPI.Intracomm) -> None:
+    """Do now what the first call on ``comm`` would: duplicate it (the
+    library's private communicator) and find whether its node is
+    oversubscribed -- both collective over ``comm``.  Call it on every rank
+    from one thread before threads start calls on their own communicators
+    (concurrent first uses on several communicators can deadlock in the MPI
+    library's communicator creation), or to keep that cost out of a timed
+    first call.  A communicator of one rank needs none."""
+    if comm.Get_size() > 1:
+        context_for(comm)
 
 
 def release(comm: MPI.Intracomm) -> None:

@@ -51,7 +51,7 @@ from mpi4py import MPI
 
 from .config import environment
 from .context import _CLOSING, reap
-from .errors import ConcurrentCall, RequestError, Stalled, failed
+from .errors import RequestError, Stalled, failed
 from .executor import Bound, Stage
 from .watchdog import WATCH, describe, report, settings
 

@@ -122,11 +122,11 @@ class _Watch:
                 seen.clear()  # (in raise mode each waiting thread keeps its own deadline)
                 continue
             now = time.monotonic()
-            with self._lock:
-                items = list(self.items)
-            for item in items:
-                snap = item.snapshot()
-                key = id(item)
+            with self._lock:  # (no strong reference to an item outlives its snapshot)
+                snaps = [(id(item), item.snapshot(), weakref.ref(item)) for item in self.items]
+            present = {key for key, _, _ in snaps}
+            seen = {key: value for key, value in seen.items() if key in present}
+            for key, snap, ref in snaps:
                 if snap[1] is None:
                     seen.pop(key, None)
                     continue
@@ -137,7 +137,7 @@ class _Watch:
                 if now - old[1] < seconds or old[2]:
                     continue
                 seen[key] = (snap, old[1], True)
-                self._act(action, snap, now - old[1], item)
+                self._act(action, snap, now - old[1], ref())
 
     @staticmethod
     def _act(action: str, snap: tuple, waited: float, item) -> None:

@@ -111,7 +111,7 @@ SCRATCH_BOUND = {
 def test_scratch_is_bounded_by_a_segment(comm, algorithm, segment_size):
     """A plan's scratch is what its algorithm needs at most: one segment (two
     for the pipelined ring), never a copy of the vector, on any rank."""
-    from mpi_allreduce import api
+    from mpi_allreduce import planner, validate
     from mpi_allreduce.context import context_for
 
     n, p = 1000, comm.Get_size()
@@ -121,8 +121,8 @@ def test_scratch_is_bounded_by_a_segment(comm, algorithm, segment_size):
     out = mar.allreduce(send, comm=comm, algorithm=algorithm, segment_size=segment_size)
     np.testing.assert_array_equal(out, send * p)
     # the cached runner of that call
-    call = api._validate(send, None, "sum", algorithm, segment_size, None, None, None, None)
-    held = api.plan_for(context_for(comm), call, algorithm).scratch_bytes // send.itemsize
+    call = validate.validate(send, None, "sum", algorithm, segment_size, None, None, None, None)
+    held = planner.plan_for(context_for(comm), call, algorithm).scratch_bytes // send.itemsize
     bound = max(1, SCRATCH_BOUND[algorithm](n, p, segment_size))
     assert held <= bound, f"{algorithm} holds {held} elements of scratch, bound {bound}"
 
@@ -165,16 +165,16 @@ def test_repeated_calls_reuse_the_plan(comm, algorithm):
 @pytest.fixture
 def validations(monkeypatch):
     """Counts how often allreduce validates its arguments (the slow path)."""
-    from mpi_allreduce import api
+    from mpi_allreduce import validate
 
     calls = []
-    real = api._validate
+    real = validate.validate
 
     def counting(*args):
         calls.append(args)
         return real(*args)
 
-    monkeypatch.setattr(api, "_validate", counting)
+    monkeypatch.setattr(validate, "validate", counting)
     return calls
 
 

@@ -1,0 +1,130 @@
+"""A validated call -> its algorithm -> its spec -> its plan -> what runs it.
+
+:func:`choice` is the algorithm (named, or ``auto``'s choice from the
+decision table), :func:`spec_of` the call's
+:class:`~mpi_allreduce.spec.CallSpec` (hierarchical's options resolved by
+:func:`~mpi_allreduce.selection.hierarchical_options`), :func:`plan_for`
+its :class:`~mpi_allreduce.executor.Plan` from the context's cache, and
+:func:`runner` the blocking call bound to the caller's arrays through the
+engine (:func:`~mpi_allreduce.progress.blocking`), or under live
+selection a small loop around the selector.
+"""
+
+from __future__ import annotations
+
+import time
+
+from . import progress, registry, selection as _selection
+from .context import Context
+from .executor import Plan
+from .ops import dtype_label
+from .spec import CallSpec
+from .validate import Call
+
+__all__ = ["choice", "spec_of", "plan_for", "resolved", "runner", "LIVE_MIN_BYTES", "SAMPLE"]
+
+#: below this many bytes live selection leaves ``auto`` to the table: a call
+#: is then latency, the algorithms' order follows their message counts, and
+#: the selector's own Python (about 0.3 us a call) would be 10% of a call
+LIVE_MIN_BYTES = 16 * 1024
+
+
+#: live selection times one call of the current algorithm in this many
+#: (each timed call stands for them all: the mean is what it needs)
+SAMPLE = 8
+
+
+def choice(context: Context, call: Call, count: int) -> str:
+    """The algorithm the table runs for this call (``auto`` resolved)."""
+    if call.algorithm != "auto":
+        return call.algorithm
+    nbytes = count * call.recv.dtype.itemsize
+    name = call.tuning.choose(nbytes, context.size, context.oversubscribed)
+    return name if call.op.commutative else registry.in_rank_order(name)
+
+
+def spec_of(context: Context, call: Call, name: str) -> CallSpec:
+    """The spec of ``call`` run with algorithm ``name`` on ``context``
+    (hierarchical's options resolved by
+    :func:`~mpi_allreduce.selection.hierarchical_options`)."""
+    count, dtype = call.recv.size, call.recv.dtype
+    options = ()
+    if name == "hierarchical":
+        options = _selection.hierarchical_options(
+            context.nodes(call.ranks_per_node), call.inner, count * dtype.itemsize, call.tuning,
+            context.oversubscribed, call.op.commutative)
+    return CallSpec("allreduce", name, context.size, count, dtype_label(dtype), call.op.stable,
+                    call.segment_size, options, salt=call.salt)
+
+
+def plan_for(context: Context, call: Call, name: str) -> Plan:
+    """The plan of algorithm ``name`` for this call's spec, from the context's cache."""
+    spec = spec_of(context, call, name)
+    datatype = call.datatype
+    key = (spec, call.op.identity, call.backend, None if datatype is None else datatype.py2f())
+
+    def build():
+        schedule = registry.schedule(name, context.comm.Get_rank(), context.size, spec.count,
+                                     spec.segment_size, spec.options)
+        return Plan(context.comm, schedule, call.recv.dtype, call.op, call.backend, spec,
+                    datatype=datatype)
+    return context.plan(key, build)
+
+
+def resolved(context: Context, call: Call) -> dict:
+    """What check mode compares next: the spec the call runs (the decision
+    table's choice, hierarchical's options), where the table decides."""
+    if not call.recv.size or (call.algorithm == "auto" and call.selection == "live"):
+        return {}
+    return spec_of(context, call, choice(context, call, call.recv.size)).fields()
+
+
+def runner(context: Context, call: Call):
+    """What runs this call on these arrays: the bound plan of the chosen
+    algorithm, or under live selection a small loop around the selector."""
+    send, recv = call.send, call.recv
+    name = choice(context, call, recv.size)
+    if call.algorithm != "auto" or call.selection == "table" or \
+            recv.nbytes < LIVE_MIN_BYTES:
+        bound = plan_for(context, call, name).bind(send, recv)
+        return progress.blocking(bound, context, "allreduce")
+    shape = (recv.size, dtype_label(recv.dtype), call.op.identity, call.backend, call.segment_size)
+    selector = context.selectors.get(shape)
+    if selector is None:
+        selector = context.selectors[shape] = _selection.LiveSelector(
+            context.comm, name, registry.FLAT_ALGORITHMS if call.op.commutative
+            else tuple(a for a in registry.FLAT_ALGORITHMS if a in registry.ORDERED))
+    bound = {}
+    clock = time.perf_counter
+    n = counted = 0  # calls made, calls told to the selector
+    due = 1  # the next call that times, probes or follows a move; the others just run
+    name = step = None  # the current algorithm and its bound call
+
+    def bound_run(chosen):
+        run = bound.get(chosen)
+        if run is None:
+            b = plan_for(context, call, chosen).bind(send, recv)
+            run = bound[chosen] = progress.blocking(b, context, "allreduce")
+        return run
+
+    def run():
+        nonlocal n, counted, due, name, step
+        n += 1
+        if n < due:  # most calls: the current algorithm, untimed
+            step()
+            return
+        start = clock()  # a first call pays for its plan: it is counted
+        probe = selector.probe
+        if probe is not None:
+            bound_run(probe)()
+            selector.observe(probe, clock() - start)
+            counted += 1
+        else:
+            if name != selector.current:
+                name, step = selector.current, bound_run(selector.current)
+            step()
+            # this timed call stands for the untimed ones since the last
+            selector.tick(clock() - start, n - counted)
+            counted = n
+        due = n + 1 if selector.probe is not None or name != selector.current else n + SAMPLE
+    return run
