@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 from .config import on_refresh
 from .errors import ConcurrentCall, TagsExhausted
-from .spec import tag_layout
+from .executor import mpi_tags
 from .topology import node_map, oversubscribed
 from .watchdog import WATCH, settings
 
@@ -62,7 +62,7 @@ class Context:
         #: ids of the caller's comm objects that lead here (see _LIVE)
         self.ids: set = set()
         #: how this communicator's tags are shared out (see spec.TagLayout)
-        self.tags = tag_layout(self.comm.Get_attr(MPI.TAG_UB))
+        self.tags = mpi_tags()
         self._made = {True: 0, False: 0}  # persistent / non-blocking calls made so far
         #: slot -> weak reference to the operation holding it
         self.holders: dict = {}
@@ -96,9 +96,9 @@ class Context:
             what = "persistent requests alive" if persistent else "non-blocking calls in flight"
             room = self.tags.persistent if persistent else self.tags.slots - self.tags.persistent
             raise TagsExhausted(
-                f"more than {room} {what} on one communicator (MPI_TAG_UB "
-                f"{self.comm.Get_attr(MPI.TAG_UB)}): the next would reuse the tag of one still "
-                "held; wait for (or free) older ones first")
+                f"more than {room} {what} on one communicator (tags up to "
+                f"2^{self.tags.bits}): the next would reuse the tag of one still held; wait "
+                "for (or free) older ones first")
         holders = self.holders
 
         def gone(r, slot=slot):

@@ -45,9 +45,9 @@ from mpi4py import MPI
 from .backend import Backend
 from .ops import Op, reduce_step
 from .schedule import Recv, Reduce, Schedule, Send
-from .spec import CallSpec, tag_layout
+from .spec import CallSpec, TagLayout, tag_layout
 
-__all__ = ["Plan", "Bound", "Stage", "wire_type", "element_type"]
+__all__ = ["Plan", "Bound", "Stage", "wire_type", "element_type", "mpi_tags"]
 
 #: derive every blocking call's tag from the call's spec (see :mod:`.spec`);
 #: False: one fixed tag (what the guard costs is measured against that)
@@ -57,6 +57,15 @@ FIXED_TAG = 0x6172
 #: the most elements (of the wire type) one MPI message carries: MPI's
 #: counts are C ints
 MAX_MESSAGE_COUNT = 2**31 - 1
+
+
+@functools.lru_cache(maxsize=1)
+def mpi_tags() -> TagLayout:
+    """The tag layout of this MPI: its ``MPI_TAG_UB``, read on COMM_WORLD
+    (where the standard attaches it; a communicator made by ``Split`` or
+    ``Create`` may not carry it, and the standard's minimum would then be
+    assumed for no reason)."""
+    return tag_layout(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,8 +118,7 @@ class Plan:
         self.scratch = backend.empty(max(schedule.scratch, 1), self.dtype)
         self.spec = spec
         self.fingerprint = spec.fingerprint
-        self.tag = tag_layout(comm.Get_attr(MPI.TAG_UB)).blocking_tag(self.fingerprint) \
-            if TAG_GUARD else FIXED_TAG
+        self.tag = mpi_tags().blocking_tag(self.fingerprint) if TAG_GUARD else FIXED_TAG
 
     @property
     def scratch_bytes(self) -> int:

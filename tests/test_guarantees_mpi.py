@@ -463,3 +463,16 @@ def test_reproducible_sums_of_two_dtypes_of_one_shape_keep_their_own_identity(fr
     data = np.ones(8, np.float16 if fresh.Get_rank() == 0 else np.float32)
     _disagree(fresh, lambda: mar.allreduce(data, None, "sum", comm=fresh, reproducible=True),
               data * p)
+
+
+def test_split_communicators_get_the_mpis_whole_tag_space(comm):
+    """MPI attaches MPI_TAG_UB to COMM_WORLD; a Split communicator (and
+    its Dup) may not carry it.  Its calls still get the MPI's whole tag
+    space, not the standard's minimum (before: 768 non-blocking calls in
+    flight on a Split communicator, and 2^14 blocking tags)."""
+    ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+    _need(comm)
+    mar.allreduce(np.ones(2), comm=comm, algorithm="ring")
+    context = context_for(comm)
+    assert context.tags == tag_layout(ub)
+    assert all(plan.tag >= tag_layout(ub).blocking for plan in context.plans.values())
