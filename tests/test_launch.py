@@ -17,7 +17,7 @@ from .conftest import MPI_RUN_SUMMARIES
 ROOT = Path(__file__).resolve().parent.parent
 WORLD_SIZES = [1, 2, 3, 4, 5, 7, 8]
 #: seconds for one mpiexec of the MPI test files
-SUITE_TIMEOUT = 420
+SUITE_TIMEOUT = 600
 
 pytestmark = pytest.mark.skipif(
     find_mpiexec() is None,

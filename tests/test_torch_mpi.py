@@ -1,0 +1,133 @@
+"""The torch.distributed backend (``import mpi_allreduce.torch``) under
+mpiexec: every collective it runs, against results computed locally; async
+calls; a subgroup; DDP leaving every rank's weights bit-identical.  Skipped
+where torch is not installed (``pip install 'mpi_allreduce[torch]'``)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+pytestmark = pytest.mark.mpi
+
+OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "prod": dist.ReduceOp.PRODUCT,
+       "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "band": dist.ReduceOp.BAND,
+       "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+          "bfloat16": torch.bfloat16, "int64": torch.int64, "uint8": torch.uint8}
+BITWISE = ("band", "bor", "bxor")
+
+
+@pytest.fixture(scope="module")
+def group():
+    import mpi_allreduce.torch  # noqa: F401 - registers the backend
+
+    dist.init_process_group("mpi_allreduce")
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def _mine(rank: int, count: int, dtype) -> "torch.Tensor":
+    """Small values whose reduction is exact in any order, different per rank."""
+    base = (torch.arange(count) * 7 + rank * 3) % 5 + 1
+    return base.to(dtype)
+
+
+def _expected(p: int, count: int, dtype, op: str) -> "torch.Tensor":
+    parts = [_mine(r, count, torch.float64 if dtype.is_floating_point else torch.int64)
+             for r in range(p)]
+    out = parts[0].clone()
+    for part in parts[1:]:
+        out = {"sum": torch.add, "avg": torch.add, "prod": torch.mul,
+               "min": torch.minimum, "max": torch.maximum, "band": torch.bitwise_and,
+               "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}[op](out, part)
+    if op == "avg":
+        out = out / p
+    return out.to(dtype)
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("op", list(OPS))
+def test_all_reduce(group, op, dtype, async_op):
+    torch_dtype = DTYPES[dtype]
+    if op in BITWISE and torch_dtype.is_floating_point:
+        pytest.skip("bitwise ops take integers")
+    if op == "avg" and not torch_dtype.is_floating_point:
+        pytest.skip("avg takes floats")
+    p, r = dist.get_world_size(), dist.get_rank()
+    if op == "prod" and p > 4 and torch_dtype in (torch.float16, torch.bfloat16, torch.uint8):
+        pytest.skip("the product leaves the type's exact range")
+    for count in (0, 1, p + 1, 13):
+        t = _mine(r, count, torch_dtype)
+        work = dist.all_reduce(t, op=OPS[op], async_op=async_op)
+        if async_op:
+            work.wait()
+            assert work.is_completed()
+            work.get_future().wait()
+        torch.testing.assert_close(t, _expected(p, count, torch_dtype, op), rtol=0, atol=0)
+
+
+def test_gathers_scatters_and_broadcast(group):
+    p, r = dist.get_world_size(), dist.get_rank()
+    out = torch.empty(2 * p)
+    dist.all_gather_into_tensor(out, torch.full((2,), float(r)))
+    assert out.tolist() == [float(i) for i in range(p) for _ in range(2)]
+    pieces = [torch.empty(3, dtype=torch.int64) for _ in range(p)]
+    dist.all_gather(pieces, torch.full((3,), r, dtype=torch.int64))
+    assert [x[0].item() for x in pieces] == list(range(p))
+    shard = torch.empty(2)
+    dist.reduce_scatter_tensor(shard, torch.arange(2.0 * p) + r)
+    assert shard.tolist() == [p * (2 * r + k) + p * (p - 1) / 2 for k in range(2)]
+    shards = [torch.full((2,), float(i + r)) for i in range(p)]
+    mine = torch.empty(2)
+    dist.reduce_scatter(mine, shards)
+    assert mine.tolist() == [p * r + p * (p - 1) / 2] * 2
+    b = torch.full((4,), float(r))
+    dist.broadcast(b, src=p - 1)
+    assert b.tolist() == [float(p - 1)] * 4
+    dist.barrier()
+
+
+def test_a_strided_tensor_is_reduced_in_place(group):
+    p = dist.get_world_size()
+    t = torch.ones(4, 6)[:, ::2]
+    assert not t.is_contiguous()
+    dist.all_reduce(t)
+    assert (t == p).all()
+
+
+def test_a_subgroup(group):
+    p, r = dist.get_world_size(), dist.get_rank()
+    members = list(range(0, p, 2))
+    sub = dist.new_group(members)
+    if r in members:
+        t = torch.ones(3)
+        dist.all_reduce(t, group=sub)
+        assert t.tolist() == [float(len(members))] * 3
+    dist.barrier()
+
+
+def test_an_unsupported_op_raises_on_every_rank(group):
+    with pytest.raises(ValueError, match="does not support"):
+        dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0))
+
+
+def test_ddp_keeps_every_rank_bit_identical(group):
+    p, r = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    torch.manual_seed(100 + r)  # different data on every rank
+    for _ in range(6):
+        x, y = torch.randn(16, 10), torch.randn(16, 1)
+        optimizer.zero_grad()
+        ((ddp(x) - y) ** 2).mean().backward()
+        optimizer.step()
+    flat = torch.cat([w.detach().reshape(-1) for w in model.parameters()])
+    everyone = [torch.empty_like(flat) for _ in range(p)]
+    dist.all_gather(everyone, flat)
+    assert all(torch.equal(everyone[0], other) for other in everyone)
