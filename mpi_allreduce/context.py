@@ -8,9 +8,10 @@ with its scratch, per call shape), the one cache of bound calls (a plan on
 the caller's arrays, found again by the identity of those arrays: every
 kind of call keeps its bound calls here), the live selectors, the tags of
 the calls in flight (:meth:`Context.claim`), and the call in progress
-(:attr:`Context.what`: the re-entry guard, and what the watchdog samples).  :meth:`Context.free` drops all of it; it runs when
-the caller frees the communicator, on :func:`release`, and (the caches
-only) on :func:`mpi_allreduce.config.refresh`.  A communicator freed while
+(:attr:`Context.what`: the re-entry guard, and what the watchdog
+samples).  :meth:`Context.free` drops all of it; it runs when the caller
+frees the communicator, on :func:`release`, and (the caches only) on
+:func:`mpi_allreduce.config.refresh`.  A communicator freed while
 calls are in flight on it keeps its duplicate until they complete (MPI
 completes pending operations on a freed communicator, and so do we).
 """
@@ -30,7 +31,8 @@ from .executor import mpi_tags
 from .topology import node_map, oversubscribed
 from .watchdog import WATCH, settings
 
-__all__ = ["Context", "context_for", "release", "setup", "remember_call", "MAX_PLANS", "MAX_CALLS"]
+__all__ = ["Context", "context_for", "release", "setup", "remember_call", "MAX_PLANS",
+           "MAX_CALLS"]
 
 #: plans kept per communicator (the least recently used go first)
 MAX_PLANS = 64
@@ -39,6 +41,7 @@ MAX_CALLS = 64
 #: bound reduce_scatter/allgather calls kept per communicator (they hold
 #: views of their arrays: the fewer, the sooner a dropped array is freed)
 MAX_HALVES = 16
+
 
 class Context:
     """The library's state for one caller communicator."""
@@ -55,7 +58,7 @@ class Context:
         self.calls: dict = {}
         self.selectors: dict = {}
         #: reduce_scatter/allgather calls bound to arrays, by (kind, ids):
-        #: the arrays by weak reference (checked on every hit), at most MAX_CALLS
+        #: the arrays by weak reference (checked on every hit), at most MAX_HALVES
         self.halves: "OrderedDict[tuple, tuple]" = OrderedDict()
         #: reproducible sums' work arrays and bound inner calls, per shape
         self.work: "OrderedDict[tuple, object]" = OrderedDict()
@@ -75,8 +78,6 @@ class Context:
         #: progress.blocking), and the watchdog samples it with ``count``
         self.what: Optional[tuple] = None
         self.count = 0
-        #: freed by the caller while calls were in flight: free when they end
-        self.closing = False
         WATCH.watch(self)
 
     def snapshot(self) -> tuple:
@@ -170,8 +171,7 @@ class Context:
         for key in self.ids:
             _LIVE.pop(key, None)
         self.ids.clear()
-        if self.in_flight():
-            self.closing = True  # the duplicate outlives its calls: see reap()
+        if self.in_flight():  # the duplicate outlives its calls: see reap()
             _CLOSING.append(self)
         elif self.comm != MPI.COMM_NULL:
             self.comm.Free()
@@ -232,7 +232,7 @@ def refcounts(call) -> list:
 
 
 def remember_call(context: Context, run, sendbuf, recvbuf, op, comm, algorithm,
-              call, ours: list, extra) -> None:
+                  call, ours: list, extra) -> None:
     """Keep the bound call for repeats; drop those whose buffers the caller
     has let go (the bound views would keep them alive otherwise)."""
     for key, old in list(context.calls.items()):
