@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections import OrderedDict
 from typing import Optional
 
 import torch
@@ -86,17 +87,39 @@ def _done(result) -> "dist.Work":
     return _create_work_from_future(future)
 
 
+#: numpy views of the last tensors reduced, by (address, elements, dtype, shape): the
+#: same tensor again (a DDP bucket, a training loop's buffer) gets the same array
+#: object, which the library's kept calls recognise -- a repeat is then a look-up
+#: instead of a validation, a plan and a bind.  A view holds its tensor's memory,
+#: so an address in the key cannot be reused while it is kept; at most MAX_VIEWS
+#: views and MAX_VIEW_BYTES of memory are held (the least recently used go first).
+_VIEWS: "OrderedDict[tuple, object]" = OrderedDict()
+MAX_VIEWS = 64
+MAX_VIEW_BYTES = 256 << 20
+
+
 def _array(tensor: torch.Tensor):
     """A numpy array over the tensor's memory (no copy; bfloat16 as
     ``ml_dtypes.bfloat16``, which numpy cannot import through DLPack)."""
     if tensor.device.type != "cpu":
         raise ValueError(f"the {BACKEND} backend takes CPU tensors; got one on {tensor.device}")
+    key = (tensor.data_ptr(), tensor.numel(), tensor.dtype, tuple(tensor.shape))
+    view = _VIEWS.get(key)
+    if view is not None:
+        _VIEWS.move_to_end(key)
+        return view
     tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:
         import ml_dtypes
 
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return tensor.numpy()
+        view = tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    else:
+        view = tensor.numpy()
+    _VIEWS[key] = view
+    while len(_VIEWS) > MAX_VIEWS or \
+            (len(_VIEWS) > 1 and sum(v.nbytes for v in _VIEWS.values()) > MAX_VIEW_BYTES):
+        _VIEWS.popitem(last=False)
+    return view
 
 
 def _in_place(tensor: torch.Tensor, run) -> None:

@@ -1,0 +1,114 @@
+"""The torch backend against gloo, side by side on the same processes.
+
+Under one mpiexec, ``dist.init_process_group("mpi_allreduce")`` is the
+default group and ``dist.new_group(backend="gloo")`` a gloo group of the
+same ranks.  Per size (float32 SUM, in place), in interleaved repeats (a
+shuffled order per repeat, the same on every rank), each batch ``--iters``
+calls after a warm-up, the slowest rank's mean:
+
+* ``ours``: ``dist.all_reduce`` on this library's backend;
+* ``gloo``: ``dist.all_reduce`` on the gloo group;
+* ``mar``: ``mar.allreduce`` on the tensor's memory (the backend's floor:
+  what the ProcessGroup adds is the difference);
+* ``mpi``: the vendor's ``MPI.Allreduce`` on the same memory.
+
+Then one DDP training step (a 4-layer MLP of about 1.1 M parameters, its
+gradients in DDP's 25 MB bucket) on each backend, interleaved.  Ratios are
+taken per repeat.  Run::
+
+    mpiexec -n 2 python benchmarks/torch_backend.py > benchmarks/results/torch-backend-np2.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+from statistics import median
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import mpi_allreduce as mar
+import mpi_allreduce.torch  # noqa: F401 - registers the backend
+from mpi_allreduce.tools.bench import (batch_mean_us, human, iterations_for, paired_ratios,
+                                       parse_size, repeat_order, sizes_between)
+from mpi_allreduce.tools.verify import mpi_library
+
+
+def _ddp_step_us(comm, group, repeats_data, iters: int) -> float:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 64))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x, y = repeats_data
+
+    def step():
+        optimizer.zero_grad()
+        ((ddp(x) - y) ** 2).mean().backward()
+        optimizer.step()
+    return batch_mean_us(comm, step, iters, 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-b", "--min", default="8")
+    parser.add_argument("-e", "--max", default="16M")
+    parser.add_argument("-f", "--factor", type=float, default=8)
+    parser.add_argument("-n", "--iters", type=int, default=200)
+    parser.add_argument("-r", "--repeats", type=int, default=7)
+    parser.add_argument("--ddp-iters", type=int, default=20)
+    args = parser.parse_args()
+
+    dist.init_process_group("mpi_allreduce")
+    gloo = dist.new_group(backend="gloo")
+    comm = MPI.COMM_WORLD.Dup()
+    p = comm.Get_size()
+    names = ["ours", "gloo", "mar", "mpi"]
+    rows = []
+    for nbytes in sizes_between(parse_size(args.min), parse_size(args.max), args.factor):
+        t = torch.ones(max(1, nbytes // 4))
+        a = t.numpy()
+        out = a.copy()
+        calls = {"ours": lambda: dist.all_reduce(t),
+                 "gloo": lambda: dist.all_reduce(t, group=gloo),
+                 "mar": lambda: mar.allreduce(MPI.IN_PLACE, a, comm=comm),
+                 "mpi": lambda: comm.Allreduce(a, out)}
+        iters, warmup = iterations_for(nbytes, args.iters, 5)
+        times = {name: [] for name in names}
+        for repeat in range(args.repeats):
+            for name in repeat_order(names, nbytes, repeat):
+                t.fill_(1.0)
+                times[name].append(batch_mean_us(comm, calls[name], iters, warmup))
+        rows.append((nbytes, times))
+    torch.manual_seed(comm.Get_rank())
+    data = (torch.randn(256, 512), torch.randn(256, 64))
+    ddp = {"ours": [], "gloo": []}
+    for repeat in range(args.repeats):
+        for name in repeat_order(list(ddp), 0, repeat):
+            group = None if name == "ours" else gloo
+            ddp[name].append(_ddp_step_us(comm, group, data, args.ddp_iters))
+    if comm.Get_rank() == 0:
+        print(f"# torch {torch.__version__} all_reduce, float32 SUM in place, {p} ranks; "
+              f"{args.repeats} interleaved repeats; {mpi_library()}; {platform.node()}")
+        print("# medians (us) and ratios per repeat (median, q1-q3)")
+        print(f"# {'size':>8} {'ours':>9} {'gloo':>9} {'mar':>9} {'mpi':>9}"
+              f" {'ours/gloo':>17} {'ours/mar':>17} {'ours/mpi':>17}")
+        for nbytes, times in rows:
+            cells = " ".join(f"{median(times[n]):9.1f}" for n in names)
+            ratios = " ".join("{:5.2f} ({:4.2f}-{:4.2f})".format(*paired_ratios(times["ours"],
+                                                                                  times[n]))
+                              for n in ("gloo", "mar", "mpi"))
+            print(f"  {human(nbytes):>8} {cells} {ratios}")
+        ratio = paired_ratios(ddp["ours"], ddp["gloo"])
+        print(f"# DDP step (MLP of 1.1 M parameters, batch 256): ours "
+              f"{median(ddp['ours']) / 1e3:.2f} ms, gloo {median(ddp['gloo']) / 1e3:.2f} ms, "
+              f"ours/gloo {ratio[0]:.2f} ({ratio[1]:.2f}-{ratio[2]:.2f})")
+    comm.Free()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
