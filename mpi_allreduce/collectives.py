@@ -22,13 +22,12 @@ from .algorithms.ring import build_allgather, build_reduce_scatter
 from . import progress
 from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
-from .config import environment
 from .context import context_for, setup
 from .errors import failed
 from .executor import Plan
 from .ops import check_dtype, dtype_label, resolve_op
 from .spec import CallSpec
-from .validate import DEFAULT_SEGMENT_BYTES, agree, check_enabled
+from .validate import agree, check_enabled, segment_elements
 
 __all__ = ["reduce_scatter", "allgather"]
 
@@ -153,7 +152,7 @@ def _validated(validate, comm, check, what: str, segment_size, fingerprint):
     checking = check_enabled(check) and comm.Get_size() > 1
     try:
         values, error = validate(), None
-        segment = _segment(segment_size, values[1].dtype)
+        segment = segment_elements(segment_size, values[1].dtype)
     except (TypeError, ValueError) as exc:
         if not checking:
             raise
@@ -162,17 +161,6 @@ def _validated(validate, comm, check, what: str, segment_size, fingerprint):
         agree(comm, None if values is None else dict(fingerprint(values), segment_size=segment),
               error, what)
     return values
-
-
-def _segment(segment_size, dtype) -> int:
-    """Elements per message at most: the argument, else the environment's bytes."""
-    if segment_size is None:
-        segment_bytes = environment().segment_bytes or DEFAULT_SEGMENT_BYTES
-        return max(1, segment_bytes // dtype.itemsize)
-    if isinstance(segment_size, bool) or not isinstance(segment_size, (int, np.integer)) \
-            or segment_size < 1:
-        raise ValueError(f"segment_size must be a positive integer, got {segment_size!r}")
-    return int(segment_size)
 
 
 @functools.lru_cache(maxsize=64)
@@ -184,7 +172,7 @@ def _schedule(what: str, rank: int, size: int, blocks: tuple, segment: int, in_p
 
 def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size, datatype=None):
     backend, dtype = backend_for(recv), recv.dtype
-    segment = _segment(segment_size, dtype)
+    segment = segment_elements(segment_size, dtype)
     if sum(blocks) == 0:
         setup(comm)  # collective the first time: every rank takes part
         return recv

@@ -72,14 +72,14 @@ class Operation:
                  "limit", "deadline", "reserved", "context", "lock", "owner", "__weakref__")
 
     def __init__(self, stages: list, plan, tag: int, slot: str, threaded: bool,
-                 persistent=None, kind: str = "non-blocking call", context=None):
+                 kind: str = "non-blocking call", context=None, reserved: bool = False):
         self.stages, self.tag, self.plan = stages, tag, plan
         if plan is not None:
             self.comm, self.mpitype, self.post = plan.comm, plan.mpitype, plan.backend.post
         self.slot = slot  # names this call's staging buffers (device backends)
         self.threaded = threaded
         #: per stage, MPI persistent requests made once (host buffers), or None
-        self.persistent = persistent
+        self.persistent = None
         self.index = len(self.stages)
         self.pending: list = []
         self.done = True
@@ -87,7 +87,7 @@ class Operation:
         self.event = threading.Event() if threaded else None
         self.kind, self.context, self.starts = kind, context, 0
         #: a persistent request's tag is held until it is freed
-        self.reserved = persistent is not None
+        self.reserved = reserved
         #: two threads never advance one operation at once
         self.lock = threading.Lock()
         self.owner = 0  # the thread that advances it (caller progress)
@@ -656,8 +656,8 @@ def operation(bound: Bound, context, nbytes: int, persistent: bool) -> Operation
     messages; a persistent request holds its tag until it is freed)."""
     threaded = nbytes >= THREAD_MIN_BYTES and thread_progress()
     kind = "persistent call" if persistent else "non-blocking call"
-    op = Operation(bound.stages, bound.plan, 0, _ENGINE.slot(), threaded, None, kind, context)
-    op.reserved = persistent
+    op = Operation(bound.stages, bound.plan, 0, _ENGINE.slot(), threaded, kind, context,
+                   reserved=persistent)
     op.tag = context.claim(op, bound.plan.fingerprint, persistent)
     if persistent and not bound.plan.backend.device:
         op.persistent = persistent_requests(bound, op.tag)
@@ -690,8 +690,7 @@ def blocking(bound: Bound, context, kind: str):
     seconds, action = settings()
     what = (kind, bound.plan)
     if seconds > 0 and action == "raise":
-        op = Operation(bound.stages, bound.plan, bound.plan.tag, "wd", False, None, kind,
-                       context)
+        op = Operation(bound.stages, bound.plan, bound.plan.tag, "wd", False, kind, context)
 
         def deadline_run():
             if context.what is not None:

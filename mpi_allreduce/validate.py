@@ -24,8 +24,8 @@ from .context import context_for
 from .errors import ArgumentMismatch
 from .ops import Op, check_dtype, dtype_label, resolve_op
 
-__all__ = ["Call", "validate", "check_enabled", "arguments", "agree", "DEFAULT_SEGMENT_BYTES",
-           "SELECTIONS"]
+__all__ = ["Call", "validate", "check_enabled", "arguments", "agree", "segment_elements",
+           "DEFAULT_SEGMENT_BYTES", "SELECTIONS"]
 
 #: default segment: the most one message carries when its data is to be
 #: reduced, and so the scratch of every algorithm
@@ -105,13 +105,20 @@ def validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inne
     if not backend.is_writeable(recv):
         raise ValueError("recvbuf is read-only")
 
+    return Call(send, recv, op, algorithm, backend, segment_elements(segment_size, dtype),
+                ranks_per_node, inner, tuning, selection, datatype)
+
+
+def segment_elements(segment_size, dtype) -> int:
+    """Elements per message at most: the argument, else
+    ``MPI_ALLREDUCE_SEGMENT_BYTES`` (or the default) in elements of ``dtype``."""
     if segment_size is None:
         segment_bytes = environment().segment_bytes or DEFAULT_SEGMENT_BYTES
-        segment_size = max(1, segment_bytes // dtype.itemsize)
-    if not isinstance(segment_size, (int, np.integer)) or segment_size < 1:
+        return max(1, segment_bytes // dtype.itemsize)
+    if isinstance(segment_size, bool) or not isinstance(segment_size, (int, np.integer)) \
+            or segment_size < 1:
         raise ValueError(f"segment_size must be a positive integer, got {segment_size!r}")
-    return Call(send, recv, op, algorithm, backend, int(segment_size), ranks_per_node, inner,
-                 tuning, selection, datatype)
+    return int(segment_size)
 
 
 def _check_order(op: Op, algorithm: str) -> None:
