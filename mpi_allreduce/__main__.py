@@ -1,5 +1,5 @@
-"""Command line: ``python -m mpi_allreduce {verify,bench,simulate,plot,model,tune,info}``,
-under mpiexec or srun (``plot`` and ``simulate`` need neither).
+"""Command line: ``python -m mpi_allreduce {verify,bench,simulate,draw,plot,model,tune,info}``,
+under mpiexec or srun (``draw``, ``plot`` and ``simulate`` need neither).
 
 An exception on any rank aborts the whole job (``MPI.COMM_WORLD.Abort``)
 instead of leaving the other ranks waiting in a message.
@@ -119,6 +119,21 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--json", default=None, help="--predict: write the rows here")
     _hierarchy_args(si)
 
+    dr = sub.add_parser("draw", help="an algorithm round by round, drawn from its schedules "
+                                     "(no MPI): PNG/SVG/PDF panels or an animated GIF")
+    dr.add_argument("-a", "--algorithm", required=True, help="one algorithm (see `info`)")
+    dr.add_argument("-p", "--size", type=int, required=True, help="ranks")
+    dr.add_argument("--count", type=int, default=None,
+                    help="elements of the vector (default: one a rank)")
+    dr.add_argument("--segment", type=int, default=None,
+                    help="elements a message carries at most (default: all)")
+    dr.add_argument("--ranks-per-node", type=int, default=None,
+                    help="hierarchical: ranks of a node (default: half the ranks, two nodes)")
+    dr.add_argument("--inner", default=None,
+                    help="hierarchical: algorithm across node leaders (default auto)")
+    dr.add_argument("-o", "--output", default=None,
+                    help="file to write, .png .svg .pdf or .gif (default ALGORITHM-pP.png)")
+
     pl = sub.add_parser("plot", help="latency and busbw against size from bench JSON files")
     pl.add_argument("inputs", nargs="+", help="bench --json files (merged)")
     pl.add_argument("-o", "--output", default="bench.png")
@@ -209,6 +224,29 @@ def cmd_plot(args) -> int:
 
     plot(args.inputs, args.output, args.title)
     print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_draw(args) -> int:
+    from .tools.draw import FORMATS, contributions, draw
+
+    output = args.output or f"{args.algorithm}-p{args.size}.png"
+    if not output.lower().endswith(FORMATS):
+        raise SystemExit(f"draw: -o must end in one of {', '.join(FORMATS)}, got {output!r}")
+    if args.size is not None and args.size > 4096:
+        raise SystemExit(f"draw: -p {args.size} is more than 4096 ranks; draw fewer")
+    options = {}
+    if args.algorithm == "hierarchical":
+        options["ranks_per_node"] = args.ranks_per_node or max(1, -(-args.size // 2))
+        if args.inner:
+            options["inner"] = args.inner
+    try:
+        drawing = contributions(args.algorithm, args.size, args.count, args.segment, options)
+        panels = draw(drawing, output)
+    except ValueError as exc:
+        raise SystemExit(f"draw: {exc}") from None
+    print(f"wrote {output}: {panels} panels ({len(drawing.frames) - 1} rounds and the result), "
+          f"{len(drawing.messages)} messages")
     return 0
 
 
@@ -322,6 +360,8 @@ def cmd_simulate(args) -> int:
             out = simulate(name, args.size, args.count, args.dtype, args.op,
                            segment_size=segment, in_place=args.in_place, options=options,
                            machine=machine)
+        except MemoryError as exc:
+            raise SystemExit(f"simulate: {exc}") from None
         except SimulationError as exc:
             print(f"{name:>20} FAILED: {exc}")
             failed += 1
@@ -384,7 +424,7 @@ def cmd_info(args) -> int:
 
 
 COMMANDS = {"verify": cmd_verify, "bench": cmd_bench, "simulate": cmd_simulate,
-            "plot": cmd_plot, "model": cmd_model, "tune": cmd_tune, "info": cmd_info}
+            "draw": cmd_draw, "plot": cmd_plot, "model": cmd_model, "tune": cmd_tune, "info": cmd_info}
 
 
 def main(argv=None) -> int:

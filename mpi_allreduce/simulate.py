@@ -53,7 +53,7 @@ from .ops import resolve_op
 from .schedule import BUFFER_NAMES, RECV, SCRATCH, SEND, Recv, Reduce, Ref, Send
 
 __all__ = ["simulate", "execute", "schedules", "Machine", "Outcome", "SimulationError", "inputs",
-           "curve_time"]
+           "curve_time", "memory_needed", "check_memory"]
 
 
 class SimulationError(RuntimeError):
@@ -206,10 +206,11 @@ def reference(dtype, op, size: int, count: int) -> np.ndarray:
 
 
 class _Rank:
-    __slots__ = ("rounds", "index", "open", "clock", "until", "arrays", "done")
+    __slots__ = ("rounds", "index", "open", "clock", "until", "began", "arrays", "done")
 
     def __init__(self, rounds, arrays):
         self.rounds, self.index, self.open, self.clock = rounds, 0, 0, 0.0
+        self.began = 0.0  # when the current round started
         self.until = 0.0  # when the last message of the current round is done
         self.arrays = arrays
         self.done = not rounds
@@ -235,6 +236,8 @@ def simulate(algorithm: str, size: int, count: int, dtype="float32", op="sum", *
     dtype, op = np.dtype(dtype), resolve_op(op)
     scheds = schedules(algorithm, size, count, segment_size, options)
     itemsize = dtype.itemsize
+    if data:
+        check_memory(scheds, count, dtype, f"{algorithm}, p={size}, count={count}")
     combine = op.ufunc
 
     result = np.empty((size, count), dtype) if data else None
@@ -270,12 +273,61 @@ def simulate(algorithm: str, size: int, count: int, dtype="float32", op="sum", *
         max(finish) if finish else 0.0, finish)
 
 
+def memory_needed(scheds: list, count: int, dtype) -> int:
+    """Bytes :func:`simulate` holds at its peak with data: every rank's
+    result and scratch, and the comparison with the reference (a flag and
+    a byte-wise flag per element of every rank)."""
+    itemsize = np.dtype(dtype).itemsize
+    ranks = len(scheds)
+    return (ranks * count * (2 * itemsize + 1)
+            + sum(max(s.scratch, 1) for s in scheds) * itemsize)
+
+
+def available_memory() -> Optional[int]:
+    """Bytes the kernel says can be had without swapping (``MemAvailable``),
+    or None where it does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(scheds: list, count: int, dtype, label: str = "") -> None:
+    """Refuse, with a :class:`MemoryError` that says how much, a simulation
+    whose buffers would not fit in the memory available now (instead of
+    being killed by the kernel without a word)."""
+    need, have = memory_needed(scheds, count, dtype), available_memory()
+    if have is not None and need > have:
+        raise MemoryError(
+            f"simulating {label} holds every rank's buffers in this process: about "
+            f"{need / 1e9:.1f} GB, and {have / 1e9:.1f} GB is available; use fewer ranks "
+            f"(-p) or elements (--count)")
+
+
 def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, combine=np.add,
-            itemsize: int = 1, label: str = "") -> list:
+            itemsize: int = 1, label: str = "", observe=None) -> list:
     """Run the ranks' schedules against each other on ``arrays`` (per rank
     ``(send, recv, scratch)``, or None to time only); every rank's finish
     time.  Raises :class:`SimulationError` as :func:`simulate` does
-    (``label`` names the case in its messages)."""
+    (``label`` names the case in its messages).
+
+    ``observe(event, **fields)``, when given, is told of every step on the
+    machine's clock (what pictures and simulated traces are drawn from):
+
+    * ``"post"``: ``rank``, ``round``, ``at`` -- the round's leading local
+      actions are done and its messages are about to be posted (or, in a
+      round without messages, its local actions are done);
+    * ``"local"``: ``rank``, ``round``, ``kind`` (``"reduce"`` or
+      ``"copy"``), ``start``, ``end``, ``elements``;
+    * ``"message"``: ``src``, ``dst``, ``src_round``, ``dst_round``,
+      ``src_ref``, ``dst_ref``, ``begin``, ``end``, ``elements``;
+    * ``"end"``: ``rank``, ``round``, ``start``, ``end`` -- the round is
+      over (its messages are done).
+    """
     machine = machine or Machine()
     size = len(scheds)
     data = any(a is not None for a in arrays)
@@ -318,11 +370,13 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
         r.until = max(r.until, at)
         if r.open == 0:
             r.clock = max(r.clock, r.until)
+            if observe is not None:
+                observe("end", rank=rank, round=r.index, start=r.began, end=r.clock)
             r.index += 1
             heapq.heappush(ready, (r.clock, rank))
 
     def match(src: int, dst: int, sref: Ref, stime: float, rref: Ref, rtime: float,
-              eager: bool = False) -> None:
+              eager: bool = False, rounds: tuple = (0, 0)) -> None:
         if sref.length != rref.length:
             raise SimulationError(
                 f"rank {src} sends {sref.length} elements to rank {dst}, which receives "
@@ -349,6 +403,9 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
             copy_free[out] = copy_free[into] = at
         busy_until[src] = max(busy_until[src], at)
         busy_until[dst] = max(busy_until[dst], at)
+        if observe is not None:
+            observe("message", src=src, dst=dst, src_round=rounds[0], dst_round=rounds[1],
+                    src_ref=sref, dst_ref=rref, begin=begin, end=at, elements=sref.length)
         if eager:  # the sender went on at once
             complete(dst, max(at, rtime))
             return
@@ -360,10 +417,14 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
         actions = r.rounds[r.index]
         posted = []  # (ref, writes) of this round's messages
         r.open = 1  # held open while posting
-        r.until = r.clock
+        r.until = r.began = r.clock
         slow = slowdown(rank, r.clock)
+        posting = False
         for action in actions:
             if isinstance(action, (Send, Recv)):
+                if observe is not None and not posting:
+                    observe("post", rank=rank, round=r.index, at=r.clock)
+                posting = True
                 ref = action.src if isinstance(action, Send) else action.dst
                 writes = isinstance(action, Recv)
                 for other, other_writes in posted:
@@ -380,17 +441,19 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
                 if writes:
                     queue = sends[(action.peer, rank)]
                     if queue:
-                        src_ref, stime, was_eager = queue.popleft()
-                        match(action.peer, rank, src_ref, stime, ref, r.clock, was_eager)
+                        src_ref, stime, was_eager, src_round = queue.popleft()
+                        match(action.peer, rank, src_ref, stime, ref, r.clock, was_eager,
+                              (src_round, r.index))
                     else:
-                        recvs[(action.peer, rank)].append((ref, r.clock))
+                        recvs[(action.peer, rank)].append((ref, r.clock, r.index))
                 else:
                     queue = recvs[(rank, action.peer)]
                     if queue:
-                        dst_ref, rtime = queue.popleft()
-                        match(rank, action.peer, ref, r.clock, dst_ref, rtime, eager)
+                        dst_ref, rtime, dst_round = queue.popleft()
+                        match(rank, action.peer, ref, r.clock, dst_ref, rtime, eager,
+                              (r.index, dst_round))
                     else:
-                        sends[(rank, action.peer)].append((ref, r.clock, eager))
+                        sends[(rank, action.peer)].append((ref, r.clock, eager, r.index))
                 continue
             touched = [(action.out, True), (action.first, False), (action.second, False)] \
                 if isinstance(action, Reduce) else [(action.dst, True), (action.src, False)]
@@ -407,7 +470,14 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
                             out=view(r, action.out))
                 else:
                     view(r, action.dst)[...] = view(r, action.src)
+            began = r.clock
             r.clock += (machine.op_overhead + action[0].length * itemsize * machine.gamma) * slow
+            if observe is not None:
+                observe("local", rank=rank, round=r.index,
+                        kind="reduce" if isinstance(action, Reduce) else "copy",
+                        start=began, end=r.clock, elements=action[0].length)
+        if observe is not None and not posting:
+            observe("post", rank=rank, round=r.index, at=r.clock)
         busy_until[rank] = max(busy_until[rank], r.clock)
         complete(rank, r.clock)  # releases the hold; advances if nothing is open
 

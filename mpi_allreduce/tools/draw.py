@@ -1,0 +1,297 @@
+"""``python -m mpi_allreduce draw -a ring -p 4 -o ring.png``: an algorithm, round by round.
+
+The pictures are drawn from the very schedules the executor runs: the
+simulator (:func:`~mpi_allreduce.simulate.execute`) runs every rank's
+schedule in place on vectors whose elements are *sets of contributions*
+(rank ``r`` starts with ``{r}`` in every element; a reduction is the union,
+a message a copy), and tells what happened when.  So a block's colour is
+what it really holds at that moment, and an arrow is a message the
+schedules really post.
+
+:func:`contributions` gives that record (a :class:`Drawing`): per round, the
+sets every rank's vector holds when the round's messages are posted, and
+the messages themselves; and the timeline of every message on a machine
+where each message takes one unit of time and local work none.
+:func:`draw` turns it into one panel per round plus a space-time diagram
+(PNG, SVG or PDF), or into an animated GIF with a frame per round.  Above
+:data:`DETAIL_RANKS` ranks (or :data:`DETAIL_ELEMENTS` elements) a panel is a
+summary: a heat map of how many contributions each element holds, without
+arrows.
+
+Rounds are each rank's own: panel ``k`` shows every rank at the start of
+its round ``k`` (a rank with fewer rounds shows its result), and the
+messages ranks send in their round ``k``.  A received block is combined at
+the start of the receiver's next round, so it shows there.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from ..schedule import RECV, SCRATCH, SEND, Ref
+
+__all__ = ["Arrow", "Frame", "Drawing", "contributions", "draw", "FORMATS", "DETAIL_RANKS",
+           "DETAIL_ELEMENTS", "label_of"]
+
+#: file types :func:`draw` writes
+FORMATS = (".png", ".svg", ".pdf", ".gif")
+#: the most ranks a panel draws block by block, with arrows
+DETAIL_RANKS = 16
+#: the most elements a panel draws block by block
+DETAIL_ELEMENTS = 64
+
+
+class Arrow(NamedTuple):
+    """One message: ``src`` sends its range ``src_ref`` into ``dst``'s ``dst_ref``."""
+
+    src: int
+    dst: int
+    src_ref: Ref
+    dst_ref: Ref
+
+
+class Frame(NamedTuple):
+    """Round ``round`` (None: the result): ``holds[rank, element]``, the
+    set of ranks whose contributions that element holds (a bit mask, bit
+    ``r`` for rank ``r``), and the round's messages."""
+
+    round: Optional[int]
+    holds: np.ndarray
+    arrows: list
+
+
+class Message(NamedTuple):
+    """A message on the unit machine's clock: sent in ``src``'s round
+    ``round``, from ``begin`` (both sides posted) to ``end``."""
+
+    src: int
+    dst: int
+    round: int
+    begin: float
+    end: float
+    elements: int
+
+
+class Drawing(NamedTuple):
+    algorithm: str
+    size: int
+    count: int
+    options: dict
+    frames: list  # of Frame, the last one the result
+    messages: list  # of Message
+    rounds: list  # per rank: ((start, end) of each round)
+
+    @property
+    def full(self) -> int:
+        """The mask of an element that holds every rank's contribution."""
+        return (1 << self.size) - 1
+
+
+def contributions(algorithm: str, size: int, count: Optional[int] = None,
+                  segment_size: Optional[int] = None, options: Optional[dict] = None) -> Drawing:
+    """Run ``algorithm``'s schedules for ``size`` ranks on ``count``
+    elements (default ``size``: one element a rank) in place, on sets of
+    contributions; see the module docstring.  ``segment_size`` in elements
+    (default: ``count``, one segment); ``options`` as
+    :func:`~mpi_allreduce.simulate.schedules` takes them."""
+    from .. import registry
+    from ..simulate import Machine, execute, schedules
+
+    registry.check_name(algorithm)
+    if algorithm == "auto":
+        raise ValueError("draw a named algorithm, not 'auto' (its choice depends on the machine)")
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise ValueError(f"the number of ranks must be a positive integer, got {size!r}")
+    count = size if count is None else count
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+        raise ValueError(f"count must be a non-negative integer, got {count!r}")
+    segment = max(1, count) if segment_size is None else segment_size
+    if isinstance(segment, bool) or not isinstance(segment, (int, np.integer)) or segment < 1:
+        raise ValueError(f"segment_size must be a positive integer, got {segment_size!r}")
+    options = dict(options or {})
+    scheds = schedules(algorithm, size, count, segment, options)
+
+    vectors = np.zeros((size, count), dtype=object)
+    for rank in range(size):
+        vectors[rank, :] = 1 << rank
+    rows = [vectors[rank] for rank in range(size)]  # in place: send and result are one array
+    arrays = [(row, row, np.zeros(max(s.scratch, 1), dtype=object))
+              for row, s in zip(rows, scheds)]
+    posted: list = [dict() for _ in range(size)]  # rank -> {round: vector then}
+    arrows: dict = {}
+    messages: list = []
+    rounds: list = [[] for _ in range(size)]
+
+    def observe(event: str, **f) -> None:
+        if event == "post":
+            posted[f["rank"]][f["round"]] = rows[f["rank"]].copy()
+        elif event == "message":
+            arrows.setdefault(f["src_round"], []).append(
+                Arrow(f["src"], f["dst"], f["src_ref"], f["dst_ref"]))
+            messages.append(Message(f["src"], f["dst"], f["src_round"], f["begin"], f["end"],
+                                    f["elements"]))
+        elif event == "end":
+            rounds[f["rank"]].append((f["start"], f["end"]))
+
+    execute(scheds, arrays, Machine(alpha=1.0), np.bitwise_or, 1,
+            f"{algorithm}, p={size}, count={count}", observe)
+
+    frames = []
+    for k in range(max(len(s.rounds) for s in scheds)):
+        holds = np.array([posted[rank].get(k, vectors[rank]) for rank in range(size)],
+                         dtype=object).reshape(size, count)
+        frames.append(Frame(k, holds, sorted(arrows.get(k, []))))
+    frames.append(Frame(None, vectors.copy(), []))
+    return Drawing(algorithm, size, count, options, frames, messages, rounds)
+
+
+def label_of(mask: int) -> str:
+    """``0b1011`` -> ``"0,1,3"``; runs of three or more as ``"0-3"``."""
+    ranks = [r for r in range(mask.bit_length()) if mask >> r & 1]
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(f"{ranks[i]}-{ranks[j]}" if j - i >= 2 else
+                     ",".join(map(str, ranks[i:j + 1])))
+        i = j + 1
+    return ",".join(parts)
+
+
+def _fractions(holds: np.ndarray, size: int) -> np.ndarray:
+    counts = np.vectorize(lambda m: bin(m).count("1"), otypes=[float])(holds) \
+        if holds.size else np.zeros(holds.shape)
+    return counts / size
+
+
+def _in_vector(ref: Ref) -> bool:
+    return ref.buf in (SEND, RECV)
+
+
+def _title(drawing: Drawing, frame: Frame) -> str:
+    if frame.round is None:
+        return "result"
+    return f"round {frame.round}: {len(frame.arrows)} message{'s' * (len(frame.arrows) != 1)}"
+
+
+def _panel(ax, drawing: Drawing, frame: Frame, cmap) -> None:
+    size, count = drawing.size, drawing.count
+    fractions = _fractions(frame.holds, size)
+    ax.set_title(_title(drawing, frame), fontsize=10)
+    if size > DETAIL_RANKS or count > DETAIL_ELEMENTS or count == 0:
+        if count:
+            ax.imshow(fractions, cmap=cmap, vmin=0, vmax=1, aspect="auto",
+                      interpolation="nearest")
+        ax.set_xlabel("element")
+        ax.set_ylabel("rank")
+        return
+    from matplotlib.patches import Rectangle
+
+    text = size <= 8 and count <= 16
+    for rank in range(size):
+        for e in range(count):
+            colour = cmap(fractions[rank, e])
+            ax.add_patch(Rectangle((e, rank - 0.3), 0.94, 0.6, facecolor=colour,
+                                   edgecolor="0.3", linewidth=0.5))
+            if text:
+                light = sum(colour[:3]) / 3 < 0.5
+                ax.text(e + 0.47, rank, label_of(frame.holds[rank, e]), ha="center",
+                        va="center", fontsize=6 if size > 4 else 7,
+                        color="white" if light else "black")
+    for arrow in frame.arrows:
+        sx = arrow.src_ref.offset + arrow.src_ref.length / 2 if _in_vector(arrow.src_ref) else None
+        dx = arrow.dst_ref.offset + arrow.dst_ref.length / 2 if _in_vector(arrow.dst_ref) else None
+        sx = dx if sx is None else sx
+        dx = sx if dx is None else dx
+        if sx is None:  # scratch to scratch: drawn past the vector's end
+            sx = dx = count + 0.5
+        shift = 0.3 if arrow.dst > arrow.src else -0.3
+        ax.annotate("", xy=(dx, arrow.dst - shift), xytext=(sx, arrow.src + shift),
+                    arrowprops=dict(arrowstyle="->", color="crimson", lw=1.1,
+                                    connectionstyle="arc3,rad=0.15"))
+        where = arrow.src_ref if _in_vector(arrow.src_ref) else arrow.dst_ref
+        into = "" if _in_vector(arrow.dst_ref) else " (to scratch)"
+        if size <= 8:
+            ax.text((sx + dx) / 2 + 0.1, (arrow.src + arrow.dst) / 2,
+                    f"[{where.offset}:{where.stop}){into}", fontsize=6, color="crimson",
+                    ha="left", va="center")
+    ax.set_xlim(-0.2, count + 1.2)
+    ax.set_ylim(size - 0.4, -0.6)
+    ax.set_yticks(range(size))
+    ax.set_yticklabels([f"rank {r}" for r in range(size)], fontsize=7)
+    ax.set_xticks([])
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+
+
+def _timeline(ax, drawing: Drawing) -> None:
+    """Space-time diagram: ranks down, time across, a line per message."""
+    for rank, spans in enumerate(drawing.rounds):
+        for start, end in spans:
+            ax.plot([start, end], [rank, rank], color="0.75", lw=3, solid_capstyle="butt")
+    for m in drawing.messages:
+        ax.annotate("", xy=(m.end, m.dst), xytext=(m.begin, m.src),
+                    arrowprops=dict(arrowstyle="->", color="tab:blue", lw=0.8))
+    ax.set_ylim(drawing.size - 0.5, -0.5)
+    ax.set_xlim(-0.1, max([m.end for m in drawing.messages], default=1.0) + 0.1)
+    ax.set_xlabel("time (one message takes one unit; local work none)")
+    ax.set_ylabel("rank")
+    ax.set_title(f"space-time: {len(drawing.messages)} messages", fontsize=10)
+
+
+def _heading(drawing: Drawing) -> str:
+    extra = "".join(f", {k}={v}" for k, v in sorted(drawing.options.items()))
+    return (f"{drawing.algorithm}: p={drawing.size}, {drawing.count} elements{extra} -- "
+            f"colour: share of the ranks' contributions an element holds")
+
+
+def draw(drawing: Drawing, output: str) -> int:
+    """Write ``drawing`` to ``output`` (:data:`FORMATS`); the panels (or
+    frames) written."""
+    suffix = Path(output).suffix.lower()
+    if suffix not in FORMATS:
+        raise ValueError(f"cannot draw into {output!r}: the name must end in one of "
+                         f"{', '.join(FORMATS)}")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cmap = plt.get_cmap("YlGnBu")
+    rows_per_panel = min(drawing.size, DETAIL_RANKS)
+    width = min(max(4.0, 0.45 * min(drawing.count, DETAIL_ELEMENTS) + 2.0), 12.0)
+    height = max(2.2, 0.35 * rows_per_panel + 1.0)
+    frames = drawing.frames
+    if suffix == ".gif":
+        from PIL import Image
+
+        images = []
+        for frame in frames:
+            fig, ax = plt.subplots(figsize=(width, height))
+            _panel(ax, drawing, frame, cmap)
+            fig.suptitle(_heading(drawing), fontsize=8)
+            fig.tight_layout()
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=100)
+            plt.close(fig)
+            buf.seek(0)
+            images.append(Image.open(buf).convert("RGB"))
+        images[0].save(output, save_all=True, append_images=images[1:], duration=1200, loop=0)
+        return len(images)
+    columns = min(4, len(frames))
+    rows = -(-len(frames) // columns)
+    fig = plt.figure(figsize=(width * columns * 0.8, height * rows + height + 1.0))
+    grid = fig.add_gridspec(rows + 1, columns)
+    for i, frame in enumerate(frames):
+        _panel(fig.add_subplot(grid[i // columns, i % columns]), drawing, frame, cmap)
+    _timeline(fig.add_subplot(grid[rows, :]), drawing)
+    fig.suptitle(_heading(drawing), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(output, dpi=110)
+    plt.close(fig)
+    return len(frames)
