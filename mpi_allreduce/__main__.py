@@ -1,5 +1,7 @@
-"""Command line: ``python -m mpi_allreduce {verify,bench,simulate,draw,plot,model,tune,info}``,
-under mpiexec or srun (``draw``, ``plot`` and ``simulate`` need neither).
+"""Command line: ``python -m mpi_allreduce
+{verify,bench,simulate,draw,trace,report,plot,model,tune,info}``, under
+mpiexec or srun (``draw``, ``trace``, ``report``, ``plot`` and ``simulate``
+need neither).
 
 An exception on any rank aborts the whole job (``MPI.COMM_WORLD.Abort``)
 instead of leaving the other ranks waiting in a message.
@@ -29,6 +31,38 @@ def _hierarchy_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--segment-bytes", type=parse_size, default=None,
                         help="bytes per message at most where the data is reduced, "
                              "e.g. 256K (default 1 MiB)")
+
+
+def _trace_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", default=None, metavar="DIR",
+                        help="record every call of ours (MPI_ALLREDUCE_TRACE) and write the "
+                             "run's merged trace to DIR/trace.json (Chrome trace format); "
+                             "recording adds time to every call")
+
+
+def _start_trace(args) -> None:
+    """--trace DIR: the setting on, checked on every rank before any message."""
+    if args.trace is None:
+        return
+    from .config import TRACE_ENV, SettingError, environment, refresh
+
+    os.environ[TRACE_ENV] = args.trace
+    refresh()
+    try:
+        environment()
+    except SettingError as exc:
+        raise SystemExit(f"--trace: {exc}") from None
+
+
+def _end_trace(args, comm) -> None:
+    if args.trace is None:
+        return
+    from .trace import collect
+
+    path = collect(comm, os.path.join(args.trace, "trace.json"),
+                   {"command": " ".join(["python -m mpi_allreduce"] + sys.argv[1:])})
+    if path:
+        print(f"# trace: {path} (python -m mpi_allreduce report {path})", flush=True)
 
 
 def _options(args) -> dict:
@@ -66,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated element counts (default: 0, 1, p-1, p, p+1, primes, 2^k+-1)")
     v.add_argument("--no-large", action="store_true", help="skip the ~1M-element cases")
     v.add_argument("--seed", type=int, default=2026)
+    _trace_arg(v)
     _device_arg(v)
     _hierarchy_args(v)
 
@@ -92,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", default=None, help="write results and metadata as JSON")
     b.add_argument("--csv", default=None, help="write results as CSV (metadata in a # line)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
+    _trace_arg(b)
     _device_arg(b)
     _hierarchy_args(b)
 
@@ -117,6 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("-f", "--stepfactor", type=float, default=8.0)
     si.add_argument("--png", default=None, help="--predict: write the plot here")
     si.add_argument("--json", default=None, help="--predict: write the rows here")
+    si.add_argument("--trace", default=None, metavar="FILE.json",
+                    help="one algorithm: write its predicted timeline in the Chrome trace "
+                         "format of real traces (on the --params machine; else every message "
+                         "takes 1 us and local work none)")
     _hierarchy_args(si)
 
     dr = sub.add_parser("draw", help="an algorithm round by round, drawn from its schedules "
@@ -133,6 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="hierarchical: algorithm across node leaders (default auto)")
     dr.add_argument("-o", "--output", default=None,
                     help="file to write, .png .svg .pdf or .gif (default ALGORITHM-pP.png)")
+
+    tr = sub.add_parser("trace", help="merge the per-rank files of MPI_ALLREDUCE_TRACE=DIR "
+                                      "into one trace")
+    tr.add_argument("inputs", nargs="+", help="the trace directory, or rank-*.json files")
+    tr.add_argument("-o", "--output", default=None, help="default: DIR/trace.json")
+
+    rp = sub.add_parser("report", help="where a trace's time went: waiting for messages, "
+                                       "reducing, copying, the rest; per algorithm and round kind")
+    rp.add_argument("trace", help="a trace file (trace, bench --trace, simulate --trace)")
+    rp.add_argument("-o", "--output", default=None, help="also draw it into this PNG")
 
     pl = sub.add_parser("plot", help="latency and busbw against size from bench JSON files")
     pl.add_argument("inputs", nargs="+", help="bench --json files (merged)")
@@ -196,6 +246,7 @@ def cmd_bench(args) -> int:
         check_name(name)
     algorithms = [bench.VENDOR] + algorithms
     _segment_setting(args)
+    _start_trace(args)
     modes = {"no": (False,), "yes": (True,), "both": (False, True)}[args.inplace]
     from .backend import select_device
 
@@ -215,6 +266,7 @@ def cmd_bench(args) -> int:
             bench.write_json(args.json, results, meta)
         if args.csv:
             bench.write_csv(args.csv, results, meta)
+    _end_trace(args, comm)
     wrong = sum(r.wrong or 0 for r in results)
     return 1 if wrong else 0
 
@@ -250,6 +302,34 @@ def cmd_draw(args) -> int:
     return 0
 
 
+def cmd_trace(args) -> int:
+    from .trace import TraceError, merge, validate, load
+
+    output = args.output or os.path.join(
+        args.inputs[0] if os.path.isdir(args.inputs[0]) else os.path.dirname(args.inputs[0]),
+        "trace.json")
+    try:
+        merge(args.inputs, output)
+        counts = validate(load(output))
+    except TraceError as exc:
+        raise SystemExit(f"trace: {exc}") from None
+    print(f"wrote {output}: {counts.get('call', 0)} calls, {counts.get('round', 0)} rounds, "
+          f"{counts.get('messages', 0)} messages")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .trace import TraceError, report
+
+    try:
+        print(report(args.trace, args.output))
+    except TraceError as exc:
+        raise SystemExit(f"report: {exc}") from None
+    if args.output:
+        print(f"wrote {args.output}")
+    return 0
+
+
 def cmd_model(args) -> int:
     from .tools.model import report
 
@@ -279,6 +359,7 @@ def cmd_verify(args) -> int:
             raise SystemExit(f"unknown op {name!r}; choose from {', '.join(OPS)}")
     options = _options(args)
     _segment_setting(args)
+    _start_trace(args)
     from .backend import select_device
 
     where = select_device(MPI.COMM_WORLD, args.device)
@@ -286,6 +367,7 @@ def cmd_verify(args) -> int:
         print(f"# rank 0 device: {where}", flush=True)
     wrong = verify(MPI.COMM_WORLD, args.algorithms, args.dtypes, args.ops, args.counts,
                    large=not args.no_large, seed=args.seed, options=options, device=args.device)
+    _end_trace(args, MPI.COMM_WORLD)
     return 1 if wrong else 0
 
 
@@ -345,6 +427,8 @@ def cmd_simulate(args) -> int:
     if args.params:
         with open(args.params) as f:
             machine = machine_of(Params(**json.load(f)["params"]))
+    if args.trace:
+        return _simulated_trace(args, algorithms, segment, machine)
     print(f"# simulated: p={args.size}, count={args.count}, {args.dtype} {args.op}, "
           f"segment {segment} elements, {'in place' if args.in_place else 'out of place'}; "
           f"per rank: max (mean)")
@@ -376,6 +460,36 @@ def cmd_simulate(args) -> int:
             line += f" {out.seconds * 1e6:13.1f}"
         print(line, flush=True)
     return 1 if failed else 0
+
+
+def _simulated_trace(args, algorithms: list, segment: int, machine) -> int:
+    from .registry import check_name
+    from .simulate import Machine, SimulationError
+    from .trace import simulated, write
+
+    if len(algorithms) != 1 or algorithms[0] in ("all", "auto"):
+        raise SystemExit("simulate --trace: name one algorithm with -a")
+    try:
+        check_name(algorithms[0])
+    except ValueError as exc:
+        raise SystemExit(f"simulate --trace: {exc}") from None
+    if args.size < 1 or args.count < 0:
+        raise SystemExit("simulate --trace: -p must be positive and --count not negative")
+    options = {}
+    if algorithms[0] == "hierarchical":
+        options = {"ranks_per_node": args.ranks_per_node or args.size,
+                   "inner": args.inner or "recursive_doubling"}
+    clock = "the machine of " + args.params if machine else "every message 1 us, local work none"
+    try:
+        events = simulated(algorithms[0], args.size, args.count, args.dtype,
+                           machine or Machine(alpha=1e-6), segment, options)
+    except SimulationError as exc:
+        raise SystemExit(f"simulate --trace: {exc}") from None
+    write(args.trace, events, {"simulated": True, "clock": clock, "ranks": list(range(args.size)),
+                               "command": " ".join(["python -m mpi_allreduce"] + sys.argv[1:])})
+    print(f"wrote {args.trace}: predicted timeline of {algorithms[0]}, p={args.size}, "
+          f"{args.count} elements ({clock})")
+    return 0
 
 
 def cmd_info(args) -> int:
@@ -424,7 +538,7 @@ def cmd_info(args) -> int:
 
 
 COMMANDS = {"verify": cmd_verify, "bench": cmd_bench, "simulate": cmd_simulate,
-            "draw": cmd_draw, "plot": cmd_plot, "model": cmd_model, "tune": cmd_tune, "info": cmd_info}
+            "draw": cmd_draw, "trace": cmd_trace, "report": cmd_report, "plot": cmd_plot, "model": cmd_model, "tune": cmd_tune, "info": cmd_info}
 
 
 def main(argv=None) -> int:

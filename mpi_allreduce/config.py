@@ -90,6 +90,17 @@ def _path(text: str) -> str:
     return text
 
 
+def _trace_directory(text: str) -> str:
+    """A directory this process can write into (made if missing)."""
+    try:
+        os.makedirs(text, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot make the directory: {exc.strerror or exc}") from None
+    if not os.path.isdir(text) or not os.access(text, os.W_OK | os.X_OK):
+        raise ValueError("expected a directory this process can write into")
+    return os.path.abspath(text)
+
+
 #: every setting; ``environment()`` has one field per row
 SETTINGS: tuple = (
     Setting("MPI_ALLREDUCE_CHECK", "check", _flag, False,
@@ -120,12 +131,15 @@ SETTINGS: tuple = (
     Setting("MPI_ALLREDUCE_WATCHDOG_ACTION", "watchdog_action",
             _choice("abort", "raise", "warn"), "abort",
             "then abort the job, raise mar.Stalled, or only report", "abort|raise|warn"),
+    Setting("MPI_ALLREDUCE_TRACE", "trace", _trace_directory, None,
+            "record every call's rounds, messages, reductions and copies (Chrome trace "
+            "format) into this directory; each rank writes its file at exit", "DIR"),
 )
 
 _BY_FIELD = {s.field: s for s in SETTINGS}
 # the names other modules and tests use
 CHECK_ENV, SEGMENT_ENV, RANKS_PER_NODE_ENV, INNER_ENV, TUNING_ENV, SELECTION_ENV, \
-    CUDA_AWARE_ENV, PROGRESS_ENV, ON_ERROR_ENV, WATCHDOG_ENV, WATCHDOG_ACTION_ENV = \
+    CUDA_AWARE_ENV, PROGRESS_ENV, ON_ERROR_ENV, WATCHDOG_ENV, WATCHDOG_ACTION_ENV, TRACE_ENV = \
     (s.name for s in SETTINGS)
 
 
@@ -141,6 +155,7 @@ class Environment(NamedTuple):
     on_error: str
     watchdog: float
     watchdog_action: str
+    trace: Optional[str]
 
 
 assert Environment._fields == tuple(_BY_FIELD), "one Environment field per setting"

@@ -46,6 +46,7 @@ from .backend import Backend
 from .ops import Op, reduce_step
 from .schedule import Recv, Reduce, Schedule, Send
 from .spec import CallSpec, TagLayout, tag_layout
+from .trace import instrument, tracer
 
 __all__ = ["Plan", "Bound", "Stage", "wire_type", "element_type", "mpi_tags"]
 
@@ -175,6 +176,9 @@ class Bound:
         if lead:
             first = stages[0] if stages else Stage((), (), ())
             stages[:1] = [first._replace(before=tuple(lead) + first.before)]
+        recorder = tracer()
+        if recorder is not None:  # MPI_ALLREDUCE_TRACE: recording steps between these
+            stages = instrument(plan, stages, blocking, recorder)
         self.stages = stages
         self.steps = _compile(plan, stages) if blocking else None
         self.run = _runner(self.steps) if blocking else None

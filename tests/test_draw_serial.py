@@ -148,3 +148,61 @@ def test_simulate_refuses_what_does_not_fit(monkeypatch, capsys):
     with pytest.raises(SystemExit, match="use fewer ranks"):
         main(["simulate", "-p", "50", "-a", "naive", "--count", "1001"])
     sim.simulate("naive", 5, 11)  # small enough for the 10 MB it is told of
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "hierarchical", "driver"])
+def test_simulated_trace(tmp_path, algorithm, capsys):
+    """The prediction in the real traces' format: valid, every message on
+    both ranks, every rank's call ending at the simulator's finish time."""
+    from mpi_allreduce import trace
+    from mpi_allreduce.simulate import Machine, simulate
+
+    machine = Machine(alpha=2e-6, beta=1e-9, gamma=5e-10, overhead=3e-7)
+    options = options_for(algorithm, 5)
+    events = trace.simulated(algorithm, 5, 1001, "float32", machine, 128, options)
+    doc = {"traceEvents": events}
+    counts = trace.validate(doc)
+    out = simulate(algorithm, 5, 1001, segment_size=128, options=options, machine=machine,
+                   data=False)
+    assert counts["messages"] == sum(out.messages)
+    assert counts["call"] == 5
+    ends = sorted(e["ts"] + e["dur"] for e in events if e.get("cat") == "call")
+    finish = sorted(f * 1e6 for f in out.finish)
+    assert ends == pytest.approx([f - min(e["ts"] for e in events if "ts" in e) for f in finish],
+                                 abs=1e-3)
+    rows = trace.breakdown(doc)
+    assert rows and all(r["algorithm"] == algorithm for r in rows)
+    assert sum(r["reduce_us"] for r in rows) == pytest.approx(
+        sum(out.bytes_reduced) * 5e-10 * 1e6, rel=1e-6)
+    path = tmp_path / "p.json"
+    assert main(["simulate", "-a", algorithm, "-p", "5", "--count", "1001", "--trace",
+                 str(path)]) == 0
+    trace.validate(trace.load(str(path)))
+    assert main(["report", str(path), "-o", str(tmp_path / "p.png")]) == 0
+    assert algorithm in capsys.readouterr().out
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_trace_commands_refuse_what_is_not_a_trace(tmp_path):
+    (tmp_path / "x.json").write_text("[1, 2]")
+    with pytest.raises(SystemExit, match="not a trace"):
+        main(["report", str(tmp_path / "x.json")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no rank-"):
+        main(["trace", str(tmp_path / "empty")])
+    with pytest.raises(SystemExit, match="cannot read"):
+        main(["trace", str(tmp_path / "missing.json")])
+    with pytest.raises(SystemExit, match="one algorithm"):
+        main(["simulate", "-p", "4", "--trace", str(tmp_path / "t.json")])
+    with pytest.raises(SystemExit, match="unknown algorithm"):
+        main(["simulate", "-a", "rung", "-p", "4", "--trace", str(tmp_path / "t.json")])
+
+
+def test_validate_catches_a_lonely_message():
+    from mpi_allreduce import trace
+
+    events = trace.simulated("ring", 3, 7, "float64", __import__(
+        "mpi_allreduce.simulate", fromlist=["Machine"]).Machine(alpha=1e-6), 8)
+    recv = next(i for i, e in enumerate(events) if e.get("name") == "recv" and e["ph"] == "X")
+    with pytest.raises(trace.TraceError, match="without their other side"):
+        trace.validate({"traceEvents": events[:recv] + events[recv + 1:]})

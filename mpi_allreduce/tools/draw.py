@@ -32,7 +32,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ..schedule import RECV, SCRATCH, SEND, Ref
+from ..schedule import RECV, SEND, Ref
 
 __all__ = ["Arrow", "Frame", "Drawing", "contributions", "draw", "FORMATS", "DETAIL_RANKS",
            "DETAIL_ELEMENTS", "label_of"]

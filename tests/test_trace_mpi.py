@@ -1,0 +1,147 @@
+"""Traces of real runs (``MPI_ALLREDUCE_TRACE``): every kind of call is
+recorded through the same stages -- blocking, non-blocking calls in flight
+together, persistent requests, the halves, on the world and on a
+sub-communicator -- and the merged trace is well formed: required keys,
+every rank's calls and rounds in order, every send with its receive; the
+per-rank files written at exit merge into the same; an unwritable
+directory is refused on every rank before any message; and with the
+setting off a call runs no recording step."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpi_allreduce as mar
+from mpi_allreduce import config, trace
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture
+def traced(monkeypatch, tmp_path):
+    """Tracing on into a directory every rank names alike; off afterwards."""
+    comm = MPI.COMM_WORLD
+    directory = comm.bcast(str(tmp_path) if comm.Get_rank() == 0 else None)
+    monkeypatch.setenv(config.TRACE_ENV, directory)
+    config.refresh()
+    yield directory
+    if trace.tracer() is not None:
+        trace.tracer().take()
+    monkeypatch.undo()
+    config.refresh()
+
+
+def _calls(doc, **match) -> list:
+    return [e for e in doc["traceEvents"] if e.get("cat") == "call" and e["ph"] == "X"
+            and all(e["args"].get(k) == v for k, v in match.items())]
+
+
+def test_every_kind_of_call_is_traced(traced):
+    comm = MPI.COMM_WORLD
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size == 1:
+        pytest.skip("one rank sends no messages")
+    x = np.arange(37, dtype=np.float64) + rank
+    y = np.empty_like(x)
+    for algorithm in ("ring", "recursive_doubling", "driver"):
+        mar.allreduce(x, y, algorithm=algorithm)
+        np.testing.assert_array_equal(y, comm.allreduce(x))
+    outs = [np.empty_like(x) for _ in range(4)]
+    requests = [mar.iallreduce(x, out, algorithm="ring") for out in outs]  # in flight together
+    mar.waitall(requests)
+    with mar.allreduce_init(x, outs[0], algorithm="recursive_doubling") as persistent:
+        for _ in range(2):
+            persistent.start()
+            persistent.wait()
+    mar.reduce_scatter(np.ones(size * 3), np.empty(3))
+    mar.allgather(np.ones(3), np.empty(3 * size))
+    half = comm.Split(rank % 2, rank)
+    if half.Get_size() > 1:
+        mar.allreduce(x, y, algorithm="ring", comm=half)
+    request = mar.iallreduce(x, outs[0], algorithm="ring")
+    assert _recording(request)  # what test_off_adds_no_step looks for
+    request.wait()
+    path = trace.collect(comm, os.path.join(traced, "run.json"))
+    half.Free()
+    if rank != 0:
+        return
+    doc = trace.load(path)
+    counts = trace.validate(doc)
+    assert counts["messages"] > 0 and counts["flows"] == 2 * counts["messages"]
+    for algorithm in ("ring", "recursive_doubling", "driver"):
+        assert len(_calls(doc, algorithm=algorithm, kind="blocking", ranks=size)) >= size
+    # four in flight together, two starts of the persistent request, one more
+    assert len(_calls(doc, kind="non-blocking or persistent", ranks=size)) == 7 * size
+    pids = {e["pid"] for e in doc["traceEvents"] if e.get("ph") == "X"}
+    assert pids == set(range(size))
+    # calls in flight together never share a lane on a rank
+    lanes = [e for e in _calls(doc, algorithm="ring", kind="non-blocking or persistent")
+             if e["pid"] == 0]
+    assert len({e["tid"] for e in lanes}) == 4
+    # the sub-communicator's messages stay inside its half of the world
+    if size > 2:
+        for e in doc["traceEvents"]:
+            if e.get("cat") == "message" and e["ph"] == "X" and \
+                    e["args"]["key"].startswith("(0, 2"):
+                assert e["pid"] % 2 == 0 and e["args"]["peer"] % 2 == 0
+
+
+def test_rank_files_at_exit_merge_into_one(traced):
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() == 1:
+        pytest.skip("one rank sends no messages")
+    x = np.ones(1000, dtype=np.float32)
+    y = np.empty_like(x)
+    for _ in range(3):
+        mar.allreduce(x, y, algorithm="ring")
+    written = trace.tracer().flush()  # what atexit does
+    assert written and os.path.exists(written)
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        out = os.path.join(traced, "merged.json")
+        trace.merge([traced], out)
+        doc = trace.load(out)
+        counts = trace.validate(doc)
+        assert counts["call"] == 3 * comm.Get_size()
+        assert sorted(doc["otherData"]["ranks"]) == list(range(comm.Get_size()))
+        rows = trace.breakdown(doc)
+        assert {r["algorithm"] for r in rows} == {"ring"}
+        assert all(r["time_us"] >= r["wait_us"] + r["reduce_us"] - 1e-6 for r in rows)
+    comm.Barrier()
+
+
+def test_unwritable_directory_is_refused_before_any_message(monkeypatch):
+    monkeypatch.setenv(config.TRACE_ENV, "/etc/passwd/not-a-directory")
+    config.refresh()
+    try:
+        with pytest.raises(mar.SettingError, match="MPI_ALLREDUCE_TRACE"):
+            mar.allreduce(np.ones(5), np.empty(5), algorithm="ring")
+    finally:
+        monkeypatch.undo()
+        config.refresh()
+    # nothing was sent: the next call on the same communicator is right
+    out = mar.allreduce(np.ones(5), np.empty(5), algorithm="ring")
+    np.testing.assert_array_equal(out, np.full(5, MPI.COMM_WORLD.Get_size()))
+
+
+def test_off_adds_no_step():
+    """Off, a call's stages are the schedule's alone (the blocking steps
+    are compiled from the same stages)."""
+    assert trace.tracer() is None
+    if MPI.COMM_WORLD.Get_size() == 1:
+        pytest.skip("one rank runs no plan")
+    x, y = np.ones(9), np.empty(9)
+    request = mar.iallreduce(x, y, algorithm="ring")
+    assert not _recording(request)
+    request.wait()
+
+
+def _recording(request) -> bool:
+    """Whether a request's call has recording steps."""
+    stages = request._op.stages
+    return any(isinstance(getattr(f, "__self__", None), trace._Call)
+               for stage in stages for f, _ in stage.before + stage.overlap)
