@@ -182,7 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="where a trace's time went: waiting for messages, "
                                        "reducing, copying, the rest; per algorithm and round kind")
     rp.add_argument("trace", help="a trace file (trace, bench --trace, simulate --trace)")
-    rp.add_argument("-o", "--output", default=None, help="also draw it into this PNG")
+    rp.add_argument("-o", "--output", default=None,
+                    help="also draw it into this PNG, with the trace's last call")
+    rp.add_argument("--against", default=None, metavar="TRACE",
+                    help="draw this trace's last call beside it (e.g. simulate --trace's "
+                         "prediction of the same call)")
 
     pl = sub.add_parser("plot", help="latency and busbw against size from bench JSON files")
     pl.add_argument("inputs", nargs="+", help="bench --json files (merged)")
@@ -322,7 +326,7 @@ def cmd_report(args) -> int:
     from .trace import TraceError, report
 
     try:
-        print(report(args.trace, args.output))
+        print(report(args.trace, args.output, args.against))
     except TraceError as exc:
         raise SystemExit(f"report: {exc}") from None
     if args.output:

@@ -363,24 +363,59 @@ def collect(comm, path: str, meta: Optional[dict] = None) -> Optional[str]:
     the path on rank 0, None elsewhere."""
     t = tracer()
     events = t.take() if t is not None else []
-    comm.Barrier()
-    clock = _now()
-    gathered = comm.gather((MPI_world_rank(), clock, events), root=0)
+    own = comm.Dup()  # the caller's messages never meet these
+    try:
+        offset = _offset_to_root(own)
+        gathered = own.gather((MPI_world_rank(), offset, events), root=0)
+    finally:
+        own.Free()
     if comm.Get_rank() != 0:
         return None
-    root_clock = gathered[0][1]
-    origin = min((e["t0"] + root_clock - clock for _, clock, raw in gathered for e in raw),
-                 default=0)
+    origin = min((e["t0"] + offset for _, offset, raw in gathered for e in raw), default=0)
     out, ranks = [], []
-    for rank, their_clock, raw in gathered:
-        offset = root_clock - their_clock
+    for rank, offset, raw in gathered:
         out += [_chrome(rank, e, offset, origin) for e in raw] + _names(rank, raw)
         ranks.append(rank)
-    info = {"ranks": ranks, "clock": "rank 0's; other ranks' moved by the offset read after "
-                                    "a barrier (a few microseconds apart at most here)"}
+    info = {"ranks": ranks, "clock": "rank 0's wall clock: ranks on its host share it; ranks "
+                                    "on other hosts moved by an offset from the quickest of "
+                                    f"{SYNC_ROUNDS} ping-pongs with rank 0"}
     info.update(meta or {})
     write(path, _finish(out), info)
     return path
+
+
+#: ping-pongs with rank 0 that estimate another host's clock offset
+SYNC_ROUNDS = 8
+
+
+def _offset_to_root(comm) -> int:
+    """Nanoseconds to add to this rank's clock to read rank 0's: 0 on rank
+    0's host (one clock); elsewhere from the ping-pong with the shortest
+    round trip (the midpoint of its two ends, Cristian's way)."""
+    from mpi4py import MPI
+
+    host = MPI.Get_processor_name()
+    hosts = comm.allgather(host)
+    rank = comm.Get_rank()
+    offset = 0
+    for other in range(1, comm.Get_size()):
+        if hosts[other] == hosts[0]:
+            continue
+        if rank == 0:
+            for _ in range(SYNC_ROUNDS):
+                comm.recv(source=other, tag=71)
+                comm.send(_now(), dest=other, tag=72)
+        elif rank == other:
+            best = None
+            for _ in range(SYNC_ROUNDS):
+                sent = _now()
+                comm.send(None, dest=0, tag=71)
+                theirs = comm.recv(source=0, tag=72)
+                back = _now()
+                if best is None or back - sent < best[0]:
+                    best = (back - sent, theirs - (sent + back) // 2)
+            offset = best[1]
+    return offset
 
 
 def MPI_world_rank() -> int:  # noqa: N802 - names the MPI rank it returns
@@ -497,10 +532,16 @@ def breakdown(doc: dict) -> list:
     return out
 
 
-def report(path: str, png: Optional[str] = None) -> str:
-    """The breakdown of a trace as a table (and a PNG of stacked bars)."""
+def report(path: str, png: Optional[str] = None, against: Optional[str] = None) -> str:
+    """The breakdown of a trace as a table; with ``png``, also stacked bars
+    and the timeline of its last call (beside the last call of ``against``,
+    say the simulator's prediction of it)."""
     doc = load(path)
     validate(doc)
+    other = None
+    if against is not None:
+        other = load(against)
+        validate(other)
     rows = breakdown(doc)
     head = (f"{'algorithm':>20} {'round kind':>17} {'calls':>6} {'rounds':>7} {'time us':>11} "
             f"{'wait %':>7} {'reduce %':>9} {'copy %':>7} {'other %':>8}")
@@ -512,18 +553,73 @@ def report(path: str, png: Optional[str] = None) -> str:
                      f"{100 * r['wait_us'] / total:>7.1f} {100 * r['reduce_us'] / total:>9.1f} "
                      f"{100 * r['copy_us'] / total:>7.1f} {100 * r['other_us'] / total:>8.1f}")
     if png:
-        _plot(rows, png, path)
+        _plot(rows, png, path, [(path, doc)] + ([(against, other)] if other else []))
     return "\n".join(lines)
 
 
-def _plot(rows: list, png: str, title: str) -> None:
+def last_call(doc: dict) -> list:
+    """The events of the trace's last call on its first communicator (the
+    blocking lane), every rank's, times from that call's start."""
+    x = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    calls = [e for e in x if e["cat"] == "call" and e["tid"] == BLOCKING_LANE]
+    if not calls:
+        return []
+    number = max(e["args"].get("call", 0) for e in calls)
+    chosen = {e["pid"]: e for e in calls if e["args"].get("call", 0) == number}
+    start = min(e["ts"] for e in chosen.values())
+    out = []
+    for e in x:
+        call = chosen.get(e["pid"])
+        if call is None or not call["ts"] - 1e-3 <= e["ts"] <= call["ts"] + call["dur"] + 1e-3:
+            continue
+        if e["cat"] != "message" and e["tid"] != BLOCKING_LANE:
+            continue
+        out.append(dict(e, ts=e["ts"] - start))
+    return out
+
+
+def _draw_call(ax, events: list, title: str) -> None:
+    colours = {"reduce": "tab:orange", "finalize": "tab:orange", "copy": "tab:green",
+               "synchronize": "tab:green"}
+    ranks = sorted({e["pid"] for e in events})
+    for e in events:
+        if e["cat"] == "round":
+            shade = "0.85" if int(e["name"].split()[-1]) % 2 else "0.7"
+            ax.barh(e["pid"], e["dur"], left=e["ts"], height=0.5, color=shade)
+        elif e["cat"] == "local":
+            ax.barh(e["pid"], max(e["dur"], 1e-3), left=e["ts"], height=0.3,
+                    color=colours.get(e["name"], "tab:red"))
+    sends = {e["args"]["key"]: e for e in events if e["cat"] == "message" and e["name"] == "send"}
+    for e in events:
+        if e["cat"] == "message" and e["name"] == "recv" and e["args"]["key"] in sends:
+            s = sends[e["args"]["key"]]
+            ax.annotate("", xy=(e["ts"] + e["dur"], e["pid"]), xytext=(s["ts"], s["pid"]),
+                        arrowprops=dict(arrowstyle="->", color="tab:blue", lw=0.7))
+    ax.set_yticks(ranks)
+    ax.set_yticklabels([f"rank {r}" for r in ranks], fontsize=7)
+    ax.set_ylim(max(ranks, default=0) + 0.6, min(ranks, default=0) - 0.6)
+    ax.set_xlabel("us from the call's start (grey: rounds; orange: reduce; green: copy; "
+                  "blue: message, posted to done)", fontsize=7)
+    ax.set_title(title, fontsize=9)
+
+
+def _plot(rows: list, png: str, title: str, timelines: list = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     labels = [f"{r['algorithm']}\n{r['round kind']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4.5))
+    shown = [(name, last_call(doc)) for name, doc in timelines]
+    shown = [(name, events) for name, events in shown if events]
+    fig = plt.figure(figsize=(max(7, 1.3 * len(rows), 6.5 * len(shown)),
+                              4.5 + (3.5 if shown else 0)))
+    grid = fig.add_gridspec(2 if shown else 1, max(1, len(shown)))
+    ax = fig.add_subplot(grid[0, :])
+    for i, (name, events) in enumerate(shown):
+        kind = "simulated" if any(e["args"].get("kind") == "simulated" for e in events
+                                  if e["cat"] == "call") else "measured"
+        _draw_call(fig.add_subplot(grid[1, i]), events, f"last call, {kind}: {Path(name).name}")
     bottom = [0.0] * len(rows)
     for part, colour in (("wait_us", "tab:blue"), ("reduce_us", "tab:orange"),
                          ("copy_us", "tab:green"), ("other_us", "tab:gray")):
