@@ -63,7 +63,7 @@ def allreduce(
         Any intra-communicator.  The library talks on its own cached
         duplicate of it.
     algorithm : str
-        ``"auto"`` or one of :data:`ALGORITHMS`.
+        ``"auto"`` or one of :data:`~mpi_allreduce.ALGORITHMS`.
     check : bool, optional
         Exchange a fingerprint of the arguments first and raise
         :class:`ArgumentMismatch` on every rank if the ranks disagree

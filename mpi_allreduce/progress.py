@@ -35,7 +35,7 @@ This module is the one engine every kind of call goes through: blocking
 calls (:func:`blocking`), non-blocking and persistent ones, the one-round
 persistent short cut, reduce-scatter and allgather.  Each is watched by the
 watchdog from start to completion, and in the watchdog's ``raise`` mode
-each waits against one deadline loop (:meth:`_Engine.wait`).
+each waits against one deadline loop (``_Engine.wait``).
 """
 
 from __future__ import annotations

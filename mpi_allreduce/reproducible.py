@@ -177,7 +177,7 @@ def allreduce(send, recv, comm, backend, bind, options: tuple, kept: "OrderedDic
     all-reduce of those arrays (the library's, with the caller's algorithm
     and ``options`` -- everything the bound calls depend on, the caller's
     dtype and op included), run by calling it.  The work arrays and bound
-    calls of the last :data:`MAX_WORK` shapes are kept in ``kept`` (the
+    calls of the last ``MAX_WORK`` shapes are kept in ``kept`` (the
     communicator's context owns it; 56 bytes per float64 element, 48 per
     narrower one)."""
     if comm.Get_size() > MAX_RANKS:

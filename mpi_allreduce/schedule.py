@@ -100,7 +100,7 @@ class Schedule(NamedTuple):
 
 
 class Builder:
-    """Collects rounds.  Local actions given with :meth:`local` wait for the
+    """Collects rounds.  Local actions given with ``local`` wait for the
     next round with messages and run first in it (before its messages are
     posted), or form the last round."""
 

@@ -29,7 +29,7 @@ from .config import environment
 from .registry import check_name, get, in_rank_order
 
 __all__ = ["DEFAULT_TUNING", "DecisionTable", "tuning_table", "choose", "describe_choices",
-           "check_tuning", "LiveSelector"]
+           "check_tuning", "LiveSelector", "hierarchical_options"]
 
 #: the built-in decision table (same format as ``python -m mpi_allreduce tune``
 #: writes): for the largest listed comm_size <= p, the first row whose
@@ -261,7 +261,7 @@ class LiveSelector:
         self.calls = 0
         self.moves = 0
         self._turn = 0
-        #: the candidate the next call probes, once agreed; None: the current algorithm
+        #: the candidate the next call probes once agreed (None for the current algorithm)
         self.probe = None
         #: local sums since the start: [seconds, calls] per algorithm, and probe seconds
         self._seconds = {name: 0.0 for name in [table_choice, *self.candidates]}

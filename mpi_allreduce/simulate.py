@@ -98,7 +98,7 @@ class Machine:
     #: (where its CPU runs the network stack for both directions), instead
     #: of one each way at once
     half_duplex: bool = False
-    #: cores of a node: with more ranks busy on a node than it has cores,
+    #: the cores of a node; with more ranks busy on a node than it has cores,
     #: their software, reductions and copies inside the node run slower by
     #: that ratio (processor sharing; ranks waiting for a peer yield)
     cores: Optional[int] = None

@@ -4,7 +4,7 @@ and the tags its messages carry.  Pure: no MPI.
 A :class:`CallSpec` is resolved once per call shape from the arguments and
 the environment, after ``auto`` and the hierarchical options are decided:
 everything that changes which messages a rank sends, how long they are, or
-how the data is combined.  Its :attr:`~CallSpec.fingerprint` is a digest
+how the data is combined.  Its ``fingerprint`` is a digest
 of all of it and is used twice:
 
 * every message of the call carries a tag derived from it (see
@@ -33,18 +33,20 @@ __all__ = ["CallSpec", "TagLayout", "tag_layout"]
 class CallSpec:
     """What every rank of a call must agree on.
 
-    kind        : "allreduce", "reduce_scatter", "allgather"
-    algorithm   : the algorithm that runs (``auto`` resolved)
-    size        : ranks of the communicator
-    count       : elements of the whole vector
-    dtype       : the element type (:func:`~mpi_allreduce.ops.dtype_label`)
-    op          : the op's identity across ranks (see the module docstring)
-    segment_size: elements per message at most where data is reduced
-    options     : the algorithm's options (hierarchical: the resolved inner
-                  algorithm and the node of every rank)
-    blocks      : every rank's block (reduce_scatter, allgather)
-    salt        : what a call made on behalf of another adds (a reproducible
-                  sum's inner calls: the caller's dtype and op)
+    ============ ===========================================================
+    kind         "allreduce", "reduce_scatter", "allgather"
+    algorithm    the algorithm that runs (``auto`` resolved)
+    size         ranks of the communicator
+    count        elements of the whole vector
+    dtype        the element type (``ops.dtype_label``)
+    op           the op's identity across ranks (see the module docstring)
+    segment_size elements per message at most where data is reduced
+    options      the algorithm's options (hierarchical: the resolved inner
+                 algorithm and the node of every rank)
+    blocks       every rank's block (reduce_scatter, allgather)
+    salt         what a call made on behalf of another adds (a reproducible
+                 sum's inner calls: the caller's dtype and op)
+    ============ ===========================================================
     """
 
     kind: str

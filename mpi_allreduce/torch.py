@@ -15,14 +15,14 @@ over ``COMM_WORLD``.
 
 What runs where:
 
-============================================ ==================================
-``all_reduce`` (SUM, AVG, PRODUCT, MIN, MAX,  :func:`mpi_allreduce.allreduce` in
-BAND, BOR, BXOR)                              place (``auto``, or the options)
-``reduce_scatter_tensor``, ``reduce_scatter`` :func:`mpi_allreduce.reduce_scatter`
-``all_gather_into_tensor``, ``all_gather``    :func:`mpi_allreduce.allgather`
-``broadcast``, ``barrier``                    MPI (``Bcast``, ``Barrier``) on the
-                                              group's communicator
-============================================ ==================================
+============================================== ==================================
+``all_reduce`` (SUM, AVG, PRODUCT, MIN, MAX,    :func:`mpi_allreduce.allreduce` in
+BAND, BOR, BXOR)                                place (``auto``, or the options)
+``reduce_scatter_tensor``, ``reduce_scatter``   :func:`mpi_allreduce.reduce_scatter`
+``all_gather_into_tensor``, ``all_gather``      :func:`mpi_allreduce.allgather`
+``broadcast``, ``barrier``                      MPI (``Bcast``, ``Barrier``) on the
+                                                group's communicator
+============================================== ==================================
 
 Options for the all-reduces (``algorithm``, ``reproducible``, ...) are
 given to :func:`configure`.  Subgroups

@@ -20,19 +20,19 @@ merges them (wall clocks, as the ranks read them).
 
 The events, one process per rank (``pid``: the rank in ``COMM_WORLD``):
 
-============ ========== =====================================================
-name         category   what
-============ ========== =====================================================
-the call     ``call``   a call, from its first step to its last (args:
-                        algorithm, elements, bytes, kind)
-``round K``  ``round``  round K: from its start to the end of its messages
-                        (args: ``posted``, when the messages were posted)
-``reduce``   ``local``  a local reduction (``copy``: a copy; ``finalize``:
-``copy``                an op's last step, e.g. avg's division)
-``send``     ``message`` a message to ``peer`` (``recv``: from ``peer``),
-``recv``                from its posting to the end of its round; ``key``
-                        pairs a send with its receive in the other rank
-============ ========== =====================================================
+============ ============ =====================================================
+name         category     what
+============ ============ =====================================================
+the call     ``call``     a call, from its first step to its last (args:
+                          algorithm, elements, bytes, kind)
+``round K``  ``round``    round K: from its start to the end of its messages
+                          (args: ``posted_us``, when the messages were posted)
+``reduce``   ``local``    a local reduction (``copy``: a copy; ``finalize``:
+``copy``                  an op's last step, e.g. avg's division)
+``send``     ``message``  a message to ``peer`` (``recv``: from ``peer``),
+``recv``                  from its posting to the end of its round; ``key``
+                          pairs a send with its receive in the other rank
+============ ============ =====================================================
 
 Calls in flight together take separate lanes (``tid``); messages have a
 lane per peer and direction.  Flow events (``ph`` ``s``/``f``) join every
@@ -334,6 +334,7 @@ def write(path: str, events: list, meta: Optional[dict] = None) -> None:
 
 
 def load(path: str) -> dict:
+    """A trace file's contents (raises :class:`TraceError` for what is not a trace)."""
     try:
         with open(path) as f:
             doc = json.load(f)

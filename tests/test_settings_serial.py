@@ -141,14 +141,3 @@ def test_every_field_of_a_spec_changes_its_fingerprint():
     prints = {base.fingerprint} | {c.fingerprint for c in changed}
     assert len(prints) == len(changed) + 1
     assert base == CallSpec("allreduce", "ring", 4, 100, "<f4", "sum", 64)
-
-
-def test_the_readme_shows_the_generated_settings_table():
-    """Documented once: the README's table is the table's own output."""
-    from pathlib import Path
-
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    begin = readme.index("<!-- settings:begin")
-    shown = readme[readme.index("\n", begin) + 1:readme.index("<!-- settings:end -->")]
-    assert shown.strip() == config.settings_table().strip(), \
-        "README's settings table is stale: paste `python -m mpi_allreduce info --settings`"

@@ -12,9 +12,9 @@ are one array and the same schedule serves.
 ``COMMUTATIVE`` says whether the algorithm needs a commutative op (it
 combines some blocks in an order other than by rank).
 
-The flat algorithms are registered here (:data:`FLAT`); ``hierarchical``
+The flat algorithms are registered here (``FLAT``); ``hierarchical``
 composes one of them across node leaders and is registered above them, in
-:mod:`mpi_allreduce.registry`.
+``mpi_allreduce.registry``.
 """
 
 from . import (double_binary_tree, driver, naive, rabenseifner, recursive_doubling, ring,
