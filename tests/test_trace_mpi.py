@@ -10,6 +10,8 @@ setting off a call runs no recording step."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -22,10 +24,12 @@ pytestmark = pytest.mark.mpi
 
 
 @pytest.fixture
-def traced(monkeypatch, tmp_path):
-    """Tracing on into a directory every rank names alike; off afterwards."""
+def traced(monkeypatch):
+    """Tracing on into a directory rank 0 makes and every rank names alike
+    (outside pytest's per-rank temporary trees); off and removed afterwards."""
     comm = MPI.COMM_WORLD
-    directory = comm.bcast(str(tmp_path) if comm.Get_rank() == 0 else None)
+    directory = comm.bcast(tempfile.mkdtemp(prefix="mar-trace-") if comm.Get_rank() == 0
+                           else None)
     monkeypatch.setenv(config.TRACE_ENV, directory)
     config.refresh()
     yield directory
@@ -33,6 +37,9 @@ def traced(monkeypatch, tmp_path):
         trace.tracer().take()
     monkeypatch.undo()
     config.refresh()
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _calls(doc, **match) -> list:
@@ -57,6 +64,10 @@ def test_every_kind_of_call_is_traced(traced):
         for _ in range(2):
             persistent.start()
             persistent.wait()
+    grads = [np.full(n, rank, dtype=np.float32) for n in (5, 700, 3)]
+    with mar.Fusion(bucket_bytes=1024) as fusion:  # two buckets: persistent requests
+        fusion.allreduce(grads)
+    assert all((g == sum(range(size))).all() for g in grads)
     mar.reduce_scatter(np.ones(size * 3), np.empty(3))
     mar.allgather(np.ones(3), np.empty(3 * size))
     half = comm.Split(rank % 2, rank)
@@ -74,8 +85,12 @@ def test_every_kind_of_call_is_traced(traced):
     assert counts["messages"] > 0 and counts["flows"] == 2 * counts["messages"]
     for algorithm in ("ring", "recursive_doubling", "driver"):
         assert len(_calls(doc, algorithm=algorithm, kind="blocking", ranks=size)) >= size
-    # four in flight together, two starts of the persistent request, one more
-    assert len(_calls(doc, kind="non-blocking or persistent", ranks=size)) == 7 * size
+    # four in flight together, two starts of the persistent request, one more; the
+    # fusion's buckets
+    calls = _calls(doc, kind="non-blocking or persistent", ranks=size)
+    assert sum(e["args"]["dtype"] == "float64" for e in calls) == 7 * size
+    # the fusion's buckets (float32): the 700-element array alone, the other two packed
+    assert sum(e["args"]["dtype"] == "float32" for e in calls) >= 2 * size
     pids = {e["pid"] for e in doc["traceEvents"] if e.get("ph") == "X"}
     assert pids == set(range(size))
     # calls in flight together never share a lane on a rank
