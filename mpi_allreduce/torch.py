@@ -16,12 +16,15 @@ over ``COMM_WORLD``.
 What runs where:
 
 ============================================== ==================================
-``all_reduce`` (SUM, AVG, PRODUCT, MIN, MAX,    :func:`mpi_allreduce.allreduce` in
+``all_reduce`` (SUM, AVG, PRODUCT, MIN, MAX,    :func:`mpi_allreduce.iallreduce` in
 BAND, BOR, BXOR)                                place (``auto``, or the options)
+``reduce``                                      the same all-reduce on a copy,
+                                                kept by the root
 ``reduce_scatter_tensor``, ``reduce_scatter``   :func:`mpi_allreduce.reduce_scatter`
 ``all_gather_into_tensor``, ``all_gather``      :func:`mpi_allreduce.allgather`
-``broadcast``, ``barrier``                      MPI (``Bcast``, ``Barrier``) on the
-                                                group's communicator
+``broadcast``, ``gather``, ``scatter``,         MPI's non-blocking calls on the
+``all_to_all(_single)``, ``send``/``recv``,     group's communicator, moving bytes
+``barrier``                                     (every dtype as it is)
 ============================================== ==================================
 
 Options for the all-reduces (``algorithm``, ``reproducible``, ...) are
@@ -30,19 +33,27 @@ given to :func:`configure`.  Subgroups
 
 CPU tensors are handed to the library without copies (through DLPack);
 a tensor that is not contiguous is reduced in a contiguous copy that is
-copied back.  Every call runs to completion before it returns, also with
-``async_op=True`` (its ``Work`` is complete, and ``wait()`` and
-``get_future()`` behave as torch expects): the calls are not yet
-overlapped with the caller's computation.
+copied back.  Where MPI runs threads (``MPI_THREAD_MULTIPLE``, mpi4py's
+default request; :data:`ASYNC`), ``all_reduce`` and the MPI calls return
+while their messages travel: ``async_op=True`` overlaps them with the
+caller's computation, ``wait()`` completes the call on the caller's thread,
+and ``get_future()`` hands it to a completion thread, so the future
+completes without a ``wait()`` (DDP's hooks chain on it).  Elsewhere, and
+for ``reproducible`` all-reduces, the reduce-scatter and the allgather,
+every call completes before it returns.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import queue
 import socket
+import threading
 from collections import OrderedDict
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
@@ -50,7 +61,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
 from . import collectives
-from .api import allreduce
+from .api import allreduce, iallreduce
 
 __all__ = ["BACKEND", "MPIAllreduceGroup", "configure"]
 
@@ -85,6 +96,143 @@ def _done(result) -> "dist.Work":
     future = Future()
     future.set_result(result)
     return _create_work_from_future(future)
+
+
+#: calls return while their messages travel (``async_op=True`` overlaps them with the
+#: caller's computation) where MPI runs threads; else every call completes first
+ASYNC = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+class _Part:
+    """One request of a call in flight: ours (``wait``/``test``) or MPI's."""
+
+    __slots__ = ("request", "done")
+
+    def __init__(self, request):
+        self.request, self.done = request, False
+
+    def wait(self) -> None:
+        if not self.done:
+            if isinstance(self.request, MPI.Request):
+                self.request.Wait()
+            else:
+                self.request.wait()
+            self.done = True
+
+    def test(self) -> bool:
+        if not self.done:
+            self.done = bool(self.request.Test() if isinstance(self.request, MPI.Request)
+                             else self.request.test())
+        return self.done
+
+
+class _Work(dist.Work):
+    """A call in flight: its requests, what runs once they are done (copies
+    back), and the future torch's hooks chain on.  ``wait()`` completes it
+    on the caller's thread; ``get_future()`` hands it to the completion
+    thread, so the future completes without a ``wait()`` (DDP waits on the
+    future)."""
+
+    def __init__(self, requests, result, after=()):
+        super().__init__()
+        self._parts = [_Part(r) for r in requests]
+        self._after, self._result = list(after), result
+        self._future = Future()
+        self._lock = threading.Lock()
+        self._done = False
+        self._error: Optional[BaseException] = None
+        self._queued = False
+
+    def _complete(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            try:
+                for part in self._parts:
+                    part.wait()
+                for function in self._after:
+                    function()
+            except BaseException as exc:  # noqa: BLE001 - handed to wait() and the future
+                self._error = exc
+            self._done = True
+        if self._error is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(self._error)
+
+    def wait(self, timeout=None) -> bool:
+        self._complete()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        if not self._done and self._lock.acquire(False):
+            try:
+                ready = all(part.test() for part in self._parts)
+            finally:
+                self._lock.release()
+            if ready:
+                self._complete()
+        return self._done
+
+    def is_success(self) -> bool:
+        return self._done and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self) -> Future:
+        if not self._queued:
+            self._queued = True
+            _completer().put(self)
+        return self._future
+
+
+@functools.lru_cache(maxsize=1)
+def _completer() -> "queue.SimpleQueue":
+    """The queue of the thread that completes calls whose future was asked for."""
+    works: "queue.SimpleQueue" = queue.SimpleQueue()
+
+    def run() -> None:
+        while True:
+            works.get()._complete()
+    threading.Thread(target=run, name=f"{BACKEND} completion", daemon=True).start()
+    return works
+
+
+def _overlaps(opts) -> bool:
+    """Whether a call returns while its messages travel: where MPI runs
+    threads, unless torch says the caller waits at once (``async_op=False``
+    sets ``opts.asyncOp`` False; DDP leaves it True)."""
+    return ASYNC and getattr(opts, "asyncOp", True)
+
+
+def _started(requests, result, opts, after=()) -> "dist.Work":
+    """The Work of a call whose requests are in flight (completed now unless
+    it overlaps, see :func:`_overlaps`)."""
+    work = _Work(requests, result, after)
+    if not _overlaps(opts):
+        work.wait()
+    return work
+
+
+def _offsets(counts: list) -> list:
+    return [sum(counts[:i]) for i in range(len(counts))]
+
+
+def _splits(splits, tensor: torch.Tensor, nbytes: int, size: int) -> tuple:
+    """(bytes, offsets) per rank of an all_to_all_single tensor split along
+    its first dimension (evenly without ``splits``)."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    row = nbytes // rows if rows else 0
+    counts = [n * row for n in (list(splits) if splits else [rows // size] * size)]
+    return counts, _offsets(counts)
+
+
+def _bytes(array):
+    """``array``'s memory as bytes, for MPI's data-movement calls (any dtype)."""
+    return array.reshape(-1).view(np.uint8)
 
 
 #: numpy views of the last tensors reduced, by (address, elements, dtype, shape): the
@@ -132,6 +280,14 @@ def _in_place(tensor: torch.Tensor, run) -> None:
         tensor.copy_(work)
 
 
+def _contiguous(tensor: torch.Tensor) -> tuple:
+    """(a contiguous tensor over ``tensor``'s values, what writes it back or None)."""
+    if tensor.is_contiguous():
+        return tensor, None
+    work = tensor.contiguous()
+    return work, functools.partial(tensor.copy_, work)
+
+
 class MPIAllreduceGroup(dist.ProcessGroup):
     """A ProcessGroup whose collectives run on ``comm`` (an MPI communicator
     of the group's ranks, in group-rank order)."""
@@ -146,10 +302,19 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     # --- ours ------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if not _overlaps(opts) or "reproducible" in _OPTIONS:  # (iallreduce does not take it)
+            for tensor in tensors:
+                _in_place(tensor, lambda t: allreduce(MPI.IN_PLACE, t, op, comm=self.comm,
+                                                      **_OPTIONS))
+            return _done(tensors)
+        requests, after = [], []
         for tensor in tensors:
-            _in_place(tensor, lambda t: allreduce(MPI.IN_PLACE, t, op, comm=self.comm,
-                                                  **_OPTIONS))
-        return _done(tensors)
+            work, back = _contiguous(tensor)
+            requests.append(iallreduce(MPI.IN_PLACE, _array(work), op, comm=self.comm,
+                                       **_OPTIONS))
+            if back is not None:
+                after.append(back)
+        return _started(requests, tensors, opts, after)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -187,17 +352,96 @@ class MPIAllreduceGroup(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
-    # --- MPI's ------------------------------------------------------------------------------
+    # --- MPI's (bytes: every dtype travels as it is) ------------------------------------
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
+        requests, after = [], []
         for tensor in tensors:
-            _in_place(tensor, lambda t: self.comm.Bcast(t.view(f"u{t.itemsize}")
-                                                        if t.dtype.kind == "V" else t, root=root))
+            work, back = _contiguous(tensor)
+            requests.append(self.comm.Ibcast(_bytes(_array(work)), root=root))
+            if back is not None and self.comm.Get_rank() != root:
+                after.append(back)
+        return _started(requests, tensors, opts, after)
+
+    def reduce(self, tensors, opts=None):
+        """Our all-reduce on a copy, which the root keeps (every dtype and op
+        the all-reduce takes, in the same order of combination)."""
+        root = opts.rootRank if opts is not None else 0
+        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        for tensor in tensors:
+            work = tensor.contiguous().clone()
+            allreduce(MPI.IN_PLACE, _array(work), op, comm=self.comm, **_OPTIONS)
+            if self.comm.Get_rank() == root:
+                tensor.copy_(work)
         return _done(tensors)
 
+    def gather(self, outputs, inputs, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        mine = _bytes(_array(inputs[0].contiguous()))
+        if self.comm.Get_rank() != root:
+            return _started([self.comm.Igather(mine, None, root=root)], outputs, opts)
+        whole = np.empty(mine.size * self.comm.Get_size(), np.uint8)
+        request = self.comm.Igather(mine, whole, root=root)
+
+        def unpack():
+            for piece, out in zip(np.split(whole, self.comm.Get_size()), outputs[0]):
+                _in_place(out, lambda t: np.copyto(_bytes(t), piece))
+        return _started([request], outputs, opts, [unpack])
+
+    def scatter(self, outputs, inputs, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        out, back = _contiguous(outputs[0])
+        mine = _bytes(_array(out))
+        whole = None
+        if self.comm.Get_rank() == root:
+            whole = np.concatenate([_bytes(_array(t.contiguous())) for t in inputs[0]])
+        request = self.comm.Iscatter(whole, mine, root=root)
+        return _started([request], outputs, opts, [back] if back is not None else [])
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
+                      opts=None):
+        size = self.comm.Get_size()
+        out, back = _contiguous(output)
+        source = _bytes(_array(input.contiguous()))
+        target = _bytes(_array(out))
+
+        request = self.comm.Ialltoallv(
+            [source, _splits(input_split_sizes, input, source.size, size), MPI.BYTE],
+            [target, _splits(output_split_sizes, output, target.size, size), MPI.BYTE])
+        return _started([request], output, opts, [back] if back is not None else [])
+
+    def alltoall(self, outputs, inputs, opts=None):
+        sends = [_bytes(_array(t.contiguous())) for t in inputs]
+        source = np.concatenate(sends) if sends else np.empty(0, np.uint8)
+        recv_counts = [t.numel() * t.element_size() for t in outputs]
+        target = np.empty(sum(recv_counts), np.uint8)
+        send_counts = [s.size for s in sends]
+        request = self.comm.Ialltoallv([source, (send_counts, _offsets(send_counts)), MPI.BYTE],
+                                       [target, (recv_counts, _offsets(recv_counts)), MPI.BYTE])
+
+        def unpack():
+            at = 0
+            for out, n in zip(outputs, recv_counts):
+                _in_place(out, lambda t: np.copyto(_bytes(t), target[at:at + n]))
+                at += n
+        return _started([request], outputs, opts, [unpack])
+
+    def send(self, tensors, dst, tag=0):
+        requests = [self.comm.Isend(_bytes(_array(t.contiguous())), dst, tag=tag)
+                    for t in tensors]
+        return _started(requests, tensors, None)
+
+    def recv(self, tensors, src, tag=0):
+        requests, after = [], []
+        for tensor in tensors:
+            work, back = _contiguous(tensor)
+            requests.append(self.comm.Irecv(_bytes(_array(work)), src, tag=tag))
+            if back is not None:
+                after.append(back)
+        return _started(requests, tensors, None, after)
+
     def barrier(self, opts=None):
-        self.comm.Barrier()
-        return _done(None)
+        return _started([self.comm.Ibarrier()], None, opts)
 
     def __repr__(self) -> str:
         return f"<{BACKEND} process group: rank {self.rank()} of {self.size()}>"

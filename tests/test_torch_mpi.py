@@ -131,3 +131,110 @@ def test_ddp_keeps_every_rank_bit_identical(group):
     everyone = [torch.empty_like(flat) for _ in range(p)]
     dist.all_gather(everyone, flat)
     assert all(torch.equal(everyone[0], other) for other in everyone)
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_mpi_collectives_every_dtype(group, async_op):
+    """reduce, gather, scatter, all_to_all(_single), broadcast, send/recv: MPI's,
+    moving bytes, so every dtype (bfloat16 and bool too) travels unchanged."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    root = p - 1
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool):
+        mine = _mine(r, 5, torch.float64).to(dtype)
+        everyone = [_mine(k, 5, torch.float64).to(dtype) for k in range(p)]
+
+        def done(work):
+            if async_op:
+                work.wait()
+        t = mine.clone()
+        if dtype != torch.bool:
+            done(dist.reduce(t, dst=root, op=dist.ReduceOp.MAX, async_op=async_op))
+            if r == root:
+                torch.testing.assert_close(t, torch.stack(everyone).max(0).values,
+                                           rtol=0, atol=0)
+        bucket = [torch.empty_like(mine) for _ in range(p)] if r == root else None
+        done(dist.gather(mine, bucket, dst=root, async_op=async_op))
+        if r == root:
+            assert all(torch.equal(a, b) for a, b in zip(bucket, everyone))
+        out = torch.empty_like(mine)
+        done(dist.scatter(out, everyone if r == root else None, src=root, async_op=async_op))
+        assert torch.equal(out, everyone[r])
+        t = mine.clone()
+        done(dist.broadcast(t, src=root, async_op=async_op))
+        assert torch.equal(t, everyone[root])
+        # all_to_all: rank r sends piece k of its tensor to rank k
+        pieces = [torch.full((2,), 10 * r + k).to(dtype) for k in range(p)]
+        got = [torch.empty(2, dtype=dtype) for _ in range(p)]
+        done(dist.all_to_all(got, pieces, async_op=async_op))
+        assert all(torch.equal(g, torch.full((2,), 10 * k + r).to(dtype))
+                   for k, g in enumerate(got))
+        single = torch.cat(pieces)
+        received = torch.empty_like(single)
+        done(dist.all_to_all_single(received, single, async_op=async_op))
+        assert torch.equal(received, torch.cat(got))
+
+
+def test_all_to_all_single_with_uneven_splits(group):
+    p, r = dist.get_world_size(), dist.get_rank()
+    send_splits = [k + 1 for k in range(p)]  # k+1 rows to rank k
+    recv_splits = [r + 1] * p
+    source = torch.cat([torch.full((k + 1, 3), float(100 * r + k)) for k in range(p)])
+    target = torch.empty(sum(recv_splits), 3)
+    dist.all_to_all_single(target, source, recv_splits, send_splits)
+    expected = torch.cat([torch.full((r + 1, 3), float(100 * k + r)) for k in range(p)])
+    assert torch.equal(target, expected)
+
+
+def test_send_and_recv_in_a_ring(group):
+    """Every rank sends to the next and receives from the one before: the
+    sends do not wait for their receives (isend/irecv, then wait)."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p == 1:
+        pytest.skip("one rank has no peer")
+    out = torch.full((4,), float(r))
+    into = torch.empty(4)
+    works = [dist.isend(out, (r + 1) % p), dist.irecv(into, (r - 1) % p)]
+    for work in works:
+        work.wait()
+    assert into.tolist() == [float((r - 1) % p)] * 4
+
+
+def test_async_all_reduce_overlaps_and_completes_through_its_future(group):
+    """async_op=True returns while the messages travel (where MPI runs
+    threads); the future completes without wait() (DDP waits on it), and a
+    hook chained on it sees the sum."""
+    from mpi_allreduce.torch import ASYNC
+
+    p = dist.get_world_size()
+    t = torch.ones(1 << 16)
+    work = dist.all_reduce(t, async_op=True)
+    if ASYNC and p > 1:
+        assert isinstance(work, dist.Work) and type(work).__name__ == "_Work"
+    chained = work.get_future().then(lambda fut: fut.value()[0].sum().item())
+    assert chained.wait() == p * (1 << 16)
+    assert work.is_completed() and (t == p).all()
+    work.wait()  # waiting again after completion is harmless
+
+
+def test_the_tutorial_examples(group):
+    """``python -m mpi_allreduce.examples.torch_tutorial``'s examples, on the
+    backend, with what the tutorial says they print."""
+    from mpi_allreduce.examples import torch_tutorial as tutorial
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    sent = 1.0 if p > 1 and r in (0, 1) else 0.0
+    assert tutorial.point_to_point(r, p) == sent
+    assert tutorial.non_blocking(r, p) == sent
+    in_group = r in ((0, 1) if p > 1 else (0,))
+    assert tutorial.all_reduce_group(r, p) == (float(min(p, 2)) if in_group else 1.0)
+    ops = tutorial.reduce_ops(r, p)
+    factorial = 1.0
+    for k in range(1, p + 1):
+        factorial *= k
+    assert ops == {"max": float(p), "min": 1.0, "product": factorial,
+                   "async sum": p * (p + 1) / 2}
+    losses = tutorial.train(r, p, epochs=3)
+    assert losses[-1] < losses[0]
+    everyone = [None] * p
+    dist.all_gather_object(everyone, losses)
+    assert all(other == losses for other in everyone)  # every rank saw the same losses
