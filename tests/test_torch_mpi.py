@@ -238,3 +238,92 @@ def test_the_tutorial_examples(group):
     everyone = [None] * p
     dist.all_gather_object(everyone, losses)
     assert all(other == losses for other in everyone)  # every rank saw the same losses
+
+
+@pytest.fixture(scope="module")
+def gloo(group):
+    """gloo on the same processes, to compare with."""
+    return dist.new_group(backend="gloo")
+
+
+def test_against_gloo_on_the_same_processes(group, gloo):
+    p, r = dist.get_world_size(), dist.get_rank()
+    generator = torch.Generator().manual_seed(r)
+    x = torch.randn(1000, generator=generator)
+    ours, theirs = x.clone(), x.clone()
+    dist.all_reduce(ours)
+    dist.all_reduce(theirs, group=gloo)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)  # (another order of sums)
+    ints = (x * 100).to(torch.int64)
+    for op in (dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.SUM, dist.ReduceOp.BXOR):
+        a, b = ints.clone(), ints.clone()
+        dist.all_reduce(a, op=op)
+        dist.all_reduce(b, op=op, group=gloo)
+        assert torch.equal(a, b)
+    a, b = torch.empty(1000 * p), torch.empty(1000 * p)
+    dist.all_gather_into_tensor(a, x)
+    dist.all_gather_into_tensor(b, x, group=gloo)
+    assert torch.equal(a, b)
+    a, b = x.clone(), x.clone()
+    dist.broadcast(a, src=p - 1)
+    dist.broadcast(b, src=p - 1, group=gloo)
+    assert torch.equal(a, b)
+    a, b = torch.empty(4 * p), torch.empty(4 * p)
+    dist.all_to_all_single(a, x[:4 * p])
+    dist.all_to_all_single(b, x[:4 * p], group=gloo)
+    assert torch.equal(a, b)
+
+
+def test_ddp_matches_a_gloo_run(group, gloo):
+    """The same training on both backends: weights within float tolerance."""
+    r = dist.get_rank()
+    weights = []
+    for pg in (None, gloo):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.Tanh(),
+                                    torch.nn.Linear(32, 1))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        torch.manual_seed(100 + r)
+        for _ in range(5):
+            x, y = torch.randn(16, 10), torch.randn(16, 1)
+            optimizer.zero_grad()
+            ((ddp(x) - y) ** 2).mean().backward()
+            optimizer.step()
+        weights.append(torch.cat([w.detach().reshape(-1) for w in model.parameters()]))
+    torch.testing.assert_close(weights[0], weights[1], rtol=1e-5, atol=1e-6)
+
+
+def test_ranks_that_disagree_are_reported_not_answered(group, monkeypatch):
+    """Rank 0 reduces 5 elements, the others 6: no rank gets a wrong sum;
+    the watchdog (raise mode, 1 s) reports the call on every rank."""
+    import mpi_allreduce as mar
+    from mpi_allreduce import config
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p == 1:
+        pytest.skip("one rank cannot disagree")
+    sub = dist.new_group(list(range(p)))  # its communicator is left unusable
+    monkeypatch.setenv(config.WATCHDOG_ENV, "1")
+    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
+    config.refresh()
+    try:
+        t = torch.ones(5 if r == 0 else 6)
+        with pytest.raises(mar.Stalled):
+            dist.all_reduce(t, group=sub)
+        assert (t == 1).all()
+    finally:
+        monkeypatch.undo()
+        config.refresh()
+    dist.barrier()
+
+
+def test_destroy_and_init_again(group):
+    """Last: the default group destroyed and made again (the fixture then
+    destroys the new one)."""
+    p = dist.get_world_size()
+    dist.destroy_process_group()
+    dist.init_process_group("mpi_allreduce")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert t.tolist() == [float(p)] * 3
