@@ -282,7 +282,9 @@ def test_user_op_handles_that_differ_between_ranks(comm):
         for algorithm in ("ring", "recursive_doubling"):
             got = mar.allreduce(x, None, mine, comm=comm, algorithm=algorithm, check=True)
             np.testing.assert_array_equal(got, want)
-        assert comm.Get_size() == 1 or len(set(handles)) > 1 or comm.Get_rank() != 0
+        if comm.Get_size() > 1 and len(set(handles)) == 1:  # (the same on every rank)
+            pytest.skip("this MPI gave the op one handle on every rank this time (MPICH "
+                        "reuses freed handles): the case did not arise")
     finally:
         mine.Free()
         other.Free()
