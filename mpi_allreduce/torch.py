@@ -63,7 +63,7 @@ from torch.futures import Future
 from . import collectives
 from .api import allreduce, iallreduce
 
-__all__ = ["BACKEND", "MPIAllreduceGroup", "configure"]
+__all__ = ["BACKEND", "ASYNC", "MPIAllreduceGroup", "configure"]
 
 #: the name ``init_process_group`` takes
 BACKEND = "mpi_allreduce"
