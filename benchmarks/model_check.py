@@ -4,7 +4,7 @@
     python benchmarks/model_check.py [--ranks 2,4] [--launches 3] [--iters 100]
 
 Each launch is a fresh ``mpiexec -n P python -m mpi_allreduce model`` (the
-machine's state differs between launches: see README, *Tuning*), writing
+machine's state differs between launches: see docs/tuning.md), writing
 ``benchmarks/results/model-npP-L.txt`` and ``.json``.  Then it prints, and
 writes to ``benchmarks/results/model-check.md``, per launch the share of
 (algorithm, size) points predicted within 25% and how often the model

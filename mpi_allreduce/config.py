@@ -4,8 +4,8 @@ libraries read theirs at start-up).
 :data:`SETTINGS` holds every variable with its type, range, default and
 meaning; it drives the parsing (a bad value raises :class:`SettingError`
 naming the variable, never a silent default), ``python -m mpi_allreduce
-info`` and the README's table (``python -m mpi_allreduce info --settings``
-prints it).  Call :func:`refresh` after changing a variable inside a
+info`` and the documentation's settings reference (``python -m mpi_allreduce
+info --settings`` prints it).  Call :func:`refresh` after changing a variable inside a
 running program.
 """
 
@@ -178,7 +178,7 @@ def environment() -> Environment:
 
 
 def settings_table() -> str:
-    """Every setting as a Markdown table (what the README shows, generated)."""
+    """Every setting as a Markdown table (the documentation's settings reference, generated)."""
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 

@@ -1,4 +1,4 @@
-"""The README's guarantees on every path: ranks that disagree never get a
+"""The guarantees (docs/guarantees.md) on every path: ranks that disagree never get a
 wrong result, calls in flight never match each other's messages, a call
 that waits too long is reported, threads that share a communicator are
 refused, and what a call holds is freed with it.  Each test is a case that

@@ -1,6 +1,6 @@
 """The reproducible sum's arithmetic without MPI: the ranks' slices summed
 in any order and grouping give the same bits, the result is within the
-README's error bound of the exact sum, and non-finite inputs follow IEEE."""
+error bound of docs/reproducible.md of the exact sum, and non-finite inputs follow IEEE."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_error_bound(dtype, u, slack, p):
     for i in range(300):
         exact = sum(Fraction(float(v[i])) for v in vectors)
         m = max(abs(float(v[i])) for v in vectors)
-        bound = k * u * abs(exact) + p * slack * m  # the README's bounds
+        bound = k * u * abs(exact) + p * slack * m  # docs/reproducible.md's bounds
         if dtype == "float32":
             bound += 2.0 ** -52 * abs(exact)
         assert abs(Fraction(float(got[i])) - exact) <= Fraction(bound), (i, float(exact))
