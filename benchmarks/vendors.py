@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mpi_allreduce.launch import mpiexec_env, mpiexec_flavor, run  # noqa: E402
+from mpi_allreduce.launch import mpiexec_command, mpiexec_env, run  # noqa: E402
 from mpi_allreduce.tools.bench import load_results  # noqa: E402
 
 #: name -> the pip packages that bring that MPI
@@ -48,13 +48,11 @@ def environment(name: str, where: Path) -> Path:
 
 
 def bench(name: str, bin_dir: Path, args, out: str) -> list:
-    mpiexec = str(bin_dir / "mpiexec")
-    command = [mpiexec, "-n", str(args.ranks)]
-    if mpiexec_flavor(mpiexec) == "openmpi":
-        command.append("--oversubscribe")
-    command += [str(bin_dir / "python"), "-m", "mpi_allreduce", "bench", "-b", args.minbytes,
-                "-e", args.maxbytes, "-f", str(args.stepfactor), "-n", str(args.iters),
-                "-r", str(args.repeats), "--quiet", "--json", out]
+    command = mpiexec_command(
+        args.ranks, [str(bin_dir / "python"), "-m", "mpi_allreduce", "bench", "-b", args.minbytes,
+                     "-e", args.maxbytes, "-f", str(args.stepfactor), "-n", str(args.iters),
+                     "-r", str(args.repeats), "--quiet", "--json", out],
+        mpiexec=str(bin_dir / "mpiexec"))
     print(f"# {name}: {' '.join(command)}", flush=True)
     result = run(command, args.timeout, env=mpiexec_env(args.timeout), cwd=str(ROOT))
     if result.returncode:

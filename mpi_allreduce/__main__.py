@@ -289,7 +289,7 @@ def cmd_draw(args) -> int:
     output = args.output or f"{args.algorithm}-p{args.size}.png"
     if not output.lower().endswith(FORMATS):
         raise SystemExit(f"draw: -o must end in one of {', '.join(FORMATS)}, got {output!r}")
-    if args.size is not None and args.size > 4096:
+    if args.size > 4096:
         raise SystemExit(f"draw: -p {args.size} is more than 4096 ranks; draw fewer")
     options = {}
     if args.algorithm == "hierarchical":
@@ -440,10 +440,7 @@ def cmd_simulate(args) -> int:
           f"{'bytes reduced/rank':>24} {'rounds':>7}" + (f" {'predicted us':>13}" if machine else ""))
     failed = 0
     for name in algorithms:
-        options = {}
-        if name == "hierarchical":
-            options = {"ranks_per_node": args.ranks_per_node or args.size,
-                       "inner": args.inner or "recursive_doubling"}
+        options = _simulated_options(args, name)
         try:
             out = simulate(name, args.size, args.count, args.dtype, args.op,
                            segment_size=segment, in_place=args.in_place, options=options,
@@ -466,6 +463,15 @@ def cmd_simulate(args) -> int:
     return 1 if failed else 0
 
 
+def _simulated_options(args, name: str) -> dict:
+    """simulate's options for ``name``: hierarchical on nodes of --ranks-per-node
+    (default: one node), recursive doubling among the leaders unless --inner."""
+    if name != "hierarchical":
+        return {}
+    return {"ranks_per_node": args.ranks_per_node or args.size,
+            "inner": args.inner or "recursive_doubling"}
+
+
 def _simulated_trace(args, algorithms: list, segment: int, machine) -> int:
     from .registry import check_name
     from .simulate import Machine, SimulationError
@@ -479,10 +485,7 @@ def _simulated_trace(args, algorithms: list, segment: int, machine) -> int:
         raise SystemExit(f"simulate --trace: {exc}") from None
     if args.size < 1 or args.count < 0:
         raise SystemExit("simulate --trace: -p must be positive and --count not negative")
-    options = {}
-    if algorithms[0] == "hierarchical":
-        options = {"ranks_per_node": args.ranks_per_node or args.size,
-                   "inner": args.inner or "recursive_doubling"}
+    options = _simulated_options(args, algorithms[0])
     clock = "the machine of " + args.params if machine else "every message 1 us, local work none"
     try:
         events = simulated(algorithms[0], args.size, args.count, args.dtype,
@@ -542,7 +545,8 @@ def cmd_info(args) -> int:
 
 
 COMMANDS = {"verify": cmd_verify, "bench": cmd_bench, "simulate": cmd_simulate,
-            "draw": cmd_draw, "trace": cmd_trace, "report": cmd_report, "plot": cmd_plot, "model": cmd_model, "tune": cmd_tune, "info": cmd_info}
+            "draw": cmd_draw, "trace": cmd_trace, "report": cmd_report, "plot": cmd_plot,
+            "model": cmd_model, "tune": cmd_tune, "info": cmd_info}
 
 
 def main(argv=None) -> int:

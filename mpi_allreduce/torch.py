@@ -272,12 +272,10 @@ def _array(tensor: torch.Tensor):
 
 def _in_place(tensor: torch.Tensor, run) -> None:
     """``run(array)`` on ``tensor``'s memory, or on a contiguous copy written back."""
-    if tensor.is_contiguous():
-        run(_array(tensor))
-    else:
-        work = tensor.contiguous()
-        run(_array(work))
-        tensor.copy_(work)
+    work, back = _contiguous(tensor)
+    run(_array(work))
+    if back is not None:
+        back()
 
 
 def _contiguous(tensor: torch.Tensor) -> tuple:

@@ -44,6 +44,7 @@ steps), per algorithm and kind of round.
 from __future__ import annotations
 
 import atexit
+import bisect
 import functools
 import json
 import os
@@ -362,12 +363,14 @@ def collect(comm, path: str, meta: Optional[dict] = None) -> Optional[str]:
     """Collective over ``comm``: every rank's recorded events to rank 0,
     on rank 0's clock, written to ``path`` (one file for the run).  Returns
     the path on rank 0, None elsewhere."""
+    from mpi4py import MPI
+
     t = tracer()
     events = t.take() if t is not None else []
     own = comm.Dup()  # the caller's messages never meet these
     try:
         offset = _offset_to_root(own)
-        gathered = own.gather((MPI_world_rank(), offset, events), root=0)
+        gathered = own.gather((MPI.COMM_WORLD.Get_rank(), offset, events), root=0)
     finally:
         own.Free()
     if comm.Get_rank() != 0:
@@ -417,12 +420,6 @@ def _offset_to_root(comm) -> int:
                     best = (back - sent, theirs - (sent + back) // 2)
             offset = best[1]
     return offset
-
-
-def MPI_world_rank() -> int:  # noqa: N802 - names the MPI rank it returns
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD.Get_rank()
 
 
 def merge(sources, output: str) -> str:
@@ -495,18 +492,25 @@ def breakdown(doc: dict) -> list:
     waiting for messages, reducing, copying and otherwise (Python between
     the steps).  Rows as dicts."""
     events = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
-    locals_by: dict = defaultdict(list)  # (pid, tid) -> local events
+    locals_by: dict = defaultdict(list)  # (pid, tid) -> local events, by start
     for e in events:
         if e["cat"] == "local":
             locals_by[(e["pid"], e["tid"])].append(e)
+    starts = {}
+    for lane, found in locals_by.items():
+        found.sort(key=lambda x: x["ts"])
+        starts[lane] = [x["ts"] for x in found]
     rows: dict = {}
     for e in events:
         if e["cat"] != "round":
             continue
         start, end = e["ts"], e["ts"] + e["dur"]
         posted = start + e["args"].get("posted_us", 0.0)
-        inside = [x for x in locals_by[(e["pid"], e["tid"])]
-                  if x["ts"] >= start - 1e-3 and x["ts"] + x["dur"] <= end + 1e-3]
+        lane = (e["pid"], e["tid"])
+        found = locals_by.get(lane, [])
+        first = bisect.bisect_left(starts.get(lane, []), start - 1e-3)
+        last = bisect.bisect_right(starts.get(lane, []), end + 1e-3)
+        inside = [x for x in found[first:last] if x["ts"] + x["dur"] <= end + 1e-3]
         messages = e["args"].get("messages", 0)
         kind = "local" if not messages else "messages + local" if inside else "messages"
         key = (e["args"].get("algorithm", "?"), kind)
@@ -646,6 +650,7 @@ def simulated(algorithm: str, size: int, count: int, dtype, machine, segment_siz
     names and categories as a real trace, so the two open side by side."""
     import numpy as np
 
+    from .schedule import Recv, Send
     from .simulate import execute, schedules
 
     itemsize = np.dtype(dtype).itemsize
@@ -687,7 +692,7 @@ def simulated(algorithm: str, size: int, count: int, dtype, machine, segment_siz
     posts = defaultdict(int)
     for rank, s in enumerate(scheds):
         for k, actions in enumerate(s.rounds):
-            posts[(rank, k)] = sum(1 for a in actions if type(a).__name__ in ("Send", "Recv"))
+            posts[(rank, k)] = sum(1 for a in actions if isinstance(a, (Send, Recv)))
     finish = execute(scheds, [None] * size, machine, np.add, itemsize,
                      f"{algorithm}, p={size}, count={count}", observe)
     for rank in range(size):

@@ -104,14 +104,11 @@ def contributions(algorithm: str, size: int, count: Optional[int] = None,
     registry.check_name(algorithm)
     if algorithm == "auto":
         raise ValueError("draw a named algorithm, not 'auto' (its choice depends on the machine)")
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-        raise ValueError(f"the number of ranks must be a positive integer, got {size!r}")
+    _whole(size, 1, "the number of ranks must be a positive integer")
     count = size if count is None else count
-    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
-        raise ValueError(f"count must be a non-negative integer, got {count!r}")
+    _whole(count, 0, "count must be a non-negative integer")
     segment = max(1, count) if segment_size is None else segment_size
-    if isinstance(segment, bool) or not isinstance(segment, (int, np.integer)) or segment < 1:
-        raise ValueError(f"segment_size must be a positive integer, got {segment_size!r}")
+    _whole(segment, 1, "segment_size must be a positive integer")
     options = dict(options or {})
     scheds = schedules(algorithm, size, count, segment, options)
 
@@ -147,6 +144,12 @@ def contributions(algorithm: str, size: int, count: Optional[int] = None,
         frames.append(Frame(k, holds, sorted(arrows.get(k, []))))
     frames.append(Frame(None, vectors.copy(), []))
     return Drawing(algorithm, size, count, options, frames, messages, rounds)
+
+
+def _whole(value, least: int, what: str) -> None:
+    """Refuse ``value`` unless it is an integer (not a bool) of at least ``least``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise ValueError(f"{what}, got {value!r}")
 
 
 def label_of(mask: int) -> str:
