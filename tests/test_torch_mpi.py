@@ -312,6 +312,12 @@ def test_ranks_that_disagree_are_reported_not_answered(group, monkeypatch):
         with pytest.raises(mar.Stalled):
             dist.all_reduce(t, group=sub)
         assert (t == 1).all()
+        later = dist.new_group(list(range(p)))  # the same through an async Work
+        t = torch.ones(5 if r == 0 else 6)
+        work = dist.all_reduce(t, group=later, async_op=True)
+        with pytest.raises(mar.Stalled):
+            work.wait()
+        assert (t == 1).all()
     finally:
         monkeypatch.undo()
         config.refresh()

@@ -76,6 +76,13 @@ def test_every_kind_of_call_is_traced(traced):
     request = mar.iallreduce(x, outs[0], algorithm="ring")
     assert _recording(request)  # what test_off_adds_no_step looks for
     request.wait()
+    # large enough for the progress thread (where MPI runs threads): its steps are
+    # recorded on that thread
+    from mpi_allreduce.progress import THREAD_MIN_BYTES
+
+    big = np.ones(THREAD_MIN_BYTES // 4, dtype=np.float32)
+    threaded = mar.iallreduce(big, np.empty_like(big), algorithm="ring")
+    np.testing.assert_array_equal(threaded.wait(), np.full_like(big, size))
     path = trace.collect(comm, os.path.join(traced, "run.json"))
     half.Free()
     if rank != 0:
@@ -89,8 +96,11 @@ def test_every_kind_of_call_is_traced(traced):
     # fusion's buckets
     calls = _calls(doc, kind="non-blocking or persistent", ranks=size)
     assert sum(e["args"]["dtype"] == "float64" for e in calls) == 7 * size
-    # the fusion's buckets (float32): the 700-element array alone, the other two packed
-    assert sum(e["args"]["dtype"] == "float32" for e in calls) >= 2 * size
+    # the fusion's buckets (float32): the 700-element array alone, the other two packed;
+    # the threaded call
+    assert sum(e["args"]["dtype"] == "float32" and e["args"]["elements"] < 1000
+               for e in calls) >= 2 * size
+    assert sum(e["args"]["elements"] == THREAD_MIN_BYTES // 4 for e in calls) == size
     pids = {e["pid"] for e in doc["traceEvents"] if e.get("ph") == "X"}
     assert pids == set(range(size))
     # calls in flight together never share a lane on a rank
