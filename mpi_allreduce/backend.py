@@ -415,9 +415,16 @@ class _DLTensor(ctypes.Structure):
                 ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
 
 
-#: DLPack (type code, bits) -> numpy dtype, for the ones numpy will not import
-_DLPACK_DTYPES = {(2, 8 * np.dtype(np.longdouble).itemsize): np.dtype(np.longdouble),
-                  (5, 8 * np.dtype(np.clongdouble).itemsize): np.dtype(np.clongdouble)}
+#: DLPack (type code, bits, lanes) -> numpy dtype, for the ones numpy will
+#: not import.  A complex number may also come as two lanes of its float
+#: (kDLFloat, bits, 2): so mpi4py writes complex long double, whose 256
+#: bits do not fit DLPack's 8-bit field, and so mpi4py reads any complex
+_DLPACK_DTYPES = {
+    (2, 8 * np.dtype(np.longdouble).itemsize, 1): np.dtype(np.longdouble),
+    **{(2, 8 * np.dtype(real).itemsize, 2): np.dtype(complex_)
+       for real, complex_ in ((np.float32, np.complex64), (np.float64, np.complex128),
+                              (np.longdouble, np.clongdouble))},
+}
 
 
 def _dlpack_raw(capsule, legacy: bool) -> np.ndarray:
@@ -445,7 +452,7 @@ def _dlpack_raw(capsule, legacy: bool) -> np.ndarray:
             if extent > 1 and stride != expected:
                 raise TypeError("a strided DLPack tensor of a dtype numpy cannot import")
             expected *= extent
-    dtype = _DLPACK_DTYPES.get((tensor.dtype.code, tensor.dtype.bits * tensor.dtype.lanes),
+    dtype = _DLPACK_DTYPES.get((tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes),
                                np.dtype((np.void, itemsize)))
     interface = {"version": 3, "shape": (count,), "typestr": dtype.str,
                  "data": ((tensor.data or 0) + tensor.byte_offset, readonly)}

@@ -87,3 +87,46 @@ def test_a_cuda_array_interface_over_host_memory_is_viewed(monkeypatch):
     view = backend.as_array(Fake())
     view[...] = 7
     assert (host == 7).all()
+
+
+class _TwoLaneProducer:
+    """A CPU DLPack producer (legacy capsule) that describes its complex
+    elements as mpi4py does for complex long double: two lanes of the float."""
+
+    def __init__(self, array: np.ndarray):
+        import ctypes
+
+        self.array = array
+        self.shape = (ctypes.c_int64 * 1)(array.size)
+        real = array.dtype.itemsize // 2
+        self.tensor = backend._DLTensor(
+            data=array.ctypes.data, device_type=1, device_id=0, ndim=1,
+            dtype=backend._DLDataType(code=2, bits=8 * real, lanes=2),
+            shape=self.shape, strides=None, byte_offset=0)
+        # DLManagedTensor: the DLTensor, then manager_ctx and deleter (both unused here)
+        self.managed = (ctypes.c_byte * (ctypes.sizeof(self.tensor) + 16))()
+        ctypes.memmove(self.managed, ctypes.addressof(self.tensor), ctypes.sizeof(self.tensor))
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p,
+                                                       ctypes.c_void_p]
+        self.capsule = new(ctypes.addressof(self.managed), b"dltensor", None)
+
+    def __dlpack__(self, stream=None):  # before DLPack 1.0: no max_version
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128, np.clongdouble],
+                         ids=["complex64", "complex128", "clongdouble"])
+def test_complex_as_two_float_lanes_is_read_as_complex(dtype):
+    """mpi4py hands complex long double over DLPack as (float, 128 bits, 2
+    lanes); it is read as that complex type, viewing the same memory, not
+    as opaque 32-byte items."""
+    data = (np.arange(5) + 1j * np.arange(5, 10)).astype(dtype)
+    view = backend.as_array(_TwoLaneProducer(data))
+    assert view.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(view, data)
+    view[0] = 7 - 7j
+    assert data[0] == 7 - 7j
