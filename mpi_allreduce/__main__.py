@@ -204,12 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fit intra- and inter-node links separately (ranks on several nodes)")
 
     tu = sub.add_parser("tune", help="measure and write the decision table 'auto' uses")
-    tu.add_argument("-o", "--output", default="tuning.json")
+    tu.add_argument("-o", "--output", default=None,
+                    help="write the table here (default: where auto finds it by itself, one "
+                         "file per MPI library, machine and ranks per node, under "
+                         "MPI_ALLREDUCE_TUNING_DIR)")
     tu.add_argument("-b", "--minbytes", default="8")
-    tu.add_argument("-e", "--maxbytes", default="16M")
+    tu.add_argument("-e", "--maxbytes", default="64M")
     tu.add_argument("-f", "--stepfactor", type=float, default=4.0)
-    tu.add_argument("-n", "--iters", type=int, default=10)
-    tu.add_argument("-r", "--repeats", type=int, default=3)
+    tu.add_argument("-n", "--iters", type=int, default=20)
+    tu.add_argument("-r", "--repeats", type=int, default=7)
     tu.add_argument("--merge", action="store_true",
                     help="keep the rules for other communicator sizes already in the output file")
 
@@ -508,7 +511,7 @@ def cmd_info(args) -> int:
         return 0
     from . import ALGORITHMS
     from .backend import cuda_aware_support
-    from .selection import describe_choices
+    from .selection import describe_choices, table_source
     from .topology import oversubscribed
     from .tools.verify import mpi_library
 
@@ -535,6 +538,7 @@ def cmd_info(args) -> int:
         print(f"algorithms  : {', '.join(ALGORITHMS)}")
         state = "oversubscribed: more ranks than CPUs on a node" if over else "not oversubscribed"
         print(f"auto        : {auto_table} ({state})")
+        print(f"auto table  : {table_source()}")
         print(f"auto choice : {_selection_line()}")
         print(f"GPU buffers : {'direct to MPI (CUDA-aware)' if aware else 'staged through host memory'}"
               f" -- {why}")

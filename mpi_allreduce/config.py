@@ -90,6 +90,11 @@ def _path(text: str) -> str:
     return text
 
 
+def _tuning_directory(text: str) -> str:
+    """A directory (made when ``tune`` writes there), or ``off``."""
+    return "off" if text.lower() == "off" else os.path.abspath(os.path.expanduser(text))
+
+
 def _trace_directory(text: str) -> str:
     """A directory this process can write into (made if missing)."""
     try:
@@ -114,6 +119,11 @@ SETTINGS: tuple = (
             "hierarchical: algorithm among node leaders (default auto)", "NAME"),
     Setting("MPI_ALLREDUCE_TUNING", "tuning", _path, None,
             "decision table for auto (a JSON file written by tune)", "PATH"),
+    Setting("MPI_ALLREDUCE_TUNING_DIR", "tuning_dir", _tuning_directory, None,
+            "where tune writes, and auto finds, the decision table measured for this MPI "
+            "library, machine and ranks per node, when MPI_ALLREDUCE_TUNING is unset "
+            "(default $XDG_CACHE_HOME/mpi_allreduce or ~/.cache/mpi_allreduce; off: "
+            "the built-in table)", "DIR|off"),
     Setting("MPI_ALLREDUCE_SELECTION", "selection", _choice("table", "live"), None,
             "auto: the decision table alone (default; reproducible), or live selection too",
             "table|live"),
@@ -138,8 +148,8 @@ SETTINGS: tuple = (
 
 _BY_FIELD = {s.field: s for s in SETTINGS}
 # the names other modules and tests use
-CHECK_ENV, SEGMENT_ENV, RANKS_PER_NODE_ENV, INNER_ENV, TUNING_ENV, SELECTION_ENV, \
-    CUDA_AWARE_ENV, PROGRESS_ENV, ON_ERROR_ENV, WATCHDOG_ENV, WATCHDOG_ACTION_ENV, TRACE_ENV = \
+CHECK_ENV, SEGMENT_ENV, RANKS_PER_NODE_ENV, INNER_ENV, TUNING_ENV, TUNING_DIR_ENV, \
+    SELECTION_ENV, CUDA_AWARE_ENV, PROGRESS_ENV, ON_ERROR_ENV, WATCHDOG_ENV, WATCHDOG_ACTION_ENV, TRACE_ENV = \
     (s.name for s in SETTINGS)
 
 
@@ -149,6 +159,7 @@ class Environment(NamedTuple):
     ranks_per_node: Optional[int]
     inner: Optional[str]
     tuning: Optional[str]
+    tuning_dir: Optional[str]
     selection: Optional[str]
     cuda_aware: Optional[bool]
     progress: Optional[str]

@@ -25,10 +25,11 @@ from typing import Optional
 import numpy as np
 from mpi4py import MPI
 
-from .config import environment
+from .config import environment, on_refresh
 from .registry import check_name, get, in_rank_order
 
-__all__ = ["DEFAULT_TUNING", "DecisionTable", "tuning_table", "choose", "describe_choices",
+__all__ = ["DEFAULT_TUNING", "DecisionTable", "tuning_table", "calibration_key",
+           "calibration_path", "table_source", "choose", "describe_choices",
            "check_tuning", "LiveSelector", "hierarchical_options"]
 
 #: the built-in decision table (same format as ``python -m mpi_allreduce tune``
@@ -39,20 +40,23 @@ __all__ = ["DEFAULT_TUNING", "DecisionTable", "tuning_table", "choose", "describ
 #: the same comm_size); ``false`` only when none does.
 DEFAULT_TUNING = {
     "version": 1,
-    "source": "built-in default, from `python -m mpi_allreduce tune` and benchmarks/run_targets.py "
-              "on 2 to 4 ranks (benchmarks/results/): recursive doubling for short vectors "
-              "(fewest messages); on 3+ ranks Rabenseifner for medium ones (the ring's "
-              "bandwidth with 2 lg p messages), on 2 ranks for long ones too; the ring "
+    "source": "built-in default, from `python -m mpi_allreduce tune`, benchmarks/run_targets.py "
+              "and benchmarks/vendors.py on 2 to 4 ranks (benchmarks/results/): recursive "
+              "doubling for short vectors (fewest messages) and on 2 ranks for all; on 3+ "
+              "ranks Rabenseifner for medium ones (the ring's "
+              "bandwidth with 2 lg p messages); the ring "
               "for long ones; on oversubscribed nodes the driver up to 256 KiB but "
               "recursive doubling from 512 B to 8 KiB "
               "(benchmarks/results/tuning-oversubscribed.json, benchmarks/results/bench-np4.json)",
     "rules": [
-        # 2 ranks: Rabenseifner won at 8 MiB in 6 of 7 runs of
-        # benchmarks/run_targets.py, measured when it still sent whole halves
-        # (one rendezvous per step) and the ring 1 MiB segments
+        # 2 ranks: one exchange of the whole vector at every size.  Under
+        # the three MPI wheels (benchmarks/results/vendors-np2.md) it is
+        # within 1.26x of our best everywhere, while the halves that
+        # Rabenseifner and the ring send are 3.9x slower under MPICH at
+        # 2 MiB (its 1 MiB messages); a table measured by `tune` for one
+        # MPI does better where that MPI differs
         {"comm_size": 1, "table": [
-            {"max_bytes": 1 << 20, "algorithm": "recursive_doubling"},
-            {"max_bytes": None, "algorithm": "rabenseifner"},
+            {"max_bytes": None, "algorithm": "recursive_doubling"},
         ]},
         {"comm_size": 3, "table": [
             {"max_bytes": 64 * 1024, "algorithm": "recursive_doubling"},
@@ -175,13 +179,81 @@ BUILT_IN_TABLE = _DEFAULT
 
 def tuning_table(tuning=None) -> DecisionTable:
     """The decision table: ``tuning`` (a dict or a JSON path), else the file
-    named by ``MPI_ALLREDUCE_TUNING``, else :data:`DEFAULT_TUNING`."""
+    named by ``MPI_ALLREDUCE_TUNING``, else the one ``tune`` measured for
+    this MPI library, machine and ranks per node (:func:`calibration_path`),
+    else :data:`DEFAULT_TUNING`."""
     if isinstance(tuning, DecisionTable):
         return tuning
     if isinstance(tuning, dict):
         return DecisionTable(tuning)
     path = tuning or environment().tuning
-    return _load(os.path.abspath(path)) if path else _DEFAULT
+    if path:
+        return _load(os.path.abspath(path))
+    return _calibration() or _DEFAULT
+
+
+def calibration_key() -> dict:
+    """What a measured decision table is valid for: the MPI library (its
+    version line), the machine (architecture, CPU model and count) and the
+    job's ranks per node (from the launcher, else the world's size).  The
+    same on every rank of a job on alike nodes, with no message."""
+    import platform
+
+    from .topology import LOCAL_SIZE_ENV
+
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), model)
+    except OSError:
+        pass
+    local = next((v for v in map(os.environ.get, LOCAL_SIZE_ENV) if v and v.isdigit()),
+                 str(MPI.COMM_WORLD.Get_size()))
+    return {"mpi": MPI.Get_library_version().strip().splitlines()[0].strip(),
+            "machine": f"{platform.machine()}, {model}, {os.cpu_count()} cpus",
+            "ranks_per_node": int(local)}
+
+
+def calibration_path(key: Optional[dict] = None) -> Optional[str]:
+    """Where ``tune`` writes, and ``auto`` finds, the table measured for
+    ``key`` (:func:`calibration_key`): a file named by its digest under
+    ``MPI_ALLREDUCE_TUNING_DIR``; None when that is ``off``."""
+    import hashlib
+
+    directory = environment().tuning_dir
+    if directory == "off":
+        return None
+    if directory is None:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                 ".cache")
+        directory = os.path.join(cache, "mpi_allreduce")
+    text = json.dumps(key or calibration_key(), sort_keys=True)
+    return os.path.join(directory, f"tuning-{hashlib.sha1(text.encode()).hexdigest()[:12]}.json")
+
+
+@functools.lru_cache(maxsize=1)
+def _calibration() -> Optional[DecisionTable]:
+    """The measured table for this MPI, machine and ranks per node, if
+    ``tune`` wrote one (looked for once; :func:`~mpi_allreduce.config.refresh`
+    looks again)."""
+    path = calibration_path()
+    return _load(path) if path and os.path.exists(path) else None
+
+
+on_refresh(_calibration.cache_clear)
+on_refresh(_load.cache_clear)  # a file rewritten since is read again
+
+
+def table_source(tuning=None) -> str:
+    """Where ``auto``'s table comes from, in words (for ``info``)."""
+    if tuning or environment().tuning:
+        return f"the file {tuning or environment().tuning}"
+    if _calibration() is not None:
+        return f"measured by tune for this MPI, machine and ranks per node: {calibration_path()}"
+    path = calibration_path()
+    return "built-in" + (f" (no {path}: `tune` writes it)" if path else
+                         " (MPI_ALLREDUCE_TUNING_DIR=off)")
 
 
 #: the leaders' algorithm of ``hierarchical`` unless named: the decision

@@ -104,6 +104,32 @@ def test_info_command():
     assert "staged through host memory -- forced by MPI_ALLREDUCE_CUDA_AWARE=0" in result.stdout
 
 
+def test_tune_writes_the_table_auto_then_finds_by_itself(tmp_path):
+    """``tune`` with no ``-o`` writes the table for this MPI, machine and
+    ranks per node under MPI_ALLREDUCE_TUNING_DIR; a new launch's ``auto``
+    reads it with nothing named (``info`` shows its rules and its file)."""
+    import json
+
+    env = {"MPI_ALLREDUCE_TUNING_DIR": str(tmp_path)}
+    tuned = run_mpi(2, [sys.executable, "-m", "mpi_allreduce", "tune", "-e", "64K", "-f", "16",
+                        "-n", "2", "-r", "1"], timeout=300, cwd=str(ROOT), env_extra=env)
+    assert tuned.returncode == 0, tail(tuned.stdout)
+    (path,) = tmp_path.glob("tuning-*.json")
+    table = json.loads(path.read_text())
+    assert table["key"]["ranks_per_node"] == 2 and table["key"]["mpi"]
+    (rule,) = table["rules"]
+    assert rule["comm_size"] == 2 and [m["size"] for m in rule["measured"]] == [8, 128, 2048,
+                                                                                  32768]
+    info = run_mpi(2, [sys.executable, "-m", "mpi_allreduce", "info"], timeout=60,
+                   cwd=str(ROOT), env_extra=env)
+    assert info.returncode == 0, tail(info.stdout)
+    assert f"measured by tune for this MPI, machine and ranks per node: {path}" in info.stdout
+    from mpi_allreduce.selection import describe_choices
+
+    rules = describe_choices(2, "oversubscribed" in rule, table)
+    assert f"auto        : {rules} (" in info.stdout, tail(info.stdout)
+
+
 def test_model_command_fits_and_predicts_every_algorithm(tmp_path):
     """``model`` on 3 ranks (emulated as 2 nodes would need root; one node
     here): the fitted machine has its measured curves, software costs and

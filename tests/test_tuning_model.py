@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -62,7 +63,7 @@ def test_built_in_default_is_latency_first_then_bandwidth():
     assert selection.choose(8, 4) == "recursive_doubling"
     assert selection.choose(64 << 20, 4) == "ring"
     assert selection.choose(512 << 10, 2) == "recursive_doubling"
-    assert selection.choose(64 << 20, 2) == "rabenseifner"  # 2 ranks: one exchange each way
+    assert selection.choose(64 << 20, 2) == "recursive_doubling"  # 2 ranks: one exchange
     assert selection.choose(256 << 10, 5) == "rabenseifner"
     # more ranks than CPUs: the driver for short vectors, the same long-vector choice
     assert selection.choose(8, 4, oversubscribed=True) == "driver"
@@ -81,6 +82,59 @@ def test_decision_table_from_file_and_environment(tmp_path, monkeypatch):
     finally:
         monkeypatch.delenv(config.TUNING_ENV)
         config.refresh()
+
+
+@pytest.fixture
+def tuning_dir(tmp_path, monkeypatch):
+    """MPI_ALLREDUCE_TUNING_DIR at an empty directory, settings re-read."""
+    monkeypatch.setenv(config.TUNING_DIR_ENV, str(tmp_path / "tuning"))
+    monkeypatch.delenv(config.TUNING_ENV, raising=False)
+    config.refresh()
+    yield tmp_path / "tuning"
+    monkeypatch.undo()
+    config.refresh()
+
+
+def test_a_measured_table_is_found_for_its_mpi_machine_and_layout(tuning_dir, monkeypatch):
+    """``auto`` reads the table ``tune`` wrote for this MPI library,
+    machine and ranks per node, by itself; another key names another file;
+    MPI_ALLREDUCE_TUNING still wins, and ``off`` keeps the built-in table."""
+    key = selection.calibration_key()
+    assert set(key) == {"mpi", "machine", "ranks_per_node"}
+    path = selection.calibration_path(key)
+    assert os.path.dirname(path) == str(tuning_dir)
+    for other in ({**key, "mpi": "MPICH Version: 0"}, {**key, "ranks_per_node": 99},
+                  {**key, "machine": "elsewhere"}):
+        assert selection.calibration_path(other) != path
+    assert selection.choose(8, 2) == "recursive_doubling"  # no file yet: built-in
+    assert selection.table_source().startswith("built-in")
+    os.makedirs(tuning_dir)
+    with open(path, "w") as f:
+        json.dump({**TABLE, "key": key}, f)
+    assert selection.choose(8, 2) == "recursive_doubling"  # looked for once per process
+    config.refresh()
+    assert selection.choose(8, 2) == "driver"
+    assert path in selection.table_source()
+    explicit = tuning_dir / "explicit.json"
+    explicit.write_text(json.dumps(OVERSUBSCRIBED))
+    monkeypatch.setenv(config.TUNING_ENV, str(explicit))
+    config.refresh()
+    assert selection.choose(8, 2) == "ring"
+    monkeypatch.delenv(config.TUNING_ENV)
+    monkeypatch.setenv(config.TUNING_DIR_ENV, "off")
+    config.refresh()
+    assert selection.calibration_path() is None
+    assert selection.choose(8, 2) == "recursive_doubling"
+
+
+def test_a_broken_measured_table_is_refused_naming_it(tuning_dir):
+    path = selection.calibration_path()
+    os.makedirs(tuning_dir)
+    with open(path, "w") as f:
+        f.write('{"rules": [')
+    config.refresh()
+    with pytest.raises(ValueError, match=os.path.basename(path)):
+        selection.choose(8, 2)
 
 
 @pytest.mark.parametrize("bad,match", [
@@ -155,10 +209,26 @@ def test_fit_line_recovers_parameters():
 
 
 def test_pick_winners_does_not_flip_between_equals():
-    timings = [(8, "a", 10.0), (8, "b", 10.3),
-               (64, "a", 10.4), (64, "b", 10.0),   # b faster by < 5%: a stays
+    timings = [(8, "a", 10.0), (8, "b", 12.0),
+               (64, "a", 10.4), (64, "b", 10.0),   # b faster by < 10%: a stays
                (512, "a", 20.0), (512, "b", 10.0)]  # b clearly faster: b wins
     assert pick_winners(timings) == [(8, "a"), (64, "a"), (512, "b")]
+
+
+def test_pick_winners_makes_the_fewest_rows_within_the_tolerance():
+    """a wins the first size by 4%, but b is within 10% there and wins
+    every size after: one row of b, not a row of a then one of b.  An
+    isolated win (c at 64, by 20%) still makes its row: it is no tie (and
+    then a, the faster at 8, reaches as far as b)."""
+    timings = [(8, "a", 10.0), (8, "b", 10.4), (64, "a", 12.0), (64, "b", 10.0),
+               (512, "a", 30.0), (512, "b", 10.0)]
+    assert pick_winners(timings) == [(8, "b"), (64, "b"), (512, "b")]
+    assert pick_winners(timings + [(64, "c", 8.0)]) == [(8, "a"), (64, "c"), (512, "b")]
+    for tolerance in (0.0, 0.05, 0.1, 0.3):
+        for size, name in pick_winners(timings, tolerance):
+            fastest = min(t for s, _, t in timings if s == size)
+            assert next(t for s, n, t in timings if (s, n) == (size, name)) <= \
+                fastest * (1 + tolerance)
 
 
 def test_model_charges_the_software_overhead_per_message_and_action():

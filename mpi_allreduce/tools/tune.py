@@ -4,10 +4,16 @@ For the running communicator size, every flat algorithm is timed at each
 message size (medians of interleaved repeats); the fastest wins the size,
 neighbouring sizes with the same winner merge into one row, and a boundary
 between two measured sizes sits at their geometric mean.  Timings on a
-shared machine are noisy, so an algorithm within ``tolerance`` (5%) of the
-fastest that already won the previous size keeps winning: the table does
-not flip between two algorithms that are equally fast.  Load the file
-with ``allreduce(..., tuning=path)`` or ``MPI_ALLREDUCE_TUNING=path``.
+shared machine are noisy, so any algorithm within ``tolerance`` (10%) of
+the fastest may win a size, and the table is the one with the fewest rows
+that keeps every size within it (:func:`pick_winners`): it does not flip
+between algorithms that are equally fast.
+
+With no ``-o`` the table goes where ``auto`` finds it by itself: the file of
+:func:`~mpi_allreduce.selection.calibration_path`, one per MPI library,
+machine and ranks per node, merged with the rules already there for other
+communicator sizes.  A file named with ``-o`` is loaded with
+``allreduce(..., tuning=path)`` or ``MPI_ALLREDUCE_TUNING=path``.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import os
 from .bench import bench, metadata
 from ..context import context_for
 from ..registry import FLAT_ALGORITHMS
-from ..selection import check_tuning
+from ..selection import calibration_key, calibration_path, check_tuning
 
 
 def decision_rows(winners: list[tuple[int, str]]) -> list[dict]:
@@ -36,21 +42,45 @@ def decision_rows(winners: list[tuple[int, str]]) -> list[dict]:
     return rows
 
 
-def pick_winners(timings: list[tuple[int, str, float]], tolerance: float = 0.05):
-    """[(size, algorithm, time)] -> [(size, winner)], sticking with the previous
-    size's winner while it is within ``tolerance`` of the fastest."""
+def pick_winners(timings: list[tuple[int, str, float]], tolerance: float = 0.1):
+    """[(size, algorithm, time)] -> [(size, winner)].
+
+    Every size gets an algorithm within ``tolerance`` of its fastest there;
+    among those, the previous size's while it qualifies, else the one that
+    qualifies for the most sizes from here on (ties: the faster here).  This
+    greedy cover gives the fewest rows of any table within the tolerance, so
+    a noisy win at one size does not make a row of its own."""
+    sizes = sorted({t[0] for t in timings})
+    at = {size: {} for size in sizes}
+    for size, name, time in timings:
+        at[size][name] = time
+    fit = [{name for name, time in at[size].items() if time <= min(at[size].values())
+            * (1 + tolerance)} for size in sizes]
+
+    def reach(name: str, i: int) -> int:
+        j = i
+        while j < len(sizes) and name in fit[j]:
+            j += 1
+        return j
+
     winners: list[tuple[int, str]] = []
-    for size in sorted({t[0] for t in timings}):
-        at = {name: time for s, name, time in timings if s == size}
-        best = min(at, key=at.get)
-        previous = winners[-1][1] if winners else None
-        if previous in at and at[previous] <= at[best] * (1 + tolerance):
-            best = previous
-        winners.append((size, best))
+    current = None
+    for i, size in enumerate(sizes):
+        if current not in fit[i]:
+            current = max(sorted(fit[i]), key=lambda name: (reach(name, i), -at[size][name]))
+        winners.append((size, current))
     return winners
 
 
-def tune(comm, sizes, iters: int, repeats: int, output: str, merge: bool) -> int:
+def tune(comm, sizes, iters: int, repeats: int, output, merge: bool) -> int:
+    """Measure on ``comm`` and write the table to ``output`` (None: the
+    calibration file ``auto`` finds, merged).  Collective."""
+    key = None
+    if output is None:
+        key = calibration_key()
+        output, merge = calibration_path(key), True
+        if output is None:
+            raise SystemExit("MPI_ALLREDUCE_TUNING_DIR=off: name the output file with -o")
     results = bench(comm, sizes, list(FLAT_ALGORITHMS), iters=iters, warmup=2, repeats=repeats,
                     progress=comm.Get_rank() == 0)
     p = comm.Get_size()
@@ -66,6 +96,9 @@ def tune(comm, sizes, iters: int, repeats: int, output: str, merge: bool) -> int
         if merge and os.path.exists(output):
             with open(output) as f:
                 table = json.load(f)
+        if key is not None:
+            table["key"] = key
+            os.makedirs(os.path.dirname(output), exist_ok=True)
         table["rules"] = [r for r in table["rules"]
                           if (int(r["comm_size"]), r.get("oversubscribed")) != which] + [rule]
         table["rules"].sort(key=lambda r: int(r["comm_size"]))
@@ -78,4 +111,8 @@ def tune(comm, sizes, iters: int, repeats: int, output: str, merge: bool) -> int
             limit = "no limit" if row["max_bytes"] is None else f"<= {row['max_bytes']} B"
             print(f"  {limit:>16}: {row['algorithm']}")
         print(f"wrote {output}")
+        if key is not None:
+            print("auto reads it by itself under this MPI library, on this kind of machine, "
+                  f"with {key['ranks_per_node']} rank(s) per node")
+    comm.Barrier()  # the file is whole before any rank goes on (and may read it)
     return 0
