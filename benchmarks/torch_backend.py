@@ -10,7 +10,11 @@ calls after a warm-up, the slowest rank's mean:
 * ``gloo``: ``dist.all_reduce`` on the gloo group;
 * ``mar``: ``mar.allreduce`` on the tensor's memory (the backend's floor:
   what the ProcessGroup adds is the difference);
-* ``mpi``: the vendor's ``MPI.Allreduce`` on the same memory.
+* ``mpi``: the vendor's ``MPI.Allreduce`` on the same memory;
+* ``empty``: ``dist.all_reduce`` on a group of the same backend whose
+  ``allreduce`` does nothing but return a completed ``Work``: what torch's
+  dispatch to a ProcessGroup written in Python costs by itself, so that
+  ``mar + empty`` is the least a Python backend can take.
 
 Then one DDP training step (a 4-layer MLP of about 1.1 M parameters, its
 gradients in DDP's 25 MB bucket) on each backend, interleaved.  Ratios are
@@ -30,7 +34,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import mpi_allreduce as mar
-import mpi_allreduce.torch  # noqa: F401 - registers the backend
+from mpi_allreduce import torch as backend
 from mpi_allreduce.tools.bench import (batch_mean_us, human, iterations_for, paired_ratios,
                                        parse_size, repeat_order, sizes_between)
 from mpi_allreduce.tools.verify import mpi_library
@@ -52,6 +56,15 @@ def _ddp_step_us(comm, group, repeats_data, iters: int) -> float:
     return batch_mean_us(comm, step, iters, 2)
 
 
+class _Empty(backend.MPIAllreduceGroup):
+    def allreduce(self, tensors, opts=None):
+        return backend._Done(tensors)
+
+
+def _empty_group(options, backend_options=None):
+    return _Empty(options.group_rank, options.group_size, MPI.COMM_WORLD)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-b", "--min", default="8")
@@ -64,9 +77,11 @@ def main() -> None:
 
     dist.init_process_group("mpi_allreduce")
     gloo = dist.new_group(backend="gloo")
+    dist.Backend.register_backend("empty", _empty_group, extended_api=True, devices=["cpu"])
+    empty = dist.new_group(backend="empty")
     comm = MPI.COMM_WORLD.Dup()
     p = comm.Get_size()
-    names = ["ours", "gloo", "mar", "mpi"]
+    names = ["ours", "gloo", "mar", "mpi", "empty"]
     rows = []
     for nbytes in sizes_between(parse_size(args.min), parse_size(args.max), args.factor):
         t = torch.zeros(max(1, nbytes // 4))  # (zeros: repeated in-place sums stay finite)
@@ -75,7 +90,8 @@ def main() -> None:
         calls = {"ours": lambda: dist.all_reduce(t),
                  "gloo": lambda: dist.all_reduce(t, group=gloo),
                  "mar": lambda: mar.allreduce(MPI.IN_PLACE, a, comm=comm),
-                 "mpi": lambda: comm.Allreduce(a, out)}
+                 "mpi": lambda: comm.Allreduce(a, out),
+                 "empty": lambda: dist.all_reduce(t, group=empty)}
         iters, warmup = iterations_for(nbytes, args.iters, 5)
         times = {name: [] for name in names}
         for repeat in range(args.repeats):
@@ -94,13 +110,14 @@ def main() -> None:
         print(f"# torch {torch.__version__} all_reduce, float32 SUM in place, {p} ranks; "
               f"{args.repeats} interleaved repeats; {mpi_library()}; {platform.node()}")
         print("# medians (us) and ratios per repeat (median, q1-q3)")
-        print(f"# {'size':>8} {'ours':>9} {'gloo':>9} {'mar':>9} {'mpi':>9}"
-              f" {'ours/gloo':>17} {'ours/mar':>17} {'ours/mpi':>17}")
+        print(f"# {'size':>8} {'ours':>9} {'gloo':>9} {'mar':>9} {'mpi':>9} {'empty':>9}"
+              f" {'ours/gloo':>17} {'ours/mar':>17} {'ours/mpi':>17} {'ours/(mar+empty)':>17}")
         for nbytes, times in rows:
             cells = " ".join(f"{median(times[n]):9.1f}" for n in names)
+            floor = [m + e for m, e in zip(times["mar"], times["empty"])]
             ratios = " ".join("{:5.2f} ({:4.2f}-{:4.2f})".format(*paired_ratios(times["ours"],
-                                                                                  times[n]))
-                              for n in ("gloo", "mar", "mpi"))
+                                                                                  against))
+                              for against in (times["gloo"], times["mar"], times["mpi"], floor))
             print(f"  {human(nbytes):>8} {cells} {ratios}")
         ratio = paired_ratios(ddp["ours"], ddp["gloo"])
         print(f"# DDP step (MLP of 1.1 M parameters, batch 256): ours "

@@ -57,7 +57,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
-from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
 from . import collectives
@@ -85,17 +84,53 @@ def configure(**options) -> None:
     _OPTIONS.update(options)
 
 
-def _op(reduce_op) -> str:
+def _reduction(opts) -> tuple:
+    """(the library's op, the factor every input is multiplied by first, or
+    None): PREMUL_SUM (``dist._make_nccl_premul_sum(factor)``) is a sum of
+    the inputs times its factor (a number or a one-element tensor)."""
+    reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
     for torch_op, name in _OPS.items():
         if reduce_op == torch_op:
-            return name
+            return name, None
+    if reduce_op == dist.ReduceOp.PREMUL_SUM:
+        return "sum", reduce_op.factor
     raise ValueError(f"the {BACKEND} backend does not support {reduce_op}")
 
 
-def _done(result) -> "dist.Work":
-    future = Future()
-    future.set_result(result)
-    return _create_work_from_future(future)
+def _scaled(tensor: torch.Tensor, factor) -> torch.Tensor:
+    """``tensor`` times ``factor`` as a new tensor (``tensor`` itself without one)."""
+    return tensor if factor is None else tensor * factor
+
+
+class _Done(dist.Work):
+    """A call already complete (the blocking path): its future is made only
+    when asked for (a third of the cost of a Work made from a future)."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = result
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
+
+    def get_future(self) -> Future:
+        future = Future()
+        future.set_result(self._result)
+        return future
+
+
 
 
 #: calls return while their messages travel (``async_op=True`` overlaps them with the
@@ -106,23 +141,23 @@ ASYNC = MPI.Query_thread() == MPI.THREAD_MULTIPLE
 class _Part:
     """One request of a call in flight: ours (``wait``/``test``) or MPI's."""
 
-    __slots__ = ("request", "done")
+    __slots__ = ("request", "done", "status")
 
-    def __init__(self, request):
-        self.request, self.done = request, False
+    def __init__(self, request, status=None):
+        self.request, self.done, self.status = request, False, status
 
     def wait(self) -> None:
         if not self.done:
             if isinstance(self.request, MPI.Request):
-                self.request.Wait()
+                self.request.Wait(self.status)
             else:
                 self.request.wait()
             self.done = True
 
     def test(self) -> bool:
         if not self.done:
-            self.done = bool(self.request.Test() if isinstance(self.request, MPI.Request)
-                             else self.request.test())
+            self.done = bool(self.request.Test(self.status)
+                             if isinstance(self.request, MPI.Request) else self.request.test())
         return self.done
 
 
@@ -133,9 +168,10 @@ class _Work(dist.Work):
     thread, so the future completes without a ``wait()`` (DDP waits on the
     future)."""
 
-    def __init__(self, requests, result, after=()):
+    def __init__(self, requests, result, after=(), status=None):
         super().__init__()
-        self._parts = [_Part(r) for r in requests]
+        self._parts = [_Part(r, status) for r in requests]
+        self._status = status
         self._after, self._result = list(after), result
         self._future = Future()
         self._lock = threading.Lock()
@@ -182,6 +218,13 @@ class _Work(dist.Work):
     def exception(self):
         return self._error
 
+    def _source_rank(self) -> int:  # noqa: N802 - torch's name
+        """The rank a receive from any source matched (``recv_anysource``)."""
+        if self._status is None:
+            raise RuntimeError("only a receive from any source has a source rank")
+        self.wait()
+        return self._status.Get_source()
+
     def get_future(self) -> Future:
         if not self._queued:
             self._queued = True
@@ -208,10 +251,10 @@ def _overlaps(opts) -> bool:
     return ASYNC and getattr(opts, "asyncOp", True)
 
 
-def _started(requests, result, opts, after=()) -> "dist.Work":
+def _started(requests, result, opts, after=(), status=None) -> "dist.Work":
     """The Work of a call whose requests are in flight (completed now unless
     it overlaps, see :func:`_overlaps`)."""
-    work = _Work(requests, result, after)
+    work = _Work(requests, result, after, status)
     if not _overlaps(opts):
         work.wait()
     return work
@@ -235,7 +278,7 @@ def _bytes(array):
     return array.reshape(-1).view(np.uint8)
 
 
-#: numpy views of the last tensors reduced, by (address, elements, dtype, shape): the
+#: numpy views of the last tensors reduced, by (address, dtype, shape): the
 #: same tensor again (a DDP bucket, a training loop's buffer) gets the same array
 #: object, which the library's kept calls recognise -- a repeat is then a look-up
 #: instead of a validation, a plan and a bind.  A view holds its tensor's memory,
@@ -251,7 +294,7 @@ def _array(tensor: torch.Tensor):
     ``ml_dtypes.bfloat16``, which numpy cannot import through DLPack)."""
     if tensor.device.type != "cpu":
         raise ValueError(f"the {BACKEND} backend takes CPU tensors; got one on {tensor.device}")
-    key = (tensor.data_ptr(), tensor.numel(), tensor.dtype, tuple(tensor.shape))
+    key = (tensor.data_ptr(), tensor.dtype, tensor.shape)
     view = _VIEWS.get(key)
     if view is not None:
         _VIEWS.move_to_end(key)
@@ -299,12 +342,18 @@ class MPIAllreduceGroup(dist.ProcessGroup):
 
     # --- ours ------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        op, factor = _reduction(opts)
+        if factor is not None:
+            for tensor in tensors:
+                tensor.mul_(factor)
         if not _overlaps(opts) or "reproducible" in _OPTIONS:  # (iallreduce does not take it)
             for tensor in tensors:
-                _in_place(tensor, lambda t: allreduce(MPI.IN_PLACE, t, op, comm=self.comm,
-                                                      **_OPTIONS))
-            return _done(tensors)
+                if tensor.is_contiguous():  # (the common case, without a call more)
+                    allreduce(MPI.IN_PLACE, _array(tensor), op, comm=self.comm, **_OPTIONS)
+                else:
+                    _in_place(tensor, lambda t: allreduce(MPI.IN_PLACE, t, op, comm=self.comm,
+                                                          **_OPTIONS))
+            return _Done(tensors)
         requests, after = [], []
         for tensor in tensors:
             work, back = _contiguous(tensor)
@@ -318,18 +367,18 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def reduce_scatter(self, outputs, inputs, opts=None):
-        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        op, factor = _reduction(opts)
         for output, parts in zip(outputs, inputs):
-            whole = _array(torch.cat([p.reshape(-1) for p in parts]))
+            whole = _array(_scaled(torch.cat([p.reshape(-1) for p in parts]), factor))
             _in_place(output, lambda t: collectives.reduce_scatter(
                 whole, t, op, [p.numel() for p in parts], comm=self.comm))
-        return _done(outputs)
+        return _Done(outputs)
 
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002 - torch's name
-        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        op, factor = _reduction(opts)
         _in_place(output, lambda t: collectives.reduce_scatter(
-            _array(input.contiguous()), t, op, comm=self.comm))
-        return _done(output)
+            _array(_scaled(input.contiguous(), factor)), t, op, comm=self.comm))
+        return _Done(output)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -341,12 +390,12 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                                   comm=self.comm)
             for piece, out in zip(torch.split(whole, counts), output_list):
                 out.copy_(piece.reshape(out.shape))
-        return _done(outputs)
+        return _Done(outputs)
 
     def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's name
         _in_place(output, lambda t: collectives.allgather(_array(input.contiguous()), t,
                                                           comm=self.comm))
-        return _done(output)
+        return _Done(output)
 
     _allgather_base = all_gather_single
 
@@ -365,13 +414,13 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         """Our all-reduce on a copy, which the root keeps (every dtype and op
         the all-reduce takes, in the same order of combination)."""
         root = opts.rootRank if opts is not None else 0
-        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        op, factor = _reduction(opts)
         for tensor in tensors:
-            work = tensor.contiguous().clone()
+            work = (tensor.clone() if factor is None else tensor * factor).contiguous()
             allreduce(MPI.IN_PLACE, _array(work), op, comm=self.comm, **_OPTIONS)
             if self.comm.Get_rank() == root:
                 tensor.copy_(work)
-        return _done(tensors)
+        return _Done(tensors)
 
     def gather(self, outputs, inputs, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -429,14 +478,22 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                     for t in tensors]
         return _started(requests, tensors, None)
 
-    def recv(self, tensors, src, tag=0):
+    def recv(self, tensors, src, tag=0, status=None):
         requests, after = [], []
         for tensor in tensors:
             work, back = _contiguous(tensor)
             requests.append(self.comm.Irecv(_bytes(_array(work)), src, tag=tag))
             if back is not None:
                 after.append(back)
-        return _started(requests, tensors, None, after)
+        return _started(requests, tensors, None, after, status)
+
+    def recv_anysource(self, tensors, tag=0):
+        """``dist.recv`` without ``src``: from whichever rank sends first (on
+        the group's own communicator, which no library message uses); the
+        Work's ``_source_rank()`` says which."""
+        if len(tensors) != 1:
+            raise ValueError(f"recv from any source takes one tensor, got {len(tensors)}")
+        return self.recv(tensors, MPI.ANY_SOURCE, tag, MPI.Status())
 
     def barrier(self, opts=None):
         return _started([self.comm.Ibarrier()], None, opts)

@@ -110,9 +110,27 @@ def test_a_subgroup(group):
     dist.barrier()
 
 
-def test_an_unsupported_op_raises_on_every_rank(group):
-    with pytest.raises(ValueError, match="does not support"):
-        dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0))
+@pytest.mark.parametrize("factor", [2.5, "tensor"])
+def test_premul_sum_multiplies_every_input_first(group, factor):
+    """PREMUL_SUM (``_make_nccl_premul_sum``, a number or a one-element
+    tensor): all_reduce, reduce_scatter_tensor and reduce give the sum of
+    every rank's input times the factor (exact here: small integers and a
+    factor of 2.5); reduce_scatter leaves its input as it was."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    scale = 2.5
+    op = dist._make_nccl_premul_sum(torch.tensor([scale]) if factor == "tensor" else scale)
+    expected = _expected(p, 2 * p, torch.float64, "sum") * scale
+    t = _mine(r, 2 * p, torch.float64)
+    dist.all_reduce(t, op=op)
+    assert torch.equal(t, expected)
+    mine = _mine(r, 2 * p, torch.float64)
+    out = torch.empty(2, dtype=torch.float64)
+    dist.reduce_scatter_tensor(out, mine, op=op)
+    assert torch.equal(out, expected[2 * r:2 * r + 2])
+    assert torch.equal(mine, _mine(r, 2 * p, torch.float64))
+    kept = _mine(r, 2 * p, torch.float64)
+    dist.reduce(kept, 0, op=op)
+    assert torch.equal(kept, expected if r == 0 else _mine(r, 2 * p, torch.float64))
 
 
 def test_ddp_keeps_every_rank_bit_identical(group):
@@ -197,6 +215,37 @@ def test_send_and_recv_in_a_ring(group):
     for work in works:
         work.wait()
     assert into.tolist() == [float((r - 1) % p)] * 4
+
+
+def test_recv_from_any_source_says_who_sent(group):
+    """``dist.recv`` without ``src`` on rank 0 takes the other ranks'
+    messages in whatever order they come and returns each one's sender;
+    each holds what that sender sent."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p == 1:
+        pytest.skip("one rank has no peer")
+    if r:
+        dist.send(torch.full((3,), float(r)), 0, tag=5)
+        return
+    senders = []
+    for _ in range(p - 1):
+        into = torch.zeros(3)
+        sender = dist.recv(into, tag=5)
+        assert into.tolist() == [float(sender)] * 3
+        senders.append(sender)
+    assert sorted(senders) == list(range(1, p))
+
+
+def test_a_blocking_calls_work_is_complete_with_its_tensors(group):
+    """The Work of a call that completed before returning (async_op=False):
+    complete, successful, and its future holds the call's tensors."""
+    t = torch.ones(3)
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    work = dist.distributed_c10d._get_default_group().allreduce([t], opts)
+    assert work.is_completed() and work.is_success() and work.wait()
+    (value,) = work.get_future().wait()
+    assert value is t and (t == dist.get_world_size()).all()
 
 
 def test_async_all_reduce_overlaps_and_completes_through_its_future(group):
