@@ -17,15 +17,17 @@ What runs where:
 
 ============================================== ==================================
 ``all_reduce`` (SUM, AVG, PRODUCT, MIN, MAX,    :func:`mpi_allreduce.iallreduce` in
-BAND, BOR, BXOR)                                place (``auto``, or the options)
+BAND, BOR, BXOR, PREMUL_SUM)                    place (``auto``, or the options)
 ``reduce``                                      the same all-reduce on a copy,
                                                 kept by the root
 ``reduce_scatter_tensor``, ``reduce_scatter``   :func:`mpi_allreduce.reduce_scatter`
 ``all_gather_into_tensor``, ``all_gather``      :func:`mpi_allreduce.allgather`
 ``broadcast``, ``gather``, ``scatter``,         MPI's non-blocking calls on the
-``all_to_all(_single)``, ``send``/``recv``,     group's communicator, moving bytes
-``barrier``                                     (every dtype as it is)
+``all_to_all(_single)``, ``send``/``recv``      group's communicator, moving bytes
+(``recv`` from any source too), ``barrier``     (every dtype as it is)
 ============================================== ==================================
+
+PREMUL_SUM multiplies every input by its factor, then sums.
 
 Options for the all-reduces (``algorithm``, ``reproducible``, ...) are
 given to :func:`configure`.  Subgroups
