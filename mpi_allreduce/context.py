@@ -173,12 +173,28 @@ class Context:
         self.ids.clear()
         if self.in_flight():  # the duplicate outlives its calls: see reap()
             _CLOSING.append(self)
-        elif self.comm != MPI.COMM_NULL:
-            self.comm.Free()
+        else:
+            _free_duplicate(self)
 
 
 #: contexts freed with calls in flight, their duplicates not yet freed
 _CLOSING: list = []
+
+#: duplicates of communicators where a call stalled, never freed.  The
+#: stalled call's messages may still be on their way or waiting unmatched
+#: at a peer; freeing the duplicate would let MPI give its context to a new
+#: communicator, whose messages with the same tag (the same call spec)
+#: could then match those old ones.  One communicator per stall is kept.
+QUARANTINE: list = []
+
+
+def _free_duplicate(context: "Context") -> None:
+    if context.comm == MPI.COMM_NULL or MPI.Is_finalized():
+        return
+    if context.broken is not None:
+        QUARANTINE.append(context.comm)
+    else:
+        context.comm.Free()
 
 
 def reap() -> None:
@@ -186,8 +202,7 @@ def reap() -> None:
     for context in list(_CLOSING):
         if not context.in_flight():
             _CLOSING.remove(context)
-            if context.comm != MPI.COMM_NULL and not MPI.Is_finalized():
-                context.comm.Free()
+            _free_duplicate(context)
 
 
 #: every context's bound calls, by the identity of the call's arguments:
