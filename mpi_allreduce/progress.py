@@ -321,7 +321,16 @@ class _Engine:
             self.threaded.append(op)
             self.cond.notify()
             if self.in_mpi:
-                self.wake_comm.Send([bytearray(0), MPI.BYTE], 0, _WAKE_TAG)
+                self._wake()
+
+    def _wake(self) -> None:
+        """Wake the thread from its wait in MPI: an empty message to itself,
+        sent without waiting (the caller holds ``cond``, which the thread
+        needs before it can post the receive again; a blocking send to
+        oneself waits for that receive under MPICH, and the two would wait
+        for each other).  The request is freed: the send completes when the
+        thread's receive matches it."""
+        self.wake_comm.Isend([bytearray(0), MPI.BYTE], 0, _WAKE_TAG).Free()
 
     def _start_thread(self) -> None:
         self.wake_comm = MPI.COMM_SELF.Dup()
@@ -368,7 +377,7 @@ class _Engine:
             self.stopping = True
             self.cond.notify()
             if self.in_mpi:
-                self.wake_comm.Send([bytearray(0), MPI.BYTE], 0, _WAKE_TAG)
+                self._wake()
         self.thread.join(timeout=10)
         self.thread = None
 

@@ -52,6 +52,7 @@ import os
 import queue
 import socket
 import threading
+import time
 from collections import OrderedDict
 from typing import Optional
 
@@ -63,6 +64,8 @@ from torch.futures import Future
 
 from . import collectives
 from .api import allreduce, iallreduce
+from .errors import Stalled
+from .watchdog import WATCH, report, settings
 
 __all__ = ["BACKEND", "ASYNC", "MPIAllreduceGroup", "configure"]
 
@@ -141,20 +144,32 @@ ASYNC = MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
 class _Part:
-    """One request of a call in flight: ours (``wait``/``test``) or MPI's."""
+    """One request of a call in flight: ours (``wait``/``test``: the
+    library's engine and watchdog) or MPI's."""
 
     __slots__ = ("request", "done", "status")
 
     def __init__(self, request, status=None):
         self.request, self.done, self.status = request, False, status
 
-    def wait(self) -> None:
-        if not self.done:
-            if isinstance(self.request, MPI.Request):
-                self.request.Wait(self.status)
-            else:
-                self.request.wait()
-            self.done = True
+    def wait(self, deadline: float = 0.0) -> None:
+        """Until complete; an MPI request with a ``deadline`` is polled, and
+        past it :class:`_Overdue` is raised."""
+        if self.done:
+            return
+        request = self.request
+        if not isinstance(request, MPI.Request):
+            request.wait()
+        elif not deadline:
+            request.Wait(self.status)
+        else:
+            pause = 20e-6
+            while not request.Test(self.status):
+                if time.monotonic() > deadline:
+                    raise _Overdue
+                time.sleep(pause)
+                pause = min(2 * pause, 1e-3)
+        self.done = True
 
     def test(self) -> bool:
         if not self.done:
@@ -163,14 +178,30 @@ class _Part:
         return self.done
 
 
+class _Overdue(Exception):
+    """An MPI request of the backend passed its deadline (the watchdog's raise mode)."""
+
+
+#: MPI requests of calls given up on (stalled): never freed, since MPI does
+#: not let a collective's request be cancelled or freed while it is active
+_ABANDONED: list = []
+
+
 class _Work(dist.Work):
     """A call in flight: its requests, what runs once they are done (copies
     back), and the future torch's hooks chain on.  ``wait()`` completes it
     on the caller's thread; ``get_future()`` hands it to the completion
     thread, so the future completes without a ``wait()`` (DDP waits on the
-    future)."""
+    future).
 
-    def __init__(self, requests, result, after=(), status=None):
+    A call with MPI's requests (broadcast, gathers, send/recv, barrier, ...)
+    is watched as the library's own calls are (their requests are watched
+    by the engine): its group and ``kind`` name it in the watchdog's report;
+    in the raise mode its wait polls against the deadline and then raises
+    :class:`~mpi_allreduce.errors.Stalled`, and the group is unusable."""
+
+    def __init__(self, requests, result, after=(), status=None, kind: str = "",
+                 group: "Optional[MPIAllreduceGroup]" = None, cancel: bool = False):
         super().__init__()
         self._parts = [_Part(r, status) for r in requests]
         self._status = status
@@ -180,6 +211,22 @@ class _Work(dist.Work):
         self._done = False
         self._error: Optional[BaseException] = None
         self._queued = False
+        self._kind, self._group, self._cancel, self._deadline = kind, group, cancel, 0.0
+        seconds, action = settings()
+        if seconds > 0 and group is not None and \
+                any(isinstance(r, MPI.Request) for r in requests):
+            if action == "raise":
+                self._deadline = time.monotonic() + seconds
+            WATCH.watch(self)
+
+    def snapshot(self) -> tuple:
+        """What the watchdog samples: (1, (what, None) while in flight, thread)."""
+        return 1, None if self._done else (self._what(), None), "any"
+
+    def _what(self) -> str:
+        comm = self._group.comm
+        return (f"{self._kind} on the {BACKEND} backend's group of {comm.Get_size()} ranks "
+                f"(rank {comm.Get_rank()} here)")
 
     def _complete(self) -> None:
         with self._lock:
@@ -187,9 +234,11 @@ class _Work(dist.Work):
                 return
             try:
                 for part in self._parts:
-                    part.wait()
+                    part.wait(self._deadline)
                 for function in self._after:
                     function()
+            except _Overdue:
+                self._error = self._stalled()
             except BaseException as exc:  # noqa: BLE001 - handed to wait() and the future
                 self._error = exc
             self._done = True
@@ -197,6 +246,19 @@ class _Work(dist.Work):
             self._future.set_result(self._result)
         else:
             self._future.set_exception(self._error)
+
+    def _stalled(self) -> Stalled:
+        """Give up on the call: a receive cancelled, its requests kept
+        (never waited again), its group unusable; the error to raise."""
+        for part in self._parts:
+            if not part.done and isinstance(part.request, MPI.Request):
+                if self._cancel:
+                    part.request.Cancel()
+                _ABANDONED.append(part.request)
+        text = report(self._what(), settings()[0], 1, threading.current_thread().name)
+        self._group._broken = ("an earlier call on this group stalled, its messages are in "
+                               "disarray: " + text)
+        return Stalled(text)
 
     def wait(self, timeout=None) -> bool:
         self._complete()
@@ -212,6 +274,8 @@ class _Work(dist.Work):
                 self._lock.release()
             if ready:
                 self._complete()
+            elif self._deadline and time.monotonic() > self._deadline:
+                self._complete()  # (past the deadline: gives up and records the error)
         return self._done
 
     def is_success(self) -> bool:
@@ -253,13 +317,6 @@ def _overlaps(opts) -> bool:
     return ASYNC and getattr(opts, "asyncOp", True)
 
 
-def _started(requests, result, opts, after=(), status=None) -> "dist.Work":
-    """The Work of a call whose requests are in flight (completed now unless
-    it overlaps, see :func:`_overlaps`)."""
-    work = _Work(requests, result, after, status)
-    if not _overlaps(opts):
-        work.wait()
-    return work
 
 
 def _offsets(counts: list) -> list:
@@ -331,6 +388,17 @@ def _contiguous(tensor: torch.Tensor) -> tuple:
     return work, functools.partial(tensor.copy_, work)
 
 
+def _unless_broken(method):
+    """MPI's calls on a group where one stalled raise the stall again, before
+    posting anything: their messages could meet the stalled call's."""
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        if self._broken is not None:
+            raise Stalled(self._broken)
+        return method(self, *args, **kwargs)
+    return checked
+
+
 class MPIAllreduceGroup(dist.ProcessGroup):
     """A ProcessGroup whose collectives run on ``comm`` (an MPI communicator
     of the group's ranks, in group-rank order)."""
@@ -338,9 +406,20 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     def __init__(self, rank: int, size: int, comm: MPI.Intracomm):
         super().__init__(rank, size)
         self.comm = comm
+        #: why the group is unusable (a call on it stalled), or None
+        self._broken: Optional[str] = None
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND
+
+    def _started(self, kind: str, requests, result, opts, after=(),
+                 status=None) -> "dist.Work":
+        """The Work of a call whose requests are in flight (completed now
+        unless it overlaps, see :func:`_overlaps`), watched as ``kind``."""
+        work = _Work(requests, result, after, status, kind, self, cancel=kind == "recv")
+        if not _overlaps(opts):
+            work.wait()
+        return work
 
     # --- ours ------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -363,7 +442,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                                        **_OPTIONS))
             if back is not None:
                 after.append(back)
-        return _started(requests, tensors, opts, after)
+        return self._started("all_reduce", requests, tensors, opts, after)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -402,6 +481,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     # --- MPI's (bytes: every dtype travels as it is) ------------------------------------
+    @_unless_broken
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         requests, after = [], []
@@ -410,7 +490,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
             requests.append(self.comm.Ibcast(_bytes(_array(work)), root=root))
             if back is not None and self.comm.Get_rank() != root:
                 after.append(back)
-        return _started(requests, tensors, opts, after)
+        return self._started("broadcast", requests, tensors, opts, after)
 
     def reduce(self, tensors, opts=None):
         """Our all-reduce on a copy, which the root keeps (every dtype and op
@@ -424,19 +504,22 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                 tensor.copy_(work)
         return _Done(tensors)
 
+    @_unless_broken
     def gather(self, outputs, inputs, opts=None):
         root = opts.rootRank if opts is not None else 0
         mine = _bytes(_array(inputs[0].contiguous()))
         if self.comm.Get_rank() != root:
-            return _started([self.comm.Igather(mine, None, root=root)], outputs, opts)
+            return self._started("gather", [self.comm.Igather(mine, None, root=root)], outputs,
+                                 opts)
         whole = np.empty(mine.size * self.comm.Get_size(), np.uint8)
         request = self.comm.Igather(mine, whole, root=root)
 
         def unpack():
             for piece, out in zip(np.split(whole, self.comm.Get_size()), outputs[0]):
                 _in_place(out, lambda t: np.copyto(_bytes(t), piece))
-        return _started([request], outputs, opts, [unpack])
+        return self._started("gather", [request], outputs, opts, [unpack])
 
+    @_unless_broken
     def scatter(self, outputs, inputs, opts=None):
         root = opts.rootRank if opts is not None else 0
         out, back = _contiguous(outputs[0])
@@ -445,8 +528,10 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         if self.comm.Get_rank() == root:
             whole = np.concatenate([_bytes(_array(t.contiguous())) for t in inputs[0]])
         request = self.comm.Iscatter(whole, mine, root=root)
-        return _started([request], outputs, opts, [back] if back is not None else [])
+        return self._started("scatter", [request], outputs, opts,
+                             [back] if back is not None else [])
 
+    @_unless_broken
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
                       opts=None):
         size = self.comm.Get_size()
@@ -457,8 +542,10 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         request = self.comm.Ialltoallv(
             [source, _splits(input_split_sizes, input, source.size, size), MPI.BYTE],
             [target, _splits(output_split_sizes, output, target.size, size), MPI.BYTE])
-        return _started([request], output, opts, [back] if back is not None else [])
+        return self._started("all_to_all_single", [request], output, opts,
+                             [back] if back is not None else [])
 
+    @_unless_broken
     def alltoall(self, outputs, inputs, opts=None):
         sends = [_bytes(_array(t.contiguous())) for t in inputs]
         source = np.concatenate(sends) if sends else np.empty(0, np.uint8)
@@ -473,13 +560,15 @@ class MPIAllreduceGroup(dist.ProcessGroup):
             for out, n in zip(outputs, recv_counts):
                 _in_place(out, lambda t: np.copyto(_bytes(t), target[at:at + n]))
                 at += n
-        return _started([request], outputs, opts, [unpack])
+        return self._started("all_to_all", [request], outputs, opts, [unpack])
 
+    @_unless_broken
     def send(self, tensors, dst, tag=0):
         requests = [self.comm.Isend(_bytes(_array(t.contiguous())), dst, tag=tag)
                     for t in tensors]
-        return _started(requests, tensors, None)
+        return self._started("send", requests, tensors, None)
 
+    @_unless_broken
     def recv(self, tensors, src, tag=0, status=None):
         requests, after = [], []
         for tensor in tensors:
@@ -487,7 +576,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
             requests.append(self.comm.Irecv(_bytes(_array(work)), src, tag=tag))
             if back is not None:
                 after.append(back)
-        return _started(requests, tensors, None, after, status)
+        return self._started("recv", requests, tensors, None, after, status)
 
     def recv_anysource(self, tensors, tag=0):
         """``dist.recv`` without ``src``: from whichever rank sends first (on
@@ -497,8 +586,9 @@ class MPIAllreduceGroup(dist.ProcessGroup):
             raise ValueError(f"recv from any source takes one tensor, got {len(tensors)}")
         return self.recv(tensors, MPI.ANY_SOURCE, tag, MPI.Status())
 
+    @_unless_broken
     def barrier(self, opts=None):
-        return _started([self.comm.Ibarrier()], None, opts)
+        return self._started("barrier", [self.comm.Ibarrier()], None, opts)
 
     def __repr__(self) -> str:
         return f"<{BACKEND} process group: rank {self.rank()} of {self.size()}>"

@@ -10,6 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+MPI = pytest.importorskip("mpi4py.MPI")
+
 pytestmark = pytest.mark.mpi
 
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "prod": dist.ReduceOp.PRODUCT,
@@ -371,6 +373,67 @@ def test_ranks_that_disagree_are_reported_not_answered(group, monkeypatch):
         monkeypatch.undo()
         config.refresh()
     dist.barrier()
+
+
+@pytest.fixture
+def watchdog(monkeypatch):
+    """Set the watchdog: ``watchdog(seconds, action)``; restored after the test."""
+    from mpi_allreduce import config
+
+    def set_to(seconds: str, action: str) -> None:
+        monkeypatch.setenv(config.WATCHDOG_ENV, seconds)
+        monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, action)
+        config.refresh()
+    yield set_to
+    monkeypatch.undo()
+    config.refresh()
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_mpis_calls_through_the_backend_are_watched_too(group, watchdog, async_op):
+    """A barrier only rank 0 enters (raise mode, 0.5 s): Stalled on rank 0,
+    naming the barrier and the group; the group is then unusable there
+    (the next call raises before posting anything).  The others enter the
+    barrier afterwards, so nothing is left waiting."""
+    import mpi_allreduce as mar
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p == 1:
+        pytest.skip("one rank's barrier never waits")
+    sub = dist.new_group(list(range(p)))
+    watchdog("0.5", "raise")
+    if r == 0:
+        with pytest.raises(mar.Stalled, match=f"barrier on the mpi_allreduce backend's group "
+                                               f"of {p} ranks"):
+            work = dist.barrier(group=sub, async_op=async_op)
+            if async_op:
+                work.wait()
+        with pytest.raises(mar.Stalled, match="an earlier call on this group stalled"):
+            dist.broadcast(torch.ones(2), 0, group=sub)
+    MPI.COMM_WORLD.Barrier()
+    if r != 0:
+        dist.barrier(group=sub)  # (completes rank 0's abandoned one)
+    MPI.COMM_WORLD.Barrier()
+
+
+def test_mpis_calls_through_the_backend_are_reported_in_warn_mode(group, watchdog, capfd):
+    """Warn mode (1 s): rank 0 waits in a receive from rank 1, which sends
+    only after 2.5 s; the report names the receive, then it completes."""
+    import time
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p == 1:
+        pytest.skip("one rank has no peer")
+    watchdog("1", "warn")
+    if r == 0:
+        into = torch.zeros(2)
+        dist.recv(into, 1, tag=9)
+        assert into.tolist() == [1.0, 1.0]
+        assert "recv on the mpi_allreduce backend's group" in capfd.readouterr().err
+    elif r == 1:
+        time.sleep(2.5)
+        dist.send(torch.ones(2), 0, tag=9)
+    MPI.COMM_WORLD.Barrier()
 
 
 def test_destroy_and_init_again(group):
