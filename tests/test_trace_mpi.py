@@ -4,7 +4,8 @@ together, persistent requests, the halves, on the world and on a
 sub-communicator -- and the merged trace is well formed: required keys,
 every rank's calls and rounds in order, every send with its receive; the
 per-rank files written at exit merge into the same; an unwritable
-directory is refused on every rank before any message; and with the
+directory is refused on every rank before any message; ranks that
+disagree while tracing still stall and raise, never answer; and with the
 setting off a call runs no recording step."""
 
 from __future__ import annotations
@@ -170,3 +171,30 @@ def _recording(request) -> bool:
     stages = request._op.stages
     return any(isinstance(getattr(f, "__self__", None), trace._Call)
                for stage in stages for f, _ in stage.before + stage.overlap)
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["allreduce", "iallreduce"])
+def test_ranks_that_disagree_while_tracing_stall_and_raise(traced, monkeypatch, blocking):
+    """The recording steps leave the tags and the watchdog as they are:
+    rank 0 reduces 5 elements, the others 6 (raise mode, 0.5 s): Stalled on
+    every rank, and rank 0, whose messages match nobody's, holds no sum (the
+    others, which agree, may hold partial sums among themselves when they
+    give up: the call raised, it returned nothing)."""
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank cannot disagree")
+    monkeypatch.setenv(config.WATCHDOG_ENV, "0.5")
+    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
+    config.refresh()
+    comm = world.Dup()  # left unusable
+    data = np.ones(5 if world.Get_rank() == 0 else 6)
+    out = np.zeros_like(data)
+    with pytest.raises(mar.Stalled):
+        if blocking:
+            mar.allreduce(data, out, comm=comm, algorithm="ring")
+        else:
+            mar.iallreduce(data, out, comm=comm, algorithm="ring").wait()
+    if world.Get_rank() == 0:
+        assert (out <= 1).all()  # its own data at most
+    world.Barrier()
+    comm.Free()
