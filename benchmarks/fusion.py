@@ -5,7 +5,10 @@ slowest rank's, median of ``--repeats``), all-reducing (SUM, float32) every
 parameter tensor once, as one step of data-parallel training does:
 
 * ``fused``: ``mar.Fusion`` (buckets of ``--bucket-bytes``, tensors added in
-  backprop order, i.e. last layer first, buckets reduced non-blocking as they fill);
+  backprop order, i.e. last layer first, buckets reduced non-blocking as they fill),
+  packing each bucket's tensors into its buffer and unpacking the result;
+* ``in_bucket``: the same, on tensors made by ``Fusion.empty_like`` that live
+  in their buckets (DDP's ``gradient_as_bucket_view``): nothing is packed;
 * ``ours``: one blocking ``mar.allreduce`` per tensor;
 * ``mpi``: one blocking ``comm.Allreduce`` per tensor.
 
@@ -70,9 +73,14 @@ def main() -> None:
         tensors = [np.full(s, rank + 1, np.float32) for s in shapes]
         backprop = tensors[::-1]
         fusion = mar.Fusion(comm, op="sum", bucket_bytes=args.bucket_bytes)
+        homed = mar.Fusion(comm, op="sum", bucket_bytes=args.bucket_bytes)
+        in_buckets = homed.empty_like(backprop)
 
         def fused():
             fusion.allreduce(backprop)
+
+        def in_bucket():
+            homed.allreduce(in_buckets)
 
         def ours():
             for t in backprop:
@@ -82,34 +90,41 @@ def main() -> None:
             for t in backprop:
                 comm.Allreduce(MPI.IN_PLACE, t, MPI.SUM)
 
-        calls = {"fused": fused, "ours": ours, "mpi": vendor}
+        calls = {"fused": fused, "in_bucket": in_bucket, "ours": ours, "mpi": vendor}
         times = {name: [] for name in calls}
         for call in calls.values():  # warm-up: plans, buckets, pages
             call()
         for repeat in range(args.repeats):
-            order = list(calls)[repeat % 3:] + list(calls)[:repeat % 3]
+            order = list(calls)[repeat % len(calls):] + list(calls)[:repeat % len(calls)]
             for name in order:
-                for t in tensors:
+                for t in tensors + in_buckets:
                     t[...] = rank + 1
                 comm.Barrier()
                 t0 = time.perf_counter()
                 calls[name]()
                 times[name].append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-                assert all(np.all(t == size * (size + 1) / 2) for t in tensors), name
+                held = in_buckets if name == "in_bucket" else tensors
+                assert all(np.all(t == size * (size + 1) / 2) for t in held), name
         n = sum(t.size for t in tensors)
         for name, ts in times.items():
             rows.append({"model": model, "tensors": len(tensors), "floats": n, "call": name,
                          "ms": median(ts) * 1e3, "x_mpi": median(ts) / median(times["mpi"]),
+                         "x_ours": median([a / b for a, b in zip(ts, times["ours"])]),
                          "repeats_ms": [t * 1e3 for t in ts]})
+        fusion.free()
+        homed.free()
 
     if rank == 0:
         print(f"# one step's gradients all-reduced on {size} ranks (float32 SUM); buckets of "
               f"{args.bucket_bytes} B; {args.repeats} repeats (median); {mpi_library()}; "
               f"{platform.node()}")
-        print(f"# {'model':>18} {'tensors':>7} {'floats':>10} {'call':>6} {'ms':>9} {'x mpi':>6}")
+        print("# x mpi: median over repeats / the vendor's median; x ours: the median of the "
+              "ratios to per-tensor ours, repeat by repeat")
+        print(f"# {'model':>18} {'tensors':>7} {'floats':>10} {'call':>9} {'ms':>9} {'x mpi':>6}"
+              f" {'x ours':>6}")
         for row in rows:
             print(f"  {row['model']:>18} {row['tensors']:7d} {row['floats']:10d} "
-                  f"{row['call']:>6} {row['ms']:9.2f} {row['x_mpi']:6.2f}")
+                  f"{row['call']:>9} {row['ms']:9.2f} {row['x_mpi']:6.2f} {row['x_ours']:6.2f}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"command": f"mpiexec -n {size} python benchmarks/fusion.py",

@@ -16,6 +16,13 @@ shapes reuses its packing buffer and its persistent request
 (:func:`~mpi_allreduce.allreduce_init`): a training loop's steady state
 allocates nothing and builds nothing.
 
+Packing copies every byte in and unpacking copies it out again.  Arrays
+made by :meth:`Fusion.empty_like` live *inside* their buckets (as DDP's
+``gradient_as_bucket_view`` gradients do): added in that order, a bucket of
+them is reduced where it lies, so each byte moves once; the buckets and
+therefore the bytes are the same as with packing.  Arrays added otherwise
+are packed as before.
+
 A :class:`Fusion` owns MPI resources (its buckets' persistent requests and
 their tags): :meth:`Fusion.free` releases them, as does leaving a ``with
 Fusion(...) as fusion:`` block or dropping the last reference to it.
@@ -59,6 +66,17 @@ def bucket_bounds(nbytes: list, bucket_bytes: int) -> list:
     return groups
 
 
+class _Home:
+    """A bucket's own memory, handed out as arrays by :meth:`Fusion.empty_like`:
+    the buffer, the arrays that are views of it (in order), and its
+    persistent request (made on first use)."""
+
+    __slots__ = ("buffer", "views", "request")
+
+    def __init__(self, buffer, views: list):
+        self.buffer, self.views, self.request = buffer, views, None
+
+
 class _Bucket:
     """Arrays of one dtype being packed; then the request reducing them."""
 
@@ -92,6 +110,9 @@ class Fusion:
         self._started: list = []  # buckets in flight, in the order started
         #: (dtype, backend, shapes) -> [(buffer, persistent request), ...], least recent first
         self._kept: "OrderedDict[tuple, list]" = OrderedDict()
+        #: buckets' own memory (empty_like): id(first view) -> its _Home (the views
+        #: are held by their home, so an id here names the very array)
+        self._homes: dict = {}
 
     def add(self, array) -> None:
         """Queue ``array`` (reduced in place; do not touch it until
@@ -110,6 +131,46 @@ class Fusion:
         bucket.nbytes += array.nbytes
         if bucket.nbytes >= self.bucket_bytes:
             self._start(key)
+
+    def empty_like(self, arrays) -> list:
+        """New arrays of the shapes, dtypes and devices of ``arrays`` that
+        live inside the buckets they will fill: add them (all, in this
+        order) and the buckets are reduced where they lie, with no packing
+        and no unpacking.  Their values are uninitialised; write into them
+        (``out=``, ``[...] =``) rather than rebinding them."""
+        arrays = [as_array(a) for a in arrays]
+        made = [None] * len(arrays)
+        by_key: dict = {}
+        for i, array in enumerate(arrays):
+            by_key.setdefault((dtype_label(array.dtype), backend_for(array)), []).append(i)
+        for (_, backend), where in by_key.items():
+            sizes = [arrays[i].nbytes for i in where]
+            for start, stop in bucket_bounds(sizes, self.bucket_bytes):
+                members = where[start:stop]
+                dtype = arrays[members[0]].dtype
+                if len(members) == 1:  # a bucket of one is reduced where it is anyway
+                    made[members[0]] = backend.empty_shaped(arrays[members[0]].shape, dtype)
+                    continue
+                buffer = backend.empty(sum(arrays[i].size for i in members), dtype)
+                views, offset = [], 0
+                for i in members:
+                    view = buffer[offset:offset + arrays[i].size].reshape(arrays[i].shape)
+                    offset += arrays[i].size
+                    made[i] = view
+                    views.append(view)
+                self._homes[id(views[0])] = _Home(buffer, views)
+        return made
+
+    def _home_of(self, arrays: list):
+        """The home whose views ``arrays`` are, all of them in order, or None."""
+        home = self._homes.get(id(arrays[0]))
+        if home is None or len(home.views) != len(arrays) or \
+                any(a is not v for a, v in zip(arrays, home.views)):
+            return None
+        if home.request is None:
+            home.request = allreduce_init(MPI.IN_PLACE, home.buffer, self.op, comm=self.comm,
+                                          algorithm=self.algorithm)
+        return home
 
     def flush(self) -> None:
         """Start every bucket still filling (:meth:`wait` does this first)."""
@@ -139,6 +200,10 @@ class Fusion:
         for pool in kept.values():
             for _, request in pool:
                 request.free()
+        for home in self._homes.values():
+            if home.request is not None:
+                home.request.free()
+                home.request = None
 
     def __enter__(self) -> "Fusion":
         return self
@@ -171,6 +236,12 @@ class Fusion:
             # it is, without packing
             bucket.request = iallreduce(MPI.IN_PLACE, first, self.op, comm=self.comm,
                                         algorithm=self.algorithm)
+            self._started.append(bucket)
+            return
+        home = self._home_of(bucket.arrays) if more else None
+        if home is not None:  # the arrays live in the bucket: reduced where they lie
+            bucket.request = home.request
+            bucket.request.start()
             self._started.append(bucket)
             return
         bucket.buffer, bucket.request = self._reusable(key, bucket.arrays)

@@ -40,23 +40,25 @@ __all__ = ["DEFAULT_TUNING", "DecisionTable", "tuning_table", "calibration_key",
 #: the same comm_size); ``false`` only when none does.
 DEFAULT_TUNING = {
     "version": 1,
-    "source": "built-in default, from `python -m mpi_allreduce tune`, benchmarks/run_targets.py "
-              "and benchmarks/vendors.py on 2 to 4 ranks (benchmarks/results/): recursive "
-              "doubling for short vectors (fewest messages) and on 2 ranks for all; on 3+ "
-              "ranks Rabenseifner for medium ones (the ring's "
-              "bandwidth with 2 lg p messages); the ring "
+    "source": "built-in default, from `python -m mpi_allreduce tune` and benchmarks/run_targets.py "
+              "on 2 to 4 ranks under the bundled Open MPI (benchmarks/results/): recursive "
+              "doubling for short vectors (fewest messages); on 3+ ranks Rabenseifner for "
+              "medium ones (the ring's bandwidth with 2 lg p messages), on 2 ranks for long "
+              "ones too; the ring "
               "for long ones; on oversubscribed nodes the driver up to 256 KiB but "
               "recursive doubling from 512 B to 8 KiB "
               "(benchmarks/results/tuning-oversubscribed.json, benchmarks/results/bench-np4.json)",
     "rules": [
-        # 2 ranks: one exchange of the whole vector at every size.  Under
-        # the three MPI wheels (benchmarks/results/vendors-np2.md) it is
-        # within 1.26x of our best everywhere, while the halves that
-        # Rabenseifner and the ring send are 3.9x slower under MPICH at
-        # 2 MiB (its 1 MiB messages); a table measured by `tune` for one
-        # MPI does better where that MPI differs
+        # 2 ranks: Rabenseifner won at 8 MiB in 6 of 7 runs of
+        # benchmarks/run_targets.py.  Recursive doubling at every size did
+        # better under MPICH and Intel MPI with warm buffers
+        # (benchmarks/results/vendors-np2.md), but sending the whole,
+        # freshly written vector made one step of ResNet-50's gradients
+        # 1.1-2.7x slower under Open MPI (benchmarks/fusion.py); `tune`
+        # measures the table of another MPI
         {"comm_size": 1, "table": [
-            {"max_bytes": None, "algorithm": "recursive_doubling"},
+            {"max_bytes": 1 << 20, "algorithm": "recursive_doubling"},
+            {"max_bytes": None, "algorithm": "rabenseifner"},
         ]},
         {"comm_size": 3, "table": [
             {"max_bytes": 64 * 1024, "algorithm": "recursive_doubling"},

@@ -261,6 +261,49 @@ def test_fusion_matches_per_array_allreduce(comm, bucket_bytes, progress_mode):
         assert started[len(floats) - 1] == len(groups) - (not last_full)
 
 
+@pytest.mark.parametrize("bucket_bytes", [600, 1 << 22])
+def test_fusion_of_arrays_in_their_buckets_packs_nothing_and_gives_the_same_bytes(
+        comm, bucket_bytes, progress_mode):
+    """Arrays from Fusion.empty_like, added in their order, are reduced where
+    they lie (the packing path is never taken) and hold the same bytes as
+    packed copies of them (random floats: any change of grouping or order
+    would round differently); added in another order they are packed, and
+    still right."""
+    from mpi4py import MPI
+
+    from mpi_allreduce.fusion import Fusion
+
+    rng = np.random.default_rng(comm.Get_rank())
+    templates = model_like_arrays(0)
+    packed = Fusion(comm, op="sum", bucket_bytes=bucket_bytes)
+    own = Fusion(comm, op="sum", bucket_bytes=bucket_bytes)
+    views = own.empty_like(templates)
+    assert [(v.shape, v.dtype) for v in views] == [(t.shape, t.dtype) for t in templates]
+
+    def refuse(*args):
+        raise AssertionError("an array made by empty_like was packed")
+    for step in range(3):
+        arrays = [rng.standard_normal(t.shape).astype(t.dtype) if t.dtype.kind == "f"
+                  else t * (step + 1) for t in templates]
+        for view, array in zip(views, arrays):
+            view[...] = array
+        packed.allreduce(arrays)
+        own._reusable, kept = refuse, own._reusable
+        own.allreduce(views)
+        own._reusable = kept
+        for k, (view, array) in enumerate(zip(views, arrays)):
+            assert view.tobytes() == array.tobytes(), f"array {k}, step {step}"
+    for view, array in zip(views, arrays):
+        view[...] = array
+    own.allreduce(views[::-1])  # another order: packed, and still the sum
+    for view, array in zip(views, arrays):
+        want = array.copy()
+        comm.Allreduce(MPI.IN_PLACE, want, MPI.SUM)
+        np.testing.assert_allclose(view, want, rtol=1e-5)
+    own.free()
+    packed.free()
+
+
 def test_fusion_rejects_read_only(comm):
     from mpi_allreduce.fusion import Fusion
 
