@@ -22,7 +22,7 @@ from .algorithms.ring import build_allgather, build_reduce_scatter
 from . import progress
 from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
-from .context import context_for, setup
+from .context import cached_context, context_for, setup
 from .errors import failed
 from .executor import Plan
 from .ops import check_dtype, dtype_label, resolve_op
@@ -44,6 +44,10 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
     (``MPI_Reduce_scatter_block``).  With ``sendbuf=MPI.IN_PLACE`` the input
     is the whole of ``recvbuf`` and the result lands at its start.  ``op`` as
     for :func:`~mpi_allreduce.allreduce`."""
+    repeat = _repeat(comm, "reduce_scatter", sendbuf, recvbuf, (op, counts, check, segment_size))
+    if repeat is not None:
+        return repeat
+    user = (sendbuf, recvbuf, (op, counts, check, segment_size))
     op = resolve_op(op)
     size, rank = comm.Get_size(), comm.Get_rank()
 
@@ -71,7 +75,7 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
     send, recv, blocks, datatype = _validated(
         validate, comm, check, "reduce_scatter", segment_size,
         lambda v: {"counts": v[2], "dtype": dtype_label(v[1].dtype), "op": op.stable})
-    return _run(comm, "reduce_scatter", send, recv, blocks, op, segment_size, datatype)
+    return _run(comm, "reduce_scatter", send, recv, blocks, op, segment_size, datatype, user)
 
 
 def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
@@ -85,6 +89,10 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
     gives ``counts[r]`` elements (``MPI_Allgatherv``).  With
     ``sendbuf=MPI.IN_PLACE`` this rank's block is already in place in
     ``recvbuf``."""
+    repeat = _repeat(comm, "allgather", sendbuf, recvbuf, (None, counts, check, segment_size))
+    if repeat is not None:
+        return repeat
+    user = (sendbuf, recvbuf, (None, counts, check, segment_size))
     size, rank = comm.Get_size(), comm.Get_rank()
 
     def validate():
@@ -103,7 +111,8 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
 
     send, recv, blocks = _validated(validate, comm, check, "allgather", segment_size,
                                     lambda v: {"counts": v[2], "dtype": dtype_label(v[1].dtype)})
-    return _run(comm, "allgather", send, recv, blocks, resolve_op(MPI.SUM), segment_size)
+    return _run(comm, "allgather", send, recv, blocks, resolve_op(MPI.SUM), segment_size,
+                user=user)
 
 
 # --- shared by both ---------------------------------------------------------
@@ -170,7 +179,52 @@ def _schedule(what: str, rank: int, size: int, blocks: tuple, segment: int, in_p
     return build_allgather(rank, size, blocks, segment, in_place)
 
 
-def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size, datatype=None):
+def _repeat(comm, what: str, sendbuf, recvbuf, args: tuple):
+    """A repeat of a call made before with these very arrays and arguments
+    on this communicator: run again by the bound call kept for it (through
+    the same engine and watchdog), with no validation, spec or plan look-up
+    -- as :func:`~mpi_allreduce.allreduce` repeats its kept calls.  The
+    result, or None when this is no such repeat (or check mode is on)."""
+    context = cached_context(comm)
+    if context is None or recvbuf is None:
+        return None
+    entry = context.halves.get(("repeat", what, id(sendbuf), id(recvbuf)))
+    if entry is None:
+        return None
+    run, send_ref, recv_ref, kept_args, dtype = entry
+    op, counts, check, segment_size = args
+    kept_op, kept_counts, kept_check, kept_segment = kept_args
+    if recv_ref() is not recvbuf or send_ref() is not sendbuf or op is not kept_op \
+            or check is not kept_check or segment_size != kept_segment \
+            or recvbuf.dtype != dtype or (counts is None) != (kept_counts is None) \
+            or (counts is not None and tuple(counts) != kept_counts) or check_enabled(check):
+        return None
+    context.halves.move_to_end(("repeat", what, id(sendbuf), id(recvbuf)))
+    try:
+        run()
+    except Exception as exc:  # noqa: BLE001 - after messages started
+        failed(context.comm, exc, what)
+    return recvbuf
+
+
+def _keep_repeat(context, what: str, run, send, recv, user) -> None:
+    """Keep ``run`` for repeats with the caller's very arguments, where they
+    are the arrays the call runs on (not converted on the way in)."""
+    sendbuf, recvbuf, (op, counts, check, segment_size) = user
+    if recvbuf is not recv or not (sendbuf is send or (send is None and sendbuf is MPI.IN_PLACE)):
+        return
+    try:
+        send_ref = weakref.ref(sendbuf) if send is not None else (lambda: MPI.IN_PLACE)
+        entry = (run, send_ref, weakref.ref(recvbuf),
+                 (op, None if counts is None else tuple(counts), check, segment_size),
+                 recvbuf.dtype)
+    except TypeError:  # an array type without weak references: not kept
+        return
+    context.keep_half(("repeat", what, id(sendbuf), id(recvbuf)), entry)
+
+
+def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size, datatype=None,
+         user=None):
     backend, dtype = backend_for(recv), recv.dtype
     segment = segment_elements(segment_size, dtype)
     if sum(blocks) == 0:
@@ -203,6 +257,8 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size, datatype=
             context.keep_half(bound_key, (key, run) + refs)
         except TypeError:  # an array type without weak references: not kept
             pass
+    if user is not None and datatype is None:
+        _keep_repeat(context, what, run, send, recv, user)
     try:
         run()
     except Exception as exc:  # noqa: BLE001 - after messages started

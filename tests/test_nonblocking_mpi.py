@@ -203,6 +203,58 @@ def test_allgather_matches_mpi(comm, dtype):
                                       want, err_msg=f"counts {counts}")
 
 
+def test_repeated_halves_skip_validation_and_changed_ones_do_not(comm, monkeypatch):
+    """A reduce_scatter or allgather repeated with the very same arrays and
+    arguments runs its kept bound call (the validating path is not taken:
+    it would raise here) and is right; any change -- counts, the op object,
+    the dtype, check mode, other arrays, IN_PLACE -- takes the full path."""
+    from mpi4py import MPI
+
+    from mpi_allreduce import collectives
+
+    p, r = comm.Get_size(), comm.Get_rank()
+    full = np.arange(3 * p, dtype=np.float64) + r
+    part = np.empty(3)
+    gathered = np.empty(3 * p)
+    want_part = (np.arange(3 * p, dtype=np.float64) * p + p * (p - 1) / 2)[3 * r:3 * r + 3]
+    mar.reduce_scatter(full, part, comm=comm)
+    mar.allgather(part, gathered, comm=comm)
+    real_run = collectives._run
+    full_path = []
+
+    def refuse(*args, **kwargs):
+        full_path.append(args[1])
+        return real_run(*args, **kwargs)
+    monkeypatch.setattr(collectives, "_run", refuse)
+    for _ in range(3):
+        part[:] = 0
+        assert mar.reduce_scatter(full, part, comm=comm) is part
+        np.testing.assert_array_equal(part, want_part)
+        assert mar.allgather(part, gathered, comm=comm) is gathered
+        np.testing.assert_array_equal(gathered.reshape(p, 3)[r], part)
+    # (one rank has no bound call to keep: it copies)
+    assert full_path == [] or p == 1, "a repeat took the validating path"
+    changed = [
+        lambda: mar.reduce_scatter(full, part, MPI.SUM, [3] * p, comm=comm),  # counts
+        lambda: mar.reduce_scatter(full, part, "sum", comm=comm),  # another op object
+        lambda: mar.reduce_scatter(full, part, comm=comm, check=True),
+        lambda: mar.reduce_scatter(full.copy(), part, comm=comm),  # other arrays
+        lambda: mar.allgather(part, gathered, [3] * p, comm=comm),
+        lambda: mar.allgather(MPI.IN_PLACE, gathered, comm=comm),
+    ]
+    for k, call in enumerate(changed):
+        before = len(full_path)
+        call()
+        assert len(full_path) == before + 1, f"change {k} was taken for a repeat"
+    np.testing.assert_array_equal(part, want_part)
+    as_float32 = full.astype(np.float32)
+    small = np.empty(3, np.float32)
+    mar.reduce_scatter(as_float32, small, comm=comm)
+    small.dtype = np.int32  # the same array object, reinterpreted
+    with pytest.raises(TypeError):
+        mar.reduce_scatter(as_float32, small, comm=comm)
+
+
 def test_reduce_scatter_bad_counts_raise_on_every_rank(comm):
     p = comm.Get_size()
     with pytest.raises(ValueError, match="counts sum to"):

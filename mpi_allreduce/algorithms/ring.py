@@ -69,13 +69,21 @@ def reduce_scatter(b: Builder, ring: list, index: int, blocks: list, cut: int) -
         outgoing = RECV
 
 
-def allgather(b: Builder, ring: list, index: int, blocks: list, cut: int) -> None:
-    """p-1 steps that pass every reduced block on to every rank."""
+def allgather(b: Builder, ring: list, index: int, blocks: list, cut: int,
+              own_from_send: bool = False) -> None:
+    """p-1 steps that pass every reduced block on to every rank.
+    ``own_from_send``: the first step sends this rank's own block from
+    ``SEND`` (where the caller's input lies, untouched by this call) rather
+    than from its copy in ``RECV``, just written."""
     right, left = _neighbours(ring, index)
-    for step in ring_allgather_steps(index, len(ring)):
+    for number, step in enumerate(ring_allgather_steps(index, len(ring))):
         sent, received = blocks[step.send_block], blocks[step.recv_block]
         for send, recv in zip_longest(segments(sent, cut), segments(received, cut)):
-            b.round(None if send is None else Send(right, Ref(RECV, send.offset, send.length)),
+            source = None
+            if send is not None:
+                source = Ref(SEND, send.offset - sent.offset, send.length) \
+                    if own_from_send and number == 0 else Ref(RECV, send.offset, send.length)
+            b.round(None if send is None else Send(right, source),
                     None if recv is None else Recv(left, Ref(RECV, recv.offset, recv.length)))
 
 
@@ -134,5 +142,9 @@ def build_allgather(rank: int, size: int, counts: tuple, segment_size: int,
     mine = blocks[rank]
     if not in_place:
         b.local(Copy(Ref(RECV, mine.offset, mine.length), Ref(SEND, 0, mine.length)))
-    allgather(b, list(range(size)), rank, _ring_order(blocks), segment_size)
+    # out of place, the first step sends this rank's block from the caller's
+    # input: a message whose sender just wrote it (the copy) costs several
+    # times as much under Open MPI's single-copy path (benchmarks/fresh_pages.py)
+    allgather(b, list(range(size)), rank, _ring_order(blocks), segment_size,
+              own_from_send=not in_place)
     return b.schedule("ring", rank, size, sum(counts))
