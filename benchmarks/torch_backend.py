@@ -16,9 +16,11 @@ calls after a warm-up, the slowest rank's mean:
   dispatch to a ProcessGroup written in Python costs by itself, so that
   ``mar + empty`` is the least a Python backend can take.
 
-Then one DDP training step (a 4-layer MLP of about 1.1 M parameters, its
-gradients in DDP's 25 MB bucket) on each backend, interleaved.  Ratios are
-taken per repeat.  Run::
+Then DDP training steps on each backend, interleaved, of two models: a
+4-layer MLP of about 1.1 M parameters at batch 256, whose compute
+dominates, and a wide one (3 layers of 2048 x 2048, 12.6 M parameters) at batch 4,
+whose step is mostly its 50 MB of gradients' all-reduce.  Ratios are taken
+per repeat.  Run::
 
     mpiexec -n 2 python benchmarks/torch_backend.py > benchmarks/results/torch-backend-np2.txt
 """
@@ -40,11 +42,17 @@ from mpi_allreduce.tools.bench import (batch_mean_us, human, iterations_for, pai
 from mpi_allreduce.tools.verify import mpi_library
 
 
-def _ddp_step_us(comm, group, repeats_data, iters: int) -> float:
+#: the DDP models: (layer widths, batch) -- compute-bound, then communication-bound
+DDP_MODELS = {"MLP of 1.1 M parameters, batch 256": ((512, 1024, 512, 64), 256),
+              "wide MLP of 12.6 M parameters, batch 4": ((2048, 2048, 2048, 2048), 4)}
+
+
+def _ddp_step_us(comm, group, widths, repeats_data, iters: int) -> float:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
-                                torch.nn.Linear(1024, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 64))
+    layers = []
+    for a, b in zip(widths, widths[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1])
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
     x, y = repeats_data
@@ -99,13 +107,16 @@ def main() -> None:
                 t.zero_()
                 times[name].append(batch_mean_us(comm, calls[name], iters, warmup))
         rows.append((nbytes, times))
-    torch.manual_seed(comm.Get_rank())
-    data = (torch.randn(256, 512), torch.randn(256, 64))
-    ddp = {"ours": [], "gloo": []}
-    for repeat in range(args.repeats):
-        for name in repeat_order(list(ddp), 0, repeat):
-            group = None if name == "ours" else gloo
-            ddp[name].append(_ddp_step_us(comm, group, data, args.ddp_iters))
+    ddp_rows = []
+    for label, (widths, batch) in DDP_MODELS.items():
+        torch.manual_seed(comm.Get_rank())
+        data = (torch.randn(batch, widths[0]), torch.randn(batch, widths[-1]))
+        ddp = {"ours": [], "gloo": []}
+        for repeat in range(args.repeats):
+            for name in repeat_order(list(ddp), 0, repeat):
+                group = None if name == "ours" else gloo
+                ddp[name].append(_ddp_step_us(comm, group, widths, data, args.ddp_iters))
+        ddp_rows.append((label, ddp))
     if comm.Get_rank() == 0:
         print(f"# torch {torch.__version__} all_reduce, float32 SUM in place, {p} ranks; "
               f"{args.repeats} interleaved repeats; {mpi_library()}; {platform.node()}")
@@ -119,10 +130,11 @@ def main() -> None:
                                                                                   against))
                               for against in (times["gloo"], times["mar"], times["mpi"], floor))
             print(f"  {human(nbytes):>8} {cells} {ratios}")
-        ratio = paired_ratios(ddp["ours"], ddp["gloo"])
-        print(f"# DDP step (MLP of 1.1 M parameters, batch 256): ours "
-              f"{median(ddp['ours']) / 1e3:.2f} ms, gloo {median(ddp['gloo']) / 1e3:.2f} ms, "
-              f"ours/gloo {ratio[0]:.2f} ({ratio[1]:.2f}-{ratio[2]:.2f})")
+        for label, ddp in ddp_rows:
+            ratio = paired_ratios(ddp["ours"], ddp["gloo"])
+            print(f"# DDP step ({label}): ours {median(ddp['ours']) / 1e3:.2f} ms, gloo "
+                  f"{median(ddp['gloo']) / 1e3:.2f} ms, ours/gloo {ratio[0]:.2f} "
+                  f"({ratio[1]:.2f}-{ratio[2]:.2f})")
     comm.Free()
     dist.destroy_process_group()
 
