@@ -436,6 +436,29 @@ def test_mpis_calls_through_the_backend_are_reported_in_warn_mode(group, watchdo
     MPI.COMM_WORLD.Barrier()
 
 
+def test_a_rank_that_raises_inside_a_comm_hook(group, watchdog):
+    """DDP with a comm hook that raises on rank 0: rank 0's backward raises
+    that error; the others wait in vain for rank 0's messages, and their
+    backward raises the watchdog's Stalled (raise mode, 1 s) instead of
+    returning a gradient."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p == 1:
+        pytest.skip("one rank has no peer to leave waiting")
+    sub = dist.new_group(list(range(p)))  # left unusable
+    watchdog("1", "raise")
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2), process_group=sub)
+
+    def hook(state, bucket):
+        if r == 0:
+            raise RuntimeError("hook fails on purpose")
+        work = dist.all_reduce(bucket.buffer(), group=sub, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+    ddp.register_comm_hook(None, hook)
+    with pytest.raises(RuntimeError, match="on purpose" if r == 0 else "Stalled"):
+        ddp(torch.randn(3, 4)).sum().backward()
+    MPI.COMM_WORLD.Barrier()
+
+
 def test_destroy_and_init_again(group):
     """Last: the default group destroyed and made again (the fixture then
     destroys the new one)."""
