@@ -188,7 +188,8 @@ def _repeat(comm, what: str, sendbuf, recvbuf, args: tuple):
     context = cached_context(comm)
     if context is None or recvbuf is None:
         return None
-    entry = context.halves.get(("repeat", what, id(sendbuf), id(recvbuf)))
+    key = ("repeat", what, id(sendbuf), id(recvbuf))
+    entry = context.halves.get(key)
     if entry is None:
         return None
     run, send_ref, recv_ref, kept_args, dtype = entry
@@ -199,7 +200,7 @@ def _repeat(comm, what: str, sendbuf, recvbuf, args: tuple):
             or recvbuf.dtype != dtype or (counts is None) != (kept_counts is None) \
             or (counts is not None and tuple(counts) != kept_counts) or check_enabled(check):
         return None
-    context.halves.move_to_end(("repeat", what, id(sendbuf), id(recvbuf)))
+    context.halves.move_to_end(key)
     try:
         run()
     except Exception as exc:  # noqa: BLE001 - after messages started

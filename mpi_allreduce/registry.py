@@ -20,7 +20,8 @@ _ALGORITHMS = dict(list(FLAT.items())[:3] + [(hierarchical.NAME, hierarchical)]
 
 #: algorithms run by name only, not candidates of ``auto``, ``tune`` or live
 #: selection: the O(p^2) baseline, and the double binary tree, which the
-#: cost model predicts fastest nowhere from 2 to 65536 ranks (docs/cost-model.md).  The binomial tree is a candidate: the model has it
+#: cost model predicts fastest nowhere from 2 to 65536 ranks
+#: (docs/cost-model.md).  The binomial tree is a candidate: the model has it
 #: fastest for short vectors on thousands of ranks with many a node, where
 #: recursive doubling's steps across nodes queue every rank of a node on
 #: its port; ``tune`` measures it, and a table it writes may choose it.

@@ -136,8 +136,6 @@ class _Done(dist.Work):
         return future
 
 
-
-
 #: calls return while their messages travel (``async_op=True`` overlaps them with the
 #: caller's computation) where MPI runs threads; else every call completes first
 ASYNC = MPI.Query_thread() == MPI.THREAD_MULTIPLE
@@ -317,8 +315,6 @@ def _overlaps(opts) -> bool:
     return ASYNC and getattr(opts, "asyncOp", True)
 
 
-
-
 def _offsets(counts: list) -> list:
     return [sum(counts[:i]) for i in range(len(counts))]
 
@@ -429,11 +425,8 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                 tensor.mul_(factor)
         if not _overlaps(opts) or "reproducible" in _OPTIONS:  # (iallreduce does not take it)
             for tensor in tensors:
-                if tensor.is_contiguous():  # (the common case, without a call more)
-                    allreduce(MPI.IN_PLACE, _array(tensor), op, comm=self.comm, **_OPTIONS)
-                else:
-                    _in_place(tensor, lambda t: allreduce(MPI.IN_PLACE, t, op, comm=self.comm,
-                                                          **_OPTIONS))
+                _in_place(tensor, lambda t: allreduce(MPI.IN_PLACE, t, op, comm=self.comm,
+                                                      **_OPTIONS))
             return _Done(tensors)
         requests, after = [], []
         for tensor in tensors:
