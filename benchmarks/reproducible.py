@@ -5,7 +5,10 @@ Per size and dtype, three calls on the same buffers in interleaved repeats
 slowest rank's mean after a warm-up:
 
 * ``plain``: ``allreduce(x, op="sum")`` (``auto``);
-* ``reproducible``: ``allreduce(x, op="sum", reproducible=True)``;
+* ``reproducible``: ``allreduce(x, op="sum", reproducible=True)``, its
+  passes over memory numba's fused loops where numba is installed;
+* ``numpy passes``: the same with ``MPI_ALLREDUCE_KERNELS=numpy`` (the
+  same bytes; "-" where numba is missing, as the first column is then this);
 * ``vendor``: ``MPI.Allreduce`` of the MPI library.
 
 Ratios to ``plain`` are taken per repeat (median, q1-q3).  It also
@@ -19,6 +22,9 @@ the reproducible sum solves) and that the reproducible ones do not.  Run::
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
+import os
 import platform
 from statistics import median
 
@@ -26,10 +32,17 @@ import numpy as np
 from mpi4py import MPI
 
 import mpi_allreduce as mar
+from mpi_allreduce import config
 from mpi_allreduce.tools.bench import batch_mean_us, paired_ratios, repeat_order
 from mpi_allreduce.tools.verify import mpi_library
 
 SIZES = [8, 1024, 64 * 1024, 1 << 20, 16 << 20]
+
+
+def use_kernels(choice: str) -> None:
+    """The reproducible sum's passes from now on (``MPI_ALLREDUCE_KERNELS``)."""
+    os.environ[config.KERNELS_ENV] = choice
+    config.refresh()
 
 
 def main() -> None:
@@ -39,11 +52,15 @@ def main() -> None:
     args = parser.parse_args()
     comm = MPI.COMM_WORLD.Dup()
     rank, p = comm.Get_rank(), comm.Get_size()
+    fused = importlib.util.find_spec("numba") is not None
     if rank == 0:
+        passes = f"numba {importlib.metadata.version('numba')}" if fused else "numpy (no numba)"
         print(f"# reproducible sum against the plain sum, {p} ranks; {args.repeats} interleaved "
-              f"repeats; {mpi_library()}; {platform.node()}, {platform.machine()}")
+              f"repeats; passes: {passes}; {mpi_library()}; {platform.node()}, "
+              f"{platform.machine()}")
         print(f"# {'dtype':>8} {'bytes':>10} {'plain us':>10} {'repro us':>10} {'x plain':>8} "
-              f"{'q1-q3':>14} {'vendor us':>10}  plain bytes differ ring/rd | repro differ")
+              f"{'q1-q3':>14} {'numpy us':>9} {'x plain':>8} {'vendor us':>10}  "
+              f"plain bytes differ ring/rd | repro differ")
     for dtype in args.dtypes.split(","):
         for nbytes in SIZES:
             count = max(1, nbytes // np.dtype(dtype).itemsize)
@@ -55,10 +72,13 @@ def main() -> None:
                 "reproducible": lambda: mar.allreduce(x, out, comm=comm, reproducible=True),
                 "vendor": lambda: comm.Allreduce(x, out, MPI.SUM),
             }
+            if fused:
+                calls["numpy passes"] = calls["reproducible"]
             iters = max(3, min(2000, (64 << 20) // (nbytes * 8)))
             times = {name: [] for name in calls}
             for repeat in range(args.repeats):
                 for name in repeat_order(list(calls), nbytes, repeat):
+                    use_kernels("numpy" if name == "numpy passes" else "auto")
                     times[name].append(batch_mean_us(comm, calls[name], iters,
                                                      max(1, iters // 10)))
             plain = {mar.allreduce(x, comm=comm, algorithm=a).tobytes()
@@ -67,9 +87,13 @@ def main() -> None:
                      for a in ("ring", "recursive_doubling")}
             if rank == 0:
                 ratio, q1, q3 = paired_ratios(times["reproducible"], times["plain"])
+                numpy_us, numpy_ratio = ("-", "-") if not fused else (
+                    f"{median(times['numpy passes']):.1f}",
+                    f"{paired_ratios(times['numpy passes'], times['plain'])[0]:.2f}")
                 print(f"  {dtype:>8} {count * np.dtype(dtype).itemsize:10d} "
                       f"{median(times['plain']):10.1f} {median(times['reproducible']):10.1f} "
-                      f"{ratio:8.2f} {q1:6.2f} - {q3:<6.2f} {median(times['vendor']):10.1f}  "
+                      f"{ratio:8.2f} {q1:6.2f} - {q3:<6.2f} {numpy_us:>9} {numpy_ratio:>8} "
+                      f"{median(times['vendor']):10.1f}  "
                       f"{'yes' if len(plain) > 1 else 'no':>25} | "
                       f"{'yes' if len(repro) > 1 else 'no'}")
     comm.Free()

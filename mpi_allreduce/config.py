@@ -141,6 +141,10 @@ SETTINGS: tuple = (
     Setting("MPI_ALLREDUCE_WATCHDOG_ACTION", "watchdog_action",
             _choice("abort", "raise", "warn"), "abort",
             "then abort the job, raise mar.Stalled, or only report", "abort|raise|warn"),
+    Setting("MPI_ALLREDUCE_KERNELS", "kernels", _choice("auto", "numba", "numpy"), "auto",
+            "reproducible sums' passes over memory: numba's fused loops where numba is "
+            "installed (auto), always (numba: an error without it), or numpy's; the bytes "
+            "are the same", "auto|numba|numpy"),
     Setting("MPI_ALLREDUCE_TRACE", "trace", _trace_directory, None,
             "record every call's rounds, messages, reductions and copies (Chrome trace "
             "format) into this directory; each rank writes its file at exit", "DIR"),
@@ -150,7 +154,7 @@ _BY_FIELD = {s.field: s for s in SETTINGS}
 # the names other modules and tests use
 CHECK_ENV, SEGMENT_ENV, RANKS_PER_NODE_ENV, INNER_ENV, TUNING_ENV, TUNING_DIR_ENV, \
     SELECTION_ENV, CUDA_AWARE_ENV, PROGRESS_ENV, ON_ERROR_ENV, WATCHDOG_ENV, \
-    WATCHDOG_ACTION_ENV, TRACE_ENV = (s.name for s in SETTINGS)
+    WATCHDOG_ACTION_ENV, KERNELS_ENV, TRACE_ENV = (s.name for s in SETTINGS)
 
 
 class Environment(NamedTuple):
@@ -166,6 +170,7 @@ class Environment(NamedTuple):
     on_error: str
     watchdog: float
     watchdog_action: str
+    kernels: str
     trace: Optional[str]
 
 

@@ -33,7 +33,8 @@ thread.
 
 This module is the one engine every kind of call goes through: blocking
 calls (:func:`blocking`), non-blocking and persistent ones, the one-round
-persistent short cut, reduce-scatter and allgather.  Each is watched by the
+persistent short cut, reduce-scatter and allgather, and MPI's own requests
+where the torch backend hands a call to MPI (:func:`mpi_request`).  Each is watched by the
 watchdog from start to completion, and in the watchdog's ``raise`` mode
 each waits against one deadline loop (``_Engine.wait``).
 """
@@ -55,8 +56,8 @@ from .errors import RequestError, Stalled, failed
 from .executor import Bound, Stage
 from .watchdog import WATCH, describe, report, settings
 
-__all__ = ["Operation", "Request", "PersistentRequest", "RequestError", "waitall",
-           "thread_progress", "blocking", "THREAD_MIN_BYTES"]
+__all__ = ["Operation", "MPIOperation", "Request", "PersistentRequest", "RequestError",
+           "waitall", "thread_progress", "blocking", "mpi_request", "THREAD_MIN_BYTES"]
 
 #: calls moving fewer bytes per rank than this are advanced by the caller
 THREAD_MIN_BYTES = 64 * 1024
@@ -206,6 +207,73 @@ class _Started:
 
     def test(self) -> bool:
         return MPI.Request.Testall(self.requests)
+
+
+class _Posted:
+    """Requests of an MPI call posted by the caller (a broadcast, a gather,
+    a receive), with their statuses: what a stage's messages are to an
+    operation of the library's."""
+
+    __slots__ = ("requests", "statuses")
+
+    def __init__(self, requests, statuses):
+        self.requests, self.statuses = requests, statuses
+
+    def wait(self) -> None:
+        MPI.Request.Waitall(self.requests, self.statuses)
+
+    def test(self) -> bool:
+        return MPI.Request.Testall(self.requests, self.statuses)
+
+
+#: requests of MPI calls given up on (stalled): never freed, since MPI does
+#: not let a collective's request be cancelled or freed while it is active
+ABANDONED: list = []
+
+
+class MPIOperation(Operation):
+    """MPI's own requests in flight (``what``: how a report names the
+    call), as one operation of the engine: advanced, waited (with the
+    deadline of the watchdog's raise mode) and watched like the library's
+    calls.  Stalled, its receives are cancelled when ``cancel``; its
+    requests are kept in :data:`ABANDONED`, and ``on_stall(report)`` runs."""
+
+    __slots__ = ("cancel", "on_stall")
+
+    def __init__(self, requests, what: str, comm, statuses=None, cancel=False,
+                 on_stall=None):
+        super().__init__([], None, 0, "", False, what)
+        self.comm, self.cancel, self.on_stall = comm, cancel, on_stall
+        self.pending, self.index, self.done, self.starts = [_Posted(requests, statuses)], -1, \
+            False, 1
+        if self.limit:
+            self.deadline = time.monotonic() + self.limit
+        if settings()[0] > 0:
+            WATCH.watch(self)
+
+    def stalled(self) -> Stalled:
+        error = super().stalled()
+        if self.on_stall is not None:
+            self.on_stall(str(error))
+        return error
+
+    def abandon(self) -> None:
+        for request in self.requests():
+            if self.cancel:
+                request.Cancel()
+            ABANDONED.append(request)
+        self.pending, self.done = [], True
+
+
+def mpi_request(requests, what: str, comm, statuses=None, cancel=False,
+                on_stall=None) -> "Request":
+    """A :class:`Request` over MPI requests the caller posted on ``comm``
+    (see :class:`MPIOperation`): its ``wait()`` and ``test()`` are the
+    engine's, as for the library's own calls."""
+    request = Request(MPIOperation(requests, what, comm, statuses, cancel, on_stall), None)
+    request._state = "active"
+    _ENGINE.start_caller(request._op)
+    return request
 
 
 class _Engine:

@@ -52,7 +52,6 @@ import os
 import queue
 import socket
 import threading
-import time
 from collections import OrderedDict
 from typing import Optional
 
@@ -65,7 +64,7 @@ from torch.futures import Future
 from . import collectives
 from .api import allreduce, iallreduce
 from .errors import Stalled
-from .watchdog import WATCH, report, settings
+from .progress import mpi_request
 
 __all__ = ["BACKEND", "ASYNC", "MPIAllreduceGroup", "configure"]
 
@@ -142,47 +141,24 @@ ASYNC = MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
 class _Part:
-    """One request of a call in flight: ours (``wait``/``test``: the
-    library's engine and watchdog) or MPI's."""
+    """One request of a call in flight: the library's own, or one over
+    MPI's requests (:func:`~mpi_allreduce.progress.mpi_request`); either
+    way the engine's ``wait()``/``test()`` and its watchdog."""
 
-    __slots__ = ("request", "done", "status")
+    __slots__ = ("request", "done")
 
-    def __init__(self, request, status=None):
-        self.request, self.done, self.status = request, False, status
+    def __init__(self, request):
+        self.request, self.done = request, False
 
-    def wait(self, deadline: float = 0.0) -> None:
-        """Until complete; an MPI request with a ``deadline`` is polled, and
-        past it :class:`_Overdue` is raised."""
-        if self.done:
-            return
-        request = self.request
-        if not isinstance(request, MPI.Request):
-            request.wait()
-        elif not deadline:
-            request.Wait(self.status)
-        else:
-            pause = 20e-6
-            while not request.Test(self.status):
-                if time.monotonic() > deadline:
-                    raise _Overdue
-                time.sleep(pause)
-                pause = min(2 * pause, 1e-3)
-        self.done = True
+    def wait(self) -> None:
+        if not self.done:
+            self.request.wait()
+            self.done = True
 
     def test(self) -> bool:
         if not self.done:
-            self.done = bool(self.request.Test(self.status)
-                             if isinstance(self.request, MPI.Request) else self.request.test())
+            self.done = self.request.test()
         return self.done
-
-
-class _Overdue(Exception):
-    """An MPI request of the backend passed its deadline (the watchdog's raise mode)."""
-
-
-#: MPI requests of calls given up on (stalled): never freed, since MPI does
-#: not let a collective's request be cancelled or freed while it is active
-_ABANDONED: list = []
 
 
 class _Work(dist.Work):
@@ -193,15 +169,22 @@ class _Work(dist.Work):
     future).
 
     A call with MPI's requests (broadcast, gathers, send/recv, barrier, ...)
-    is watched as the library's own calls are (their requests are watched
-    by the engine): its group and ``kind`` name it in the watchdog's report;
-    in the raise mode its wait polls against the deadline and then raises
-    :class:`~mpi_allreduce.errors.Stalled`, and the group is unusable."""
+    hands them to the library's engine as one request, so it is waited and
+    watched as the library's own calls are: its group and ``kind`` name it
+    in the watchdog's report; in the raise mode it raises
+    :class:`~mpi_allreduce.errors.Stalled` past the deadline, and the group
+    is unusable."""
 
     def __init__(self, requests, result, after=(), status=None, kind: str = "",
                  group: "Optional[MPIAllreduceGroup]" = None, cancel: bool = False):
         super().__init__()
-        self._parts = [_Part(r, status) for r in requests]
+        ours = [r for r in requests if not isinstance(r, MPI.Request)]
+        mpis = [r for r in requests if isinstance(r, MPI.Request)]
+        if mpis:
+            ours.append(mpi_request(mpis, group._what(kind), group.comm,
+                                    None if status is None else [status], cancel,
+                                    group._stalled))
+        self._parts = [_Part(r) for r in ours]
         self._status = status
         self._after, self._result = list(after), result
         self._future = Future()
@@ -209,34 +192,19 @@ class _Work(dist.Work):
         self._done = False
         self._error: Optional[BaseException] = None
         self._queued = False
-        self._kind, self._group, self._cancel, self._deadline = kind, group, cancel, 0.0
-        seconds, action = settings()
-        if seconds > 0 and group is not None and \
-                any(isinstance(r, MPI.Request) for r in requests):
-            if action == "raise":
-                self._deadline = time.monotonic() + seconds
-            WATCH.watch(self)
 
-    def snapshot(self) -> tuple:
-        """What the watchdog samples: (1, (what, None) while in flight, thread)."""
-        return 1, None if self._done else (self._what(), None), "any"
-
-    def _what(self) -> str:
-        comm = self._group.comm
-        return (f"{self._kind} on the {BACKEND} backend's group of {comm.Get_size()} ranks "
-                f"(rank {comm.Get_rank()} here)")
-
-    def _complete(self) -> None:
+    def _complete(self, error: Optional[BaseException] = None) -> None:
+        """Wait for the parts and run what comes after, or end with ``error``."""
         with self._lock:
             if self._done:
                 return
             try:
+                if error is not None:
+                    raise error
                 for part in self._parts:
-                    part.wait(self._deadline)
+                    part.wait()
                 for function in self._after:
                     function()
-            except _Overdue:
-                self._error = self._stalled()
             except BaseException as exc:  # noqa: BLE001 - handed to wait() and the future
                 self._error = exc
             self._done = True
@@ -244,19 +212,6 @@ class _Work(dist.Work):
             self._future.set_result(self._result)
         else:
             self._future.set_exception(self._error)
-
-    def _stalled(self) -> Stalled:
-        """Give up on the call: a receive cancelled, its requests kept
-        (never waited again), its group unusable; the error to raise."""
-        for part in self._parts:
-            if not part.done and isinstance(part.request, MPI.Request):
-                if self._cancel:
-                    part.request.Cancel()
-                _ABANDONED.append(part.request)
-        text = report(self._what(), settings()[0], 1, threading.current_thread().name)
-        self._group._broken = ("an earlier call on this group stalled, its messages are in "
-                               "disarray: " + text)
-        return Stalled(text)
 
     def wait(self, timeout=None) -> bool:
         self._complete()
@@ -266,14 +221,15 @@ class _Work(dist.Work):
 
     def is_completed(self) -> bool:
         if not self._done and self._lock.acquire(False):
+            error = None
             try:
                 ready = all(part.test() for part in self._parts)
+            except Stalled as exc:  # (past the deadline in the raise mode)
+                error, ready = exc, True
             finally:
                 self._lock.release()
             if ready:
-                self._complete()
-            elif self._deadline and time.monotonic() > self._deadline:
-                self._complete()  # (past the deadline: gives up and records the error)
+                self._complete(error)
         return self._done
 
     def is_success(self) -> bool:
@@ -407,6 +363,17 @@ class MPIAllreduceGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND
+
+    def _what(self, kind: str) -> str:
+        """How the watchdog's report names a call of ``kind`` on this group."""
+        comm = self.comm
+        return (f"{kind} on the {BACKEND} backend's group of {comm.Get_size()} ranks "
+                f"(rank {comm.Get_rank()} here)")
+
+    def _stalled(self, report: str) -> None:
+        """A call on the group stalled: every later MPI call on it is refused."""
+        self._broken = "an earlier call on this group stalled, its messages are in disarray: " \
+            + report
 
     def _started(self, kind: str, requests, result, opts, after=(),
                  status=None) -> "dist.Work":

@@ -24,7 +24,7 @@ PUBLIC = ("mpi_allreduce", "mpi_allreduce.simulate", "mpi_allreduce.schedule",
           "mpi_allreduce.spec", "mpi_allreduce.selection", "mpi_allreduce.reproducible")
 
 TWO_COMMANDS = (
-    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[mpi,test,plot]' "
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[mpi,test,plot,numba]' "
     "&& python -m mpi_allreduce.demo",
     ". .venv/bin/activate && python -m pytest",
 )

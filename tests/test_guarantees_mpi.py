@@ -326,6 +326,37 @@ def test_watchdog_on_a_test_polling_loop(fresh, watchdog):
                 time.sleep(0.001)
 
 
+@pytest.mark.parametrize("how", ["wait", "test"])
+def test_mpis_own_requests_go_through_the_engine_and_its_watchdog(fresh, watchdog, how):
+    """MPI's requests handed to the engine (the torch backend's broadcasts,
+    gathers, receives): waited beside the library's calls in any order,
+    and in the raise mode a receive nobody sends to raises Stalled naming
+    the call, is cancelled and tells its owner."""
+    from mpi_allreduce.progress import mpi_request
+    _need(fresh)
+    watchdog(0.5)
+    rank, p = fresh.Get_rank(), fresh.Get_size()
+    value = np.full(1, rank, np.int64)
+    status = MPI.Status()
+    posted = [fresh.Irecv(value, (rank - 1) % p, 5),
+              fresh.Isend(np.full(1, rank, np.int64), (rank + 1) % p, 5)]
+    ring = mpi_request(posted, "a ring of sends", fresh, [status, MPI.Status()])
+    ours = mar.iallreduce(np.ones(3), comm=fresh)
+    np.testing.assert_array_equal(ours.wait(), np.full(3, p))
+    ring.wait()
+    assert value[0] == (rank - 1) % p and status.Get_source() == (rank - 1) % p
+    told = []
+    lonely = mpi_request([fresh.Irecv(np.empty(1), MPI.ANY_SOURCE, 6)], "a lonely receive",
+                         fresh, cancel=True, on_stall=told.append)
+    with pytest.raises(mar.Stalled, match="a lonely receive"):
+        if how == "wait":
+            lonely.wait()
+        while not lonely.test():
+            time.sleep(0.001)
+    assert len(told) == 1 and "a lonely receive" in told[0]
+    fresh.Barrier()
+
+
 @pytest.mark.skipif(not THREADS, reason="needs MPI_THREAD_MULTIPLE")
 def test_watchdog_names_the_stalled_call_while_another_thread_makes_calls(watchdog, capfd):
     """Warn mode: one thread waits in a call on one communicator; the main

@@ -93,3 +93,73 @@ def test_special_values(values, expected):
         assert np.isnan(got)
     else:
         assert got == expected
+
+
+def edge_values(rng, n, dtype):
+    """Ordinary values over many decades, with zeros of both signs,
+    subnormals, the largest and smallest normals, infinities and nans."""
+    info = np.finfo(dtype)
+    x = (rng.choice([-1.0, 1.0], n) * 10.0 ** rng.uniform(-30, 30, n)).astype(dtype)
+    special = np.array([0.0, -0.0, info.tiny, -info.tiny, info.smallest_subnormal,
+                        -3 * info.smallest_subnormal, info.tiny / 3, info.max, -info.max,
+                        np.inf, -np.inf, np.nan], dtype)
+    x[rng.choice(n, 3 * special.size, replace=False)] = np.tile(special, 3)
+    return x
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_numbas_fused_passes_give_numpys_bytes(dtype):
+    """Each fused pass against its numpy passes, bit for bit, on three
+    ranks' vectors whose shared exponents are often another rank's (so
+    tiny values meet a coarse grid), with every kind of special value."""
+    kernels = pytest.importorskip("mpi_allreduce.kernels")
+    rng = np.random.default_rng(7)
+    n, count = 5000, slices_for(dtype)
+    xs = [edge_values(rng, n, dtype) for _ in range(3)]
+    xs[2][:100] = 0  # elements where one rank holds a zero, another a subnormal
+    xs[1][:100] = np.finfo(dtype).smallest_subnormal * rng.integers(-9, 9, 100)
+    e_all = None
+    for x in xs:
+        e = exponents(x.astype(np.float64))
+        fused = np.empty(n, np.int16)
+        kernels.exponents(x, fused)
+        assert fused.tobytes() == e.tobytes()
+        e_all = e if e_all is None else np.maximum(e_all, e)
+    total = np.zeros((count, n), np.int64)
+    for x in xs:
+        part = slices(x.astype(np.float64), e_all, count)
+        fused = np.empty_like(part)
+        kernels.slices(x, e_all, fused)
+        assert fused.tobytes() == part.tobytes()
+        total += part
+    for scale in (1, -999):  # sums as p ranks' slices make them, and larger ones
+        with np.errstate(over="ignore"):  # (-999 x the largest float: an infinity)
+            want = assemble(total * scale, e_all)
+            for out in (np.empty(n, np.float64), np.empty(n, dtype)):
+                kernels.assemble(total * scale, e_all, out)
+                assert out.tobytes() == want.astype(out.dtype).tobytes()
+
+
+def test_kernels_numba_without_numba_is_an_error_that_says_so(monkeypatch):
+    """MPI_ALLREDUCE_KERNELS=numba where numba does not import: ImportError
+    naming the extra; auto falls back to numpy's passes."""
+    import sys
+
+    import mpi_allreduce
+    from mpi_allreduce import config, reproducible
+    from mpi_allreduce.backend import backend_for
+
+    backend = backend_for(np.zeros(1))
+    monkeypatch.setitem(sys.modules, "mpi_allreduce.kernels", None)
+    monkeypatch.delattr(mpi_allreduce, "kernels", raising=False)
+    try:
+        monkeypatch.setenv(config.KERNELS_ENV, "numba")
+        config.refresh()
+        with pytest.raises(ImportError, match=r"mpi_allreduce\[numba\]"):
+            reproducible._fused(backend)
+        monkeypatch.setenv(config.KERNELS_ENV, "auto")
+        config.refresh()
+        assert reproducible._fused(backend) is None
+    finally:
+        monkeypatch.undo()
+        config.refresh()

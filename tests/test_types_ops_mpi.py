@@ -6,6 +6,7 @@ sub-communicator; and every refusal the same exception on every rank."""
 from __future__ import annotations
 
 import array
+import importlib.util
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 import mpi_allreduce as mar
-from mpi_allreduce import registry
+from mpi_allreduce import config, registry
 from mpi_allreduce.tools.verify import K, interval, interval_mpi
 
 pytestmark = pytest.mark.mpi
@@ -315,10 +316,26 @@ def test_comm_wraps_and_keeps_its_options(comm):
 
 # --- reproducible sums ------------------------------------------------------------
 
+#: the reproducible sum's passes over memory this environment has
+KERNELS = ["numpy"] + (["numba"] if importlib.util.find_spec("numba") else [])
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    """Set MPI_ALLREDUCE_KERNELS by calling it; the setting is restored after."""
+    def use(kernel):
+        monkeypatch.setenv(config.KERNELS_ENV, kernel)
+        config.refresh()
+    yield use
+    monkeypatch.undo()
+    config.refresh()
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32", "complex128", "bfloat16"])
-def test_reproducible_sum_is_the_same_bits_everywhere(comm, dtype):
-    """Every algorithm, two segment sizes, in place or not, and the ranks'
-    vectors handed out in reverse: one set of bytes, on every rank."""
+def test_reproducible_sum_is_the_same_bits_everywhere(comm, dtype, kernels):
+    """Every algorithm, two segment sizes, in place or not, the ranks'
+    vectors handed out in reverse, numpy's passes and numba's fused ones
+    (where numba is installed): one set of bytes, on every rank."""
     if dtype == "bfloat16":
         dtype = pytest.importorskip("ml_dtypes").bfloat16
     p, rank, count = comm.Get_size(), comm.Get_rank(), 4 * comm.Get_size() + 7
@@ -331,8 +348,9 @@ def test_reproducible_sum_is_the_same_bits_everywhere(comm, dtype):
         return x.astype(dtype)
 
     results = set()
-    for algorithm in ["auto"] + [a for a in registry.ALGORITHMS if a != "hierarchical"] \
-            + ["hierarchical"]:
+    for kernel, algorithm in [(k, a) for k in KERNELS for a in ["auto"] + [
+            a for a in registry.ALGORITHMS if a != "hierarchical"] + ["hierarchical"]]:
+        kernels(kernel)
         for segment_size, owner, in_place in ((None, rank, False), (3, p - 1 - rank, True)):
             buf = vector(owner)
             if in_place:
