@@ -236,7 +236,7 @@ class MPIOperation(Operation):
     call), as one operation of the engine: advanced, waited (with the
     deadline of the watchdog's raise mode) and watched like the library's
     calls.  Stalled, its receives are cancelled when ``cancel``; its
-    requests are kept in :data:`ABANDONED`, and ``on_stall(report)`` runs."""
+    requests are kept in ``ABANDONED``, and ``on_stall(report)`` runs."""
 
     __slots__ = ("cancel", "on_stall")
 

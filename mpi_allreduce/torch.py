@@ -434,11 +434,49 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         return _Done(outputs)
 
     def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's name
-        _in_place(output, lambda t: collectives.allgather(_array(input.contiguous()), t,
-                                                          comm=self.comm))
+        """``input`` may be this rank's block of ``output`` (FSDP2 gathers in
+        place): then MPI.IN_PLACE; any other overlap gathers a copy."""
+        block = input.numel() * input.element_size()
+        if output.is_contiguous() and input.is_contiguous() and input.numel() and \
+                input.dtype == output.dtype and \
+                input.data_ptr() == output.data_ptr() + self.rank() * block:
+            send = MPI.IN_PLACE
+        else:
+            overlaps = input.untyped_storage().data_ptr() == output.untyped_storage().data_ptr()
+            send = _array(input.clone() if overlaps else input.contiguous())
+        _in_place(output, lambda t: collectives.allgather(send, t, comm=self.comm))
         return _Done(output)
 
     _allgather_base = all_gather_single
+
+    # --- the coalesced forms: one call per tensor ---------------------------------------
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        return self.allgather(output_lists, inputs, opts)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        for output, tensor in zip(outputs, inputs):
+            self.all_gather_single(output, tensor, opts)
+        return _Done(outputs)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        for output, tensor in zip(outputs, inputs):
+            self.reduce_scatter_single(output, tensor, opts)
+        return _Done(outputs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    # --- what it does not do: an error, never the name-holding backend's nothing -------
+    def _unsupported(name: str):
+        def refuse(self, *args, **kwargs):
+            raise RuntimeError(f"the {BACKEND} backend does not support {name}")
+        refuse.__name__ = name
+        return refuse
+
+    monitored_barrier = _unsupported("monitored_barrier")
+    split_group = _unsupported("split_group (use dist.new_group)")
+    merge_remote_group = _unsupported("merge_remote_group")
+    del _unsupported
 
     # --- MPI's (bytes: every dtype travels as it is) ------------------------------------
     @_unless_broken
@@ -567,7 +605,25 @@ def _create(options, backend_options=None) -> MPIAllreduceGroup:
         raise RuntimeError(f"{BACKEND}: torch's group (rank {options.group_rank} of "
                            f"{options.group_size}) is not MPI's (rank {comm.Get_rank()} of "
                            f"{comm.Get_size()}): launch every process with mpiexec or srun")
-    return MPIAllreduceGroup(options.group_rank, options.group_size, comm)
+    group = MPIAllreduceGroup(options.group_rank, options.group_size, comm)
+    _hold_name(group)
+    return group
+
+
+def _hold_name(group: MPIAllreduceGroup) -> None:
+    """Give the group a place for the name torch sets on it (FSDP2's
+    ``DeviceMesh`` asks for it).  torch keeps a group's name in its C++
+    backends, and a group written in Python has none: a do-nothing C++
+    backend (torch's ``FakeProcessGroup``) is registered to hold it.  Every
+    collective of the group is the group's own method (the ``_coalesced``
+    ones too), so none reaches that backend; without it the name is unset
+    and FSDP2 does not run."""
+    fake = getattr(dist.ProcessGroup, "BackendType", None) and \
+        getattr(torch._C._distributed_c10d, "FakeProcessGroup", None)
+    if fake is None or not hasattr(fake, "_create_internal"):
+        return
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM,
+                            fake._create_internal(group.rank(), group.size()))
 
 
 def _fill_environment() -> None:

@@ -468,3 +468,41 @@ def test_destroy_and_init_again(group):
     t = torch.ones(3)
     dist.all_reduce(t)
     assert t.tolist() == [float(p)] * 3
+
+
+def test_fsdp2_trains_as_one_process_would(group):
+    """FSDP2 (``fully_shard`` on a CPU DeviceMesh) on the backend: after a few
+    steps on different data per rank, the gathered weights equal those of
+    one process training on every rank's data (the gradients' average)."""
+    fsdp = pytest.importorskip("torch.distributed.fsdp")
+    from torch.distributed.device_mesh import init_device_mesh
+    p, r = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (p,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 30), torch.nn.ReLU(), torch.nn.Linear(30, 5))
+    alone = torch.nn.Sequential(torch.nn.Linear(16, 30), torch.nn.ReLU(), torch.nn.Linear(30, 5))
+    alone.load_state_dict(model.state_dict())
+    for layer in (model[0], model[2], model):
+        fsdp.fully_shard(layer, mesh=mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer_alone = torch.optim.SGD(alone.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        xs = [torch.randn(8, 16, generator=data) for _ in range(p)]
+        model(xs[r]).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        (sum(alone(x).pow(2).mean() for x in xs) / p).backward()
+        optimizer_alone.step()
+        optimizer_alone.zero_grad()
+    for name, weight in alone.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name].full_tensor(), weight,
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_what_the_backend_does_not_do_raises(group):
+    """Methods of a ProcessGroup the backend does not implement raise: they
+    never fall through to the do-nothing backend that holds the group's name."""
+    with pytest.raises(RuntimeError, match="does not support monitored_barrier"):
+        group.monitored_barrier()
+    assert group.group_name  # the name torch set (FSDP2's DeviceMesh reads it)
