@@ -471,6 +471,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         def refuse(self, *args, **kwargs):
             raise RuntimeError(f"the {BACKEND} backend does not support {name}")
         refuse.__name__ = name
+        refuse.__doc__ = f"Not supported: raises RuntimeError ({name})."
         return refuse
 
     monitored_barrier = _unsupported("monitored_barrier")
