@@ -63,6 +63,8 @@ __all__ = ["Operation", "MPIOperation", "Request", "PersistentRequest", "Request
 THREAD_MIN_BYTES = 64 * 1024
 #: tag of the progress thread's wake-up message to itself
 _WAKE_TAG = 0x77616B
+#: a thread's list of calls it advances is pruned of completed ones from this length on
+_PRUNE = 64
 
 
 class Operation:
@@ -310,7 +312,10 @@ class _Engine:
 
     def start_caller(self, op: Operation) -> None:
         op.owner = threading.get_ident()
-        self.caller.append(op)
+        caller = self.caller
+        if len(caller) >= _PRUNE:  # calls other threads waited for stay here until pruned
+            caller = self.caller = [other for other in caller if not other.done]
+        caller.append(op)
 
     def progress_caller(self) -> None:
         self.caller = [op for op in self.caller if not op.advance(False)]

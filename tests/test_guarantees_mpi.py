@@ -408,6 +408,21 @@ def test_a_request_waited_from_another_thread(fresh, monkeypatch, mode):
     np.testing.assert_array_equal(result[0], p * np.arange(100000.0) + p * (p - 1) / 2)
 
 
+def test_calls_waited_by_another_thread_do_not_pile_up_in_their_starters_list(fresh):
+    """A thread that starts calls another thread waits for (torch's
+    completion thread waits for DDP's): its list of calls to advance keeps
+    only those in flight, however many it starts."""
+    from mpi_allreduce.progress import _ENGINE, _PRUNE
+    x = np.ones(4)
+    for _ in range(5 * _PRUNE):
+        request = mar.iallreduce(x, comm=fresh, algorithm="ring")
+        waiter = threading.Thread(target=request.wait)
+        waiter.start()
+        waiter.join(timeout=60)
+        assert not waiter.is_alive()
+    assert len(_ENGINE.caller) <= _PRUNE  # (all 320 before)
+
+
 # --- threads, lifetimes --------------------------------------------------------------------
 
 @pytest.mark.skipif(not THREADS, reason="needs MPI_THREAD_MULTIPLE")
