@@ -123,11 +123,10 @@ def allreduce(
             call.backend.device_synchronize()  # the caller's other streams may still write it
             call.backend.copy(call.recv, call.send)
         return call.recv
-    if exact:
-        return _reproducible(comm, call, check, ranks_per_node, inner, tuning, selection)
     context = context_for(comm)
     held = refcounts(call)
-    run = runner(context, call)
+    run = _reproducible(comm, call, check, ranks_per_node, inner, tuning, selection) if exact \
+        else runner(context, call)
     if not checking:
         extra = (check, segment_size, ranks_per_node, inner, tuning, selection, reproducible)
         # counted first: arguments already pushed for a call would count too
@@ -137,7 +136,7 @@ def allreduce(
     try:
         run()
     except Exception as exc:  # noqa: BLE001 - after messages started
-        failed(comm, exc, call.algorithm)
+        failed(comm, exc, "reproducible sum" if exact else call.algorithm)
     return call.recv
 
 
@@ -159,29 +158,32 @@ def _order_matters(call: Call) -> bool:
 
 
 def _reproducible(comm, call: Call, check, ranks_per_node, inner, tuning, selection):
-    """``allreduce(..., reproducible=True)`` of a validated call (see
-    :mod:`~mpi_allreduce.reproducible`); its two all-reduces are bound once
-    per shape, with the caller's algorithm and options."""
+    """What runs ``allreduce(..., reproducible=True)`` of a validated call
+    (see :mod:`~mpi_allreduce.reproducible`), kept for repeats as the other
+    calls are; its two all-reduces are bound once per shape, with the
+    caller's algorithm and options."""
     from . import reproducible
 
     # the inner calls carry the caller's dtype and op in their spec: ranks
     # that disagree about them must not meet in the inner calls' messages
     salt = f"reproducible/{dtype_label(call.recv.dtype)}/{call.op.stable}"
+    kept = context_for(comm).work
+    options = (call.algorithm, ranks_per_node, inner, id(tuning), selection, salt)
+    # (no reference to ``call`` is kept: the kept call's references to the
+    # buffers are counted, see remember_call)
+    send, recv, backend, finalize = call.send, call.recv, call.backend, call.op.finalize
+    algorithm, size = call.algorithm, comm.Get_size()
 
     def bind(send, recv, name):
-        inner_call, _ = _setup(send, recv, name, comm, call.algorithm, check, None,
+        inner_call, _ = _setup(send, recv, name, comm, algorithm, check, None,
                                ranks_per_node, inner, tuning, selection, salt)
         return runner(context_for(comm), inner_call)
 
-    try:
-        reproducible.allreduce(call.send, call.recv, comm, call.backend, bind,
-                               (call.algorithm, ranks_per_node, inner, id(tuning), selection,
-                                salt), context_for(comm).work)
-        if call.op.finalize is not None:
-            call.backend.ufunc(call.op.finalize)(call.recv, comm.Get_size(), out=call.recv)
-    except Exception as exc:  # noqa: BLE001 - after messages started
-        failed(comm, exc, "reproducible sum")
-    return call.recv
+    def run():
+        reproducible.allreduce(send, recv, comm, backend, bind, options, kept)
+        if finalize is not None:
+            backend.ufunc(finalize)(recv, size, out=recv)
+    return run
 
 
 def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,

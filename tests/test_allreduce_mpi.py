@@ -196,6 +196,28 @@ def test_repeat_with_same_buffers_skips_validation(comm, algorithm, in_place, va
     assert len(validations) == expected_validations
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+def test_a_repeated_reproducible_sum_skips_validation_too(comm, in_place, validations):
+    """reproducible=True repeats are kept calls as well: validated once (with
+    its two inner all-reduces' set-up), right for the buffers' new data, and
+    a call with other options on the same buffers is not taken for one."""
+    size, count = comm.Get_size(), 23
+    send, recv = np.empty(count), np.empty(count)
+    first = None
+    for step in range(4):
+        (recv if in_place else send)[...] = np.arange(count) * (comm.Get_rank() + 1) + step / 4
+        mar.allreduce(MPI.IN_PLACE if in_place else send, recv, comm=comm, reproducible=True)
+        np.testing.assert_array_equal(
+            recv, np.arange(count) * size * (size + 1) / 2 + step / 4 * size)
+        first = len(validations) if first is None else first
+    # the first call validated (its inner all-reduces too, unless their shape was kept)
+    assert first >= 1 and len(validations) == (first if size > 1 else 4)
+    (recv if in_place else send)[...] = 1.0
+    mar.allreduce(MPI.IN_PLACE if in_place else send, recv, comm=comm)
+    np.testing.assert_array_equal(recv, float(size))
+    assert len(validations) == (first + 1 if size > 1 else 5)  # the plain call: validated anew
+
+
 def test_a_reshaped_buffer_is_the_same_memory(comm, validations):
     """A kept call holds views of the buffers: reshaping one in place changes
     nothing they cover, so the repeat stays on the short way and is right."""
