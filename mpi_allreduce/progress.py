@@ -675,10 +675,19 @@ class _OneRound(PersistentRequest):
     def wait(self):
         if self._state != "active":
             self._check_active("wait")
-        if self._limit:
-            while not _testall(self._requests):
-                if time.monotonic() > self._op.deadline:
-                    raise self._stalled()
+        if self._limit:  # the engine's one wait loop, against the deadline
+            op = self._op
+            op.pending, op.index, op.done = [_Started(self._requests)], len(op.stages) - 1, False
+            op.starts = self._starts
+            _ENGINE.start_caller(op)
+            try:
+                _ENGINE.wait(op)
+            except Stalled:
+                self._state = "complete"
+                raise
+            if op.error is not None:  # (an MPI error, raised as the wait below raises it)
+                error, op.error = op.error, None
+                raise error
         else:
             _waitall(self._requests)
         for function, args in self._after_wait:
@@ -782,11 +791,9 @@ def blocking(bound: Bound, context, kind: str):
                 if context.broken is not None:
                     raise Stalled(context.broken)
                 op.begin()
-                spins = 0
-                while not op.advance(False):
-                    spins += 1
-                    if spins & 0xFF == 0 and time.monotonic() > op.deadline:
-                        raise op.stalled()
+                if not op.done:  # the one wait loop (it polls against the deadline)
+                    _ENGINE.start_caller(op)
+                    _ENGINE.wait(op)
             finally:
                 context.what = None
             if op.error is not None:
