@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 from mpi4py import MPI
 
 from . import progress, validate as _validate
+from .config import KERNELS_ENV, environment
 from .context import CALLS, context_for, refcounts, remember_call, setup
 from .errors import ArgumentMismatch, failed
 from .ops import dtype_label
@@ -179,11 +181,31 @@ def _reproducible(comm, call: Call, check, ranks_per_node, inner, tuning, select
                                ranks_per_node, inner, tuning, selection, salt)
         return runner(context_for(comm), inner_call)
 
+    fused = kernels_for(backend)
+
     def run():
-        reproducible.allreduce(send, recv, comm, backend, bind, options, kept)
+        reproducible.allreduce(send, recv, comm, backend, bind, options, kept, fused)
         if finalize is not None:
             backend.ufunc(finalize)(recv, size, out=recv)
     return run
+
+
+def kernels_for(backend):
+    """The reproducible sum's passes for ``backend``'s arrays: numba's fused
+    ones (:mod:`~mpi_allreduce.kernels`) for host arrays where
+    ``MPI_ALLREDUCE_KERNELS`` allows them and numba imports, else None
+    (numpy's passes)."""
+    choice = environment().kernels
+    if choice == "numpy" or backend.device or backend.xp is not np:
+        return None
+    try:
+        from . import kernels
+    except ImportError as exc:
+        if choice == "numba":
+            raise ImportError(f"{KERNELS_ENV}=numba, but numba does not import ({exc}): "
+                              "pip install 'mpi_allreduce[numba]'") from exc
+        return None
+    return kernels
 
 
 def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,

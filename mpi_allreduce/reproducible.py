@@ -46,8 +46,6 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .config import KERNELS_ENV, environment
-
 __all__ = ["Scratch", "exponents", "slices", "assemble", "slices_for", "W", "MAX_RANKS", "allreduce"]
 
 #: bits per slice
@@ -188,28 +186,12 @@ class _Work:
         return self.x
 
 
-def _fused(backend):
-    """numba's fused passes (:mod:`~mpi_allreduce.kernels`) for host
-    arrays where ``MPI_ALLREDUCE_KERNELS`` allows them and numba is there,
-    else None (numpy's passes)."""
-    choice = environment().kernels
-    if choice == "numpy" or backend.xp is not np:
-        return None
-    try:
-        from . import kernels
-    except ImportError as exc:
-        if choice == "numba":
-            raise ImportError(f"{KERNELS_ENV}=numba, but numba does not import ({exc}): "
-                              "pip install 'mpi_allreduce[numba]'") from exc
-        return None
-    return kernels
-
-
 #: shapes whose work arrays and bound calls a communicator keeps
 MAX_WORK = 4
 
 
-def allreduce(send, recv, comm, backend, bind, options: tuple, kept: "OrderedDict"):
+def allreduce(send, recv, comm, backend, bind, options: tuple, kept: "OrderedDict",
+              fused=None):
     """The reproducible sum of ``send`` (None: in place, read from ``recv``)
     into ``recv`` over ``comm``.  ``bind(sendbuf, recvbuf, op)`` returns an
     all-reduce of those arrays (the library's, with the caller's algorithm
@@ -218,7 +200,8 @@ def allreduce(send, recv, comm, backend, bind, options: tuple, kept: "OrderedDic
     calls of the last ``MAX_WORK`` shapes are kept in ``kept`` (the
     communicator's context owns it; 36 bytes per float64 element with
     numba's fused passes, 56 with numpy's; 12 to 28 more for a narrower
-    one)."""
+    one).  ``fused``: :mod:`~mpi_allreduce.kernels` for its fused passes
+    (host arrays), or None for numpy's."""
     if comm.Get_size() > MAX_RANKS:
         raise ValueError(f"reproducible sums take at most {MAX_RANKS} ranks")
     real = _real_view(recv if send is None else send).reshape(-1)
@@ -231,7 +214,6 @@ def allreduce(send, recv, comm, backend, bind, options: tuple, kept: "OrderedDic
             kept.popitem(last=False)
     else:
         kept.move_to_end(key)
-    fused = _fused(backend)
     x = real if fused is not None and real.dtype in fused.DTYPES else work.float64(real)
     rows = work.slices.reshape(count, n), work.total.reshape(count, n)
     out = _real_view(recv).reshape(-1)

@@ -146,7 +146,8 @@ def test_kernels_numba_without_numba_is_an_error_that_says_so(monkeypatch):
     import sys
 
     import mpi_allreduce
-    from mpi_allreduce import config, reproducible
+    from mpi_allreduce import config
+    from mpi_allreduce.api import kernels_for
     from mpi_allreduce.backend import backend_for
 
     backend = backend_for(np.zeros(1))
@@ -156,10 +157,10 @@ def test_kernels_numba_without_numba_is_an_error_that_says_so(monkeypatch):
         monkeypatch.setenv(config.KERNELS_ENV, "numba")
         config.refresh()
         with pytest.raises(ImportError, match=r"mpi_allreduce\[numba\]"):
-            reproducible._fused(backend)
+            kernels_for(backend)
         monkeypatch.setenv(config.KERNELS_ENV, "auto")
         config.refresh()
-        assert reproducible._fused(backend) is None
+        assert kernels_for(backend) is None
     finally:
         monkeypatch.undo()
         config.refresh()
