@@ -19,8 +19,10 @@ calls after a warm-up, the slowest rank's mean:
 Then DDP training steps on each backend, interleaved, of two models: a
 4-layer MLP of about 1.1 M parameters at batch 256, whose compute
 dominates, and a wide one (3 layers of 2048 x 2048, 12.6 M parameters) at batch 4,
-whose step is mostly its 50 MB of gradients' all-reduce.  Ratios are taken
-per repeat.  Run::
+whose gradients (50 MB) are all-reduced every step.  The ``empty`` group
+trains too: its step, with no communication at all, is the least any
+backend's step can take on these processes.  Ratios are taken per repeat.
+Run::
 
     mpiexec -n 2 python benchmarks/torch_backend.py > benchmarks/results/torch-backend-np2.txt
 """
@@ -111,10 +113,10 @@ def main() -> None:
     for label, (widths, batch) in DDP_MODELS.items():
         torch.manual_seed(comm.Get_rank())
         data = (torch.randn(batch, widths[0]), torch.randn(batch, widths[-1]))
-        ddp = {"ours": [], "gloo": []}
+        ddp = {"ours": [], "gloo": [], "empty": []}
         for repeat in range(args.repeats):
             for name in repeat_order(list(ddp), 0, repeat):
-                group = None if name == "ours" else gloo
+                group = {"ours": None, "gloo": gloo, "empty": empty}[name]
                 ddp[name].append(_ddp_step_us(comm, group, widths, data, args.ddp_iters))
         ddp_rows.append((label, ddp))
     if comm.Get_rank() == 0:
@@ -132,9 +134,12 @@ def main() -> None:
             print(f"  {human(nbytes):>8} {cells} {ratios}")
         for label, ddp in ddp_rows:
             ratio = paired_ratios(ddp["ours"], ddp["gloo"])
+            floor = paired_ratios(ddp["empty"], ddp["gloo"])
             print(f"# DDP step ({label}): ours {median(ddp['ours']) / 1e3:.2f} ms, gloo "
-                  f"{median(ddp['gloo']) / 1e3:.2f} ms, ours/gloo {ratio[0]:.2f} "
-                  f"({ratio[1]:.2f}-{ratio[2]:.2f})")
+                  f"{median(ddp['gloo']) / 1e3:.2f} ms, no communication "
+                  f"{median(ddp['empty']) / 1e3:.2f} ms; ours/gloo {ratio[0]:.2f} "
+                  f"({ratio[1]:.2f}-{ratio[2]:.2f}), no communication/gloo {floor[0]:.2f} "
+                  f"({floor[1]:.2f}-{floor[2]:.2f})")
     comm.Free()
     dist.destroy_process_group()
 
