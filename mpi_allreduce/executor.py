@@ -226,7 +226,7 @@ def _stages(plan: Plan, arrays: tuple) -> list:
         dst, src = action
         if dst[1:] == src[1:] and arrays[dst.buf] is arrays[src.buf]:
             return None  # a copy onto itself (a one-rank ring in place)
-        return backend.copy, (view(action.dst), view(action.src))
+        return backend.copier(view(action.dst), view(action.src))
 
     def locals_of(actions):
         return tuple(s for s in map(local, actions) if s is not None)

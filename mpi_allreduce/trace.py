@@ -233,8 +233,8 @@ class _Call:
 
 
 def _kind(function, backend) -> str:
-    if function == backend.copy:
-        return "copy"
+    if function == backend.copy or getattr(function, "__name__", "") == "__setitem__":
+        return "copy"  # (the executor's copies are item assignments: Backend.copier)
     if function == backend.device_synchronize:
         return "synchronize"
     return "reduce"

@@ -104,6 +104,8 @@ def test_every_kind_of_call_is_traced(traced):
     assert sum(e["args"]["elements"] == THREAD_MIN_BYTES // 4 for e in calls) == size
     pids = {e["pid"] for e in doc["traceEvents"] if e.get("ph") == "X"}
     assert pids == set(range(size))
+    # local steps are named for what they do (out of place, the ring copies its input first)
+    assert {"copy", "reduce"} <= {e["name"] for e in doc["traceEvents"] if e.get("cat") == "local"}
     # calls in flight together never share a lane on a rank
     lanes = [e for e in _calls(doc, algorithm="ring", kind="non-blocking or persistent")
              if e["pid"] == 0]
