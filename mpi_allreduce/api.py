@@ -192,7 +192,7 @@ def _reproducible(comm, call: Call, check, ranks_per_node, inner, tuning, select
 
 def kernels_for(backend):
     """The reproducible sum's passes for ``backend``'s arrays: numba's fused
-    ones (:mod:`~mpi_allreduce.kernels`) for host arrays where
+    ones (``mpi_allreduce.kernels``) for host arrays where
     ``MPI_ALLREDUCE_KERNELS`` allows them and numba imports, else None
     (numpy's passes)."""
     choice = environment().kernels

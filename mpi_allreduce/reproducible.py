@@ -200,7 +200,7 @@ def allreduce(send, recv, comm, backend, bind, options: tuple, kept: "OrderedDic
     calls of the last ``MAX_WORK`` shapes are kept in ``kept`` (the
     communicator's context owns it; 36 bytes per float64 element with
     numba's fused passes, 56 with numpy's; 12 to 28 more for a narrower
-    one).  ``fused``: :mod:`~mpi_allreduce.kernels` for its fused passes
+    one).  ``fused``: ``mpi_allreduce.kernels`` for its fused passes
     (host arrays), or None for numpy's."""
     if comm.Get_size() > MAX_RANKS:
         raise ValueError(f"reproducible sums take at most {MAX_RANKS} ranks")
