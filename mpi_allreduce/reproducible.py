@@ -198,9 +198,9 @@ def allreduce(send, recv, comm, backend, bind, options: tuple, kept: "OrderedDic
     and ``options`` -- everything the bound calls depend on, the caller's
     dtype and op included), run by calling it.  The work arrays and bound
     calls of the last ``MAX_WORK`` shapes are kept in ``kept`` (the
-    communicator's context owns it; 36 bytes per float64 element with
-    numba's fused passes, 56 with numpy's; 12 to 28 more for a narrower
-    one).  ``fused``: ``mpi_allreduce.kernels`` for its fused passes
+    communicator's context owns it; 36 bytes per element with numba's
+    fused passes, 56 with numpy's, and 8 more for a copy as float64 where
+    the passes do not read the dtype itself).  ``fused``: ``mpi_allreduce.kernels`` for its fused passes
     (host arrays), or None for numpy's."""
     if comm.Get_size() > MAX_RANKS:
         raise ValueError(f"reproducible sums take at most {MAX_RANKS} ranks")
