@@ -619,12 +619,12 @@ def _hold_name(group: MPIAllreduceGroup) -> None:
     collective of the group is the group's own method (the ``_coalesced``
     ones too), so none reaches that backend; without it the name is unset
     and FSDP2 does not run."""
-    fake = getattr(dist.ProcessGroup, "BackendType", None) and \
-        getattr(torch._C._distributed_c10d, "FakeProcessGroup", None)
-    if fake is None or not hasattr(fake, "_create_internal"):
-        return
-    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM,
-                            fake._create_internal(group.rank(), group.size()))
+    fake = getattr(torch._C._distributed_c10d, "FakeProcessGroup", None)
+    try:  # (torch's internals: where they differ, the group runs without a name)
+        group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM,
+                                fake._create_internal(group.rank(), group.size()))
+    except (AttributeError, TypeError, RuntimeError):
+        pass
 
 
 def _fill_environment() -> None:
