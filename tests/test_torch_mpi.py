@@ -506,3 +506,19 @@ def test_what_the_backend_does_not_do_raises(group):
     with pytest.raises(RuntimeError, match="does not support monitored_barrier"):
         group.monitored_barrier()
     assert group.group_name  # the name torch set (FSDP2's DeviceMesh reads it)
+
+
+def test_all_gather_into_a_tensor_that_holds_the_input(group):
+    """The input as this rank's block of the output (FSDP2's in-place
+    gather), and as another block of it (gathered from a copy)."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    out = torch.zeros(3 * p)
+    out[3 * r:3 * r + 3] = torch.tensor([r, r + 0.5, -r], dtype=torch.float32)
+    dist.all_gather_into_tensor(out, out[3 * r:3 * r + 3])
+    want = torch.tensor([[q, q + 0.5, -q] for q in range(p)], dtype=torch.float32).reshape(-1)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    out = torch.zeros(3 * p)
+    out[:3] = r  # every rank's input is the first block, its own only on rank 0
+    dist.all_gather_into_tensor(out, out[:3])
+    torch.testing.assert_close(out, torch.arange(p, dtype=torch.float32).repeat_interleave(3),
+                               rtol=0, atol=0)
