@@ -197,28 +197,13 @@ class Operation:
 
 
 class _Started:
-    """A stage's persistent requests, started (what ``Pending`` is to posted ones)."""
-
-    __slots__ = ("requests",)
-
-    def __init__(self, requests):
-        self.requests = requests
-
-    def wait(self) -> None:
-        MPI.Request.Waitall(self.requests)
-
-    def test(self) -> bool:
-        return MPI.Request.Testall(self.requests)
-
-
-class _Posted:
-    """Requests of an MPI call posted by the caller (a broadcast, a gather,
-    a receive), with their statuses: what a stage's messages are to an
-    operation of the library's."""
+    """Requests in flight that are not the library's messages (a stage's
+    persistent requests, started; an MPI call the caller posted), with
+    their statuses where asked for: what ``Pending`` is to posted ones."""
 
     __slots__ = ("requests", "statuses")
 
-    def __init__(self, requests, statuses):
+    def __init__(self, requests, statuses=None):
         self.requests, self.statuses = requests, statuses
 
     def wait(self) -> None:
@@ -246,7 +231,7 @@ class MPIOperation(Operation):
                  on_stall=None):
         super().__init__([], None, 0, "", False, what)
         self.comm, self.cancel, self.on_stall = comm, cancel, on_stall
-        self.pending, self.index, self.done, self.starts = [_Posted(requests, statuses)], -1, \
+        self.pending, self.index, self.done, self.starts = [_Started(requests, statuses)], -1, \
             False, 1
         if self.limit:
             self.deadline = time.monotonic() + self.limit
@@ -676,9 +661,7 @@ class _OneRound(PersistentRequest):
         if self._state != "active":
             self._check_active("wait")
         if self._limit:  # the engine's one wait loop, against the deadline
-            op = self._op
-            op.pending, op.index, op.done = [_Started(self._requests)], len(op.stages) - 1, False
-            op.starts = self._starts
+            op = self._pending()
             _ENGINE.start_caller(op)
             try:
                 _ENGINE.wait(op)
@@ -705,11 +688,17 @@ class _OneRound(PersistentRequest):
         self.wait()
         return True
 
-    def _stalled(self) -> Stalled:
+    def _pending(self) -> Operation:
+        """The operation, in flight with this start's requests as its last
+        stage's (what the engine waits for, and a report describes)."""
         op = self._op
+        op.pending, op.index, op.done = [_Started(self._requests)], len(op.stages) - 1, False
+        op.starts = self._starts
+        return op
+
+    def _stalled(self) -> Stalled:
         self._state = "complete"
-        op.starts, op.done, op.pending = self._starts, False, [_Started(self._requests)]
-        return op.stalled()
+        return self._pending().stalled()
 
 
 _startall, _waitall, _testall = MPI.Prequest.Startall, MPI.Request.Waitall, MPI.Request.Testall
