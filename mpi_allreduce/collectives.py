@@ -186,16 +186,16 @@ def _repeat(comm, what: str, sendbuf, recvbuf, args: tuple):
     -- as :func:`~mpi_allreduce.allreduce` repeats its kept calls.  The
     result, or None when this is no such repeat (or check mode is on)."""
     context = cached_context(comm)
-    if context is None or recvbuf is None:
+    if context is None or recvbuf is None or sendbuf is None:
         return None
-    key = ("repeat", what, id(sendbuf), id(recvbuf))
+    send = None if sendbuf is MPI.IN_PLACE else sendbuf
+    key = (what, id(send), id(recvbuf))
     entry = context.halves.get(key)
-    if entry is None:
+    if entry is None or entry[4] is None:
         return None
-    run, send_ref, recv_ref, kept_args, dtype = entry
+    _, run, send_ref, recv_ref, (kept_op, kept_counts, kept_check, kept_segment, dtype) = entry
     op, counts, check, segment_size = args
-    kept_op, kept_counts, kept_check, kept_segment = kept_args
-    if recv_ref() is not recvbuf or send_ref() is not sendbuf or op is not kept_op \
+    if recv_ref() is not recvbuf or send_ref() is not send or op is not kept_op \
             or check is not kept_check or segment_size != kept_segment \
             or recvbuf.dtype != dtype or (counts is None) != (kept_counts is None) \
             or (counts is not None and tuple(counts) != kept_counts) or check_enabled(check):
@@ -208,20 +208,16 @@ def _repeat(comm, what: str, sendbuf, recvbuf, args: tuple):
     return recvbuf
 
 
-def _keep_repeat(context, what: str, run, send, recv, user) -> None:
-    """Keep ``run`` for repeats with the caller's very arguments, where they
-    are the arrays the call runs on (not converted on the way in)."""
+def _repeat_arguments(send, recv, user) -> Optional[tuple]:
+    """What a repeat must match to run the kept call again, where the
+    caller's arguments are the arrays the call runs on (not converted on
+    the way in); else None (no repeat without validation)."""
+    if user is None:
+        return None
     sendbuf, recvbuf, (op, counts, check, segment_size) = user
     if recvbuf is not recv or not (sendbuf is send or (send is None and sendbuf is MPI.IN_PLACE)):
-        return
-    try:
-        send_ref = weakref.ref(sendbuf) if send is not None else (lambda: MPI.IN_PLACE)
-        entry = (run, send_ref, weakref.ref(recvbuf),
-                 (op, None if counts is None else tuple(counts), check, segment_size),
-                 recvbuf.dtype)
-    except TypeError:  # an array type without weak references: not kept
-        return
-    context.keep_half(("repeat", what, id(sendbuf), id(recvbuf)), entry)
+        return None
+    return op, None if counts is None else tuple(counts), check, segment_size, recvbuf.dtype
 
 
 def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size, datatype=None,
@@ -242,10 +238,12 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size, datatype=
                     segment, blocks=blocks)
     key = (spec, op.identity, backend, send is None,
            None if datatype is None else datatype.py2f())
+    # one entry per (send, recv) pair: its bound call, and what a repeat
+    # with the caller's very arguments must match to skip validation
     bound_key = (what, id(send), id(recv))
     kept = context.halves.get(bound_key)
     if kept is not None and kept[0] == key and kept[2]() is send and kept[3]() is recv:
-        run = kept[1]
+        run, refs = kept[1], kept[2:4]
     else:
         def build():
             schedule = _schedule(what, context.comm.Get_rank(), context.size, blocks, segment,
@@ -255,11 +253,11 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size, datatype=
         run = progress.blocking(bound, context, what)
         try:
             refs = (weakref.ref(send) if send is not None else lambda: None, weakref.ref(recv))
-            context.keep_half(bound_key, (key, run) + refs)
         except TypeError:  # an array type without weak references: not kept
-            pass
-    if user is not None and datatype is None:
-        _keep_repeat(context, what, run, send, recv, user)
+            refs = None
+    if refs is not None:
+        repeat = _repeat_arguments(send, recv, user) if datatype is None else None
+        context.keep_half(bound_key, (key, run) + tuple(refs) + (repeat,))
     try:
         run()
     except Exception as exc:  # noqa: BLE001 - after messages started

@@ -40,7 +40,7 @@ MAX_PLANS = 64
 MAX_CALLS = 64
 #: bound reduce_scatter/allgather calls kept per communicator (they hold
 #: views of their arrays: the fewer, the sooner a dropped array is freed)
-MAX_HALVES = 32
+MAX_HALVES = 16
 
 
 class Context:
