@@ -234,6 +234,30 @@ def test_reproducible_keeps_the_callers_dtype_and_op(fresh, watchdog, case):
         mar.allreduce(data, None, op, comm=MPI.COMM_WORLD, reproducible=True, check=True)
 
 
+@pytest.mark.parametrize("own", [False, True], ids=["packed", "in_their_buckets"])
+def test_fusions_whose_buckets_differ_between_ranks(fresh, watchdog, own):
+    """A fusion whose bucket holds other sizes on rank 0 (the same dtype and
+    op): its packed or own-memory bucket's persistent call has another spec
+    there, so the ranks stall instead of summing misaligned arrays."""
+    _need(fresh)
+    watchdog(0.5)
+    p, r = fresh.Get_size(), fresh.Get_rank()
+    sizes = [5, 7] if r == 0 else [5, 8]
+    fusion = mar.Fusion(fresh, op="sum", bucket_bytes=1 << 20)
+    arrays = fusion.empty_like([np.empty(n) for n in sizes]) if own else \
+        [np.empty(n) for n in sizes]
+    for a in arrays:
+        a[...] = 1.0
+
+    def call():
+        fusion.allreduce(arrays)
+        return np.concatenate(arrays)
+    try:
+        _disagree(fresh, call, np.full(sum(sizes), float(p)))
+    finally:
+        fusion.free()
+
+
 CHECKED = {
     "segment_size": lambda r: dict(algorithm="ring", segment_size=2 + (r == 0)),
     "inner": lambda r: dict(algorithm="hierarchical", ranks_per_node=1,
