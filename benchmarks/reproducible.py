@@ -9,6 +9,9 @@ slowest rank's mean after a warm-up:
   passes over memory numba's fused loops where numba is installed;
 * ``numpy passes``: the same with ``MPI_ALLREDUCE_KERNELS=numpy`` (the
   same bytes; "-" where numba is missing, as the first column is then this);
+* ``wire``: the reproducible sum's two all-reduces alone, as plain calls on
+  arrays of their shapes (a MAX of int16 exponents, a SUM of int64 slices):
+  what it costs on the wire, without its passes over memory;
 * ``vendor``: ``MPI.Allreduce`` of the MPI library.
 
 Ratios to ``plain`` are taken per repeat (median, q1-q3).  It also
@@ -33,6 +36,7 @@ from mpi4py import MPI
 
 import mpi_allreduce as mar
 from mpi_allreduce import config
+from mpi_allreduce.reproducible import slices_for
 from mpi_allreduce.tools.bench import batch_mean_us, paired_ratios, repeat_order
 from mpi_allreduce.tools.verify import mpi_library
 
@@ -59,7 +63,8 @@ def main() -> None:
               f"repeats; passes: {passes}; {mpi_library()}; {platform.node()}, "
               f"{platform.machine()}")
         print(f"# {'dtype':>8} {'bytes':>10} {'plain us':>10} {'repro us':>10} {'x plain':>8} "
-              f"{'q1-q3':>14} {'numpy us':>9} {'x plain':>8} {'vendor us':>10}  "
+              f"{'q1-q3':>14} {'numpy us':>9} {'x plain':>8} {'wire us':>9} {'x plain':>8} "
+              f"{'vendor us':>10}  "
               f"plain bytes differ ring/rd | repro differ")
     for dtype in args.dtypes.split(","):
         for nbytes in SIZES:
@@ -67,9 +72,17 @@ def main() -> None:
             rng = np.random.default_rng([rank, count])
             x = (rng.normal(size=count) * 10.0 ** rng.integers(-6, 6, count)).astype(dtype)
             out = np.empty_like(x)
+            e, e_all = np.ones(count, np.int16), np.empty(count, np.int16)
+            parts = np.ones(count * slices_for(dtype), np.int64)
+            total = np.empty_like(parts)
+
+            def wire():
+                mar.allreduce(e, e_all, "max", comm=comm)
+                mar.allreduce(parts, total, comm=comm)
             calls = {
                 "plain": lambda: mar.allreduce(x, out, comm=comm),
                 "reproducible": lambda: mar.allreduce(x, out, comm=comm, reproducible=True),
+                "wire": wire,
                 "vendor": lambda: comm.Allreduce(x, out, MPI.SUM),
             }
             if fused:
@@ -90,9 +103,11 @@ def main() -> None:
                 numpy_us, numpy_ratio = ("-", "-") if not fused else (
                     f"{median(times['numpy passes']):.1f}",
                     f"{paired_ratios(times['numpy passes'], times['plain'])[0]:.2f}")
+                wire_ratio = paired_ratios(times["wire"], times["plain"])[0]
                 print(f"  {dtype:>8} {count * np.dtype(dtype).itemsize:10d} "
                       f"{median(times['plain']):10.1f} {median(times['reproducible']):10.1f} "
                       f"{ratio:8.2f} {q1:6.2f} - {q3:<6.2f} {numpy_us:>9} {numpy_ratio:>8} "
+                      f"{median(times['wire']):9.1f} {wire_ratio:8.2f} "
                       f"{median(times['vendor']):10.1f}  "
                       f"{'yes' if len(plain) > 1 else 'no':>25} | "
                       f"{'yes' if len(repro) > 1 else 'no'}")

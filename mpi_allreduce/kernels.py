@@ -11,7 +11,10 @@ and non-finite values.  The same bytes follow from three facts:
   the bits do not give it (subnormals), so it is ``frexp``'s exponent;
 * multiplying by a power of two that is a normal float is correctly
   rounded, as ``ldexp`` is, so both give the same float; other powers
-  (below ``2^-1022``, above ``2^1023``) go through ``ldexp`` here too;
+  (below ``2^-1022``, above ``2^1023``) go through ``ldexp`` here too, in
+  a second loop over the few elements that need them (an element that is
+  non-finite on some rank, or tiny under a tiny shared exponent), so the
+  first loop has no branch and no call and runs on vector registers;
 * ``(y + 1.5 2^52) - 1.5 2^52`` is ``rint(y)`` (to nearest, ties to even)
   for ``|y| < 2^51``, and slices stay below ``2^40``.
 
@@ -26,13 +29,13 @@ import math
 
 import numba
 import numpy as np
+from numba import types
+from numba.extending import intrinsic
 
 from .reproducible import _NAN, _NEG, _POS, EMIN, ENONFINITE, W
 
 __all__ = ["DTYPES", "exponents", "slices", "assemble"]
 
-#: 2^k for k = -1022 .. 1023 (the normal powers of two), at index k + 1022
-POW2 = np.ldexp(1.0, np.arange(-1022, 1024))
 #: adding and subtracting it rounds a float below 2^51 to an integer, ties to even
 MAGIC = 1.5 * 2.0 ** 52
 #: the layout of each float's bits: (mantissa bits, exponent mask, frexp bias)
@@ -48,23 +51,63 @@ DTYPES = tuple(_LAYOUT)
 
 @jit
 def _exponents(x, bits, shift, mask, bias, e):
-    for i in range(x.shape[0]):
+    subnormal = False
+    for i in range(x.shape[0]):  # no branch, no call: a vector loop
         b = (bits[i] >> shift) & mask
-        if b == mask:
-            e[i] = ENONFINITE
-        elif b != 0:
-            e[i] = b - bias
-        elif x[i] == 0:
-            e[i] = EMIN
-        else:
-            e[i] = math.frexp(np.float64(x[i]))[1]
+        v = ENONFINITE if b == mask else b - bias
+        e[i] = EMIN if b == 0 else v
+        subnormal |= (b == 0) & (x[i] != 0)
+    if subnormal:
+        for i in range(x.shape[0]):
+            if e[i] == EMIN and x[i] != 0:
+                e[i] = math.frexp(np.float64(x[i]))[1]
+
+
+@intrinsic
+def _float_of_bits(typingctx, bits):
+    """The float64 whose bits are the int64 ``bits``."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float64))
+    return types.float64(types.int64), codegen
 
 
 @jit
-def _slices(x, e, out, powers):
+def _pow2(k):
+    """``2^k`` for ``-1022 <= k <= 1023``, built from its bits (a table
+    lookup would keep the loops from running on vectors)."""
+    return _float_of_bits((k + 1023) << 52)
+
+
+@jit
+def _slices(x, e, out):
+    """The vector loop does every element whose grid is a normal power of
+    two and marks the others (non-finite somewhere, or tiny below a tiny
+    shared exponent), which :func:`_slices_rare` then does one by one."""
+    two, rare = out.shape[0] == 2, False
+    for i in range(x.shape[0]):
+        exponent = np.int64(e[i])
+        k = W - exponent
+        kept = min(max(k, -1022), 1023)
+        odd = (kept != k) & (exponent != EMIN)  # EMIN: zero on every rank
+        rare |= odd
+        y = 0.0 if odd else np.float64(x[i]) * _pow2(kept)
+        h = (y + MAGIC) - MAGIC
+        out[0, i] = np.int64(h)
+        if two:
+            y = (y - h) * 1099511627776.0  # 2^W, exact: |y - h| <= 1/2
+            out[1, i] = np.int64((y + MAGIC) - MAGIC)
+    if rare:
+        _slices_rare(x, e, out)
+
+
+@jit
+def _slices_rare(x, e, out):
     two = out.shape[0] == 2
     for i in range(x.shape[0]):
         exponent = np.int64(e[i])
+        k = W - exponent
+        if (-1022 <= k <= 1023) or exponent == EMIN:
+            continue
         value = np.float64(x[i])
         if exponent == ENONFINITE:
             flag = 0
@@ -78,20 +121,43 @@ def _slices(x, e, out, powers):
             if two:
                 out[1, i] = 0
             continue
-        k = W - exponent  # (a helper function for this ldexp is 5x slower)
-        y = value * powers[k + 1022] if k <= 1023 else math.ldexp(value, k)
+        y = math.ldexp(value, k)
         h = (y + MAGIC) - MAGIC
         out[0, i] = np.int64(h)
         if two:
-            y = (y - h) * 1099511627776.0  # 2^W, exact: |y - h| <= 1/2
+            y = (y - h) * 1099511627776.0
             out[1, i] = np.int64((y + MAGIC) - MAGIC)
 
 
 @jit
-def _assemble(total, e, out, powers):
+def _assemble(total, e, out):
+    """As :func:`_slices`: a vector loop for the elements whose scales are
+    normal powers of two, :func:`_assemble_rare` for the others."""
+    two, rare = total.shape[0] == 2, False
+    for i in range(out.shape[0]):
+        exponent = np.int64(e[i])
+        k = exponent - W
+        last = k - W if two else k
+        kept, kept_last = min(max(k, -1022), 1023), max(last, -1022)
+        odd = ((kept != k) | (kept_last != last)) & (exponent != EMIN)
+        rare |= odd
+        result = np.float64(total[0, i]) * _pow2(kept)
+        if two:
+            result += np.float64(total[1, i]) * _pow2(kept_last)
+        out[i] = result
+    if rare:
+        _assemble_rare(total, e, out)
+
+
+@jit
+def _assemble_rare(total, e, out):
     two = total.shape[0] == 2
     for i in range(out.shape[0]):
         exponent = np.int64(e[i])
+        k = exponent - W
+        last = k - W if two else k
+        if exponent == EMIN or (-1022 <= last and k <= 1023):
+            continue
         if exponent == ENONFINITE:
             flags = total[0, i]
             pos = (flags // _POS) % (1 << 21) > 0
@@ -101,11 +167,11 @@ def _assemble(total, e, out, powers):
             else:
                 out[i] = np.inf if pos else -np.inf
             continue
-        k, value = exponent - W, np.float64(total[0, i])
-        result = value * powers[k + 1022] if k >= -1022 else math.ldexp(value, k)
+        value = np.float64(total[0, i])
+        result = value * _pow2(k) if k >= -1022 else math.ldexp(value, k)
         if two:
-            k, value = exponent - 2 * W, np.float64(total[1, i])
-            result += value * powers[k + 1022] if k >= -1022 else math.ldexp(value, k)
+            k, value = last, np.float64(total[1, i])
+            result += value * _pow2(k) if k >= -1022 else math.ldexp(value, k)
         out[i] = result
 
 
@@ -119,10 +185,10 @@ def exponents(x, out) -> None:
 def slices(x, e, out) -> None:
     """:func:`~mpi_allreduce.reproducible.slices` of float32 or float64 ``x``
     into int64 ``out`` of shape ``(count, n)``, count 1 or 2."""
-    _slices(x, e, out, POW2)
+    _slices(x, e, out)
 
 
 def assemble(total, e, out) -> None:
     """:func:`~mpi_allreduce.reproducible.assemble` into ``out`` (float64,
     or float32: the float64 sum rounded as numpy rounds it)."""
-    _assemble(total, e, out, POW2)
+    _assemble(total, e, out)
