@@ -35,7 +35,10 @@ given to :func:`configure`.  Subgroups
 
 CPU tensors are handed to the library without copies (through DLPack);
 a tensor that is not contiguous is reduced in a contiguous copy that is
-copied back.  Where MPI runs threads (``MPI_THREAD_MULTIPLE``, mpi4py's
+copied back.  CUDA tensors run on cupy arrays over their memory on torch's
+current stream where cupy is installed (the all-reduces and the halves,
+complete when they return); MPI's data movement, and every call where cupy
+is missing, works on host copies written back once the call completes.  Where MPI runs threads (``MPI_THREAD_MULTIPLE``, mpi4py's
 default request; :data:`ASYNC`), ``all_reduce`` and the MPI calls return
 while their messages travel: ``async_op=True`` overlaps them with the
 caller's computation, ``wait()`` completes the call on the caller's thread,
@@ -302,16 +305,23 @@ MAX_VIEW_BYTES = 256 << 20
 
 def _array(tensor: torch.Tensor):
     """A numpy array over the tensor's memory (no copy; bfloat16 as
-    ``ml_dtypes.bfloat16``, which numpy cannot import through DLPack)."""
-    if tensor.device.type != "cpu":
-        raise ValueError(f"the {BACKEND} backend takes CPU tensors; got one on {tensor.device}")
-    key = (tensor.data_ptr(), tensor.dtype, tensor.shape)
+    ``ml_dtypes.bfloat16``, which numpy cannot import through DLPack), or
+    for a CUDA tensor a cupy array over it."""
+    key = (tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.is_cuda)
     view = _VIEWS.get(key)
     if view is not None:
         _VIEWS.move_to_end(key)
         return view
     tensor = tensor.detach()
-    if tensor.dtype == torch.bfloat16:
+    if tensor.device.type == "cuda":
+        if tensor.dtype == torch.bfloat16:
+            raise TypeError(f"the {BACKEND} backend's all-reduces on CUDA tensors run on "
+                            "cupy, which has no bfloat16: reduce them as float32")
+        view = _cupy().from_dlpack(tensor)
+    elif tensor.device.type != "cpu":
+        raise ValueError(f"the {BACKEND} backend takes CPU and CUDA tensors; got one on "
+                         f"{tensor.device}")
+    elif tensor.dtype == torch.bfloat16:
         import ml_dtypes
 
         view = tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
@@ -322,6 +332,113 @@ def _array(tensor: torch.Tensor):
             (len(_VIEWS) > 1 and sum(v.nbytes for v in _VIEWS.values()) > MAX_VIEW_BYTES):
         _VIEWS.popitem(last=False)
     return view
+
+
+# --- CUDA tensors ---------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def _cupy():
+    """cupy, or None where it is not installed."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy
+
+
+def _is_device(tensor: torch.Tensor) -> bool:
+    """Whether a tensor lives in device memory (a CUDA tensor)."""
+    return tensor.is_cuda
+
+
+def _device_of(args) -> Optional[torch.device]:
+    """The device of the first CUDA tensor among a call's arguments
+    (tensors, lists of them, lists of lists), or None (on every call: kept
+    to a third of a microsecond)."""
+    for arg in args:
+        if arg.__class__ is list or arg.__class__ is tuple:
+            for item in arg:
+                if item.__class__ is list or item.__class__ is tuple:
+                    device = _device_of(item)
+                    if device is not None:
+                        return device
+                elif isinstance(item, torch.Tensor) and item.is_cuda:
+                    return item.device
+        elif isinstance(arg, torch.Tensor) and arg.is_cuda:
+            return arg.device
+    return None
+
+
+def _on_device(ours: bool):
+    """A collective that takes CUDA tensors.  With cupy, ``ours`` (the
+    library's all-reduce, reduce-scatter and allgather) run on cupy arrays
+    over the tensors' memory, on torch's current stream (the library hands
+    device buffers to a CUDA-aware MPI or stages them through host memory,
+    and synchronizes the stream before MPI reads them); the call completes
+    before it returns.  MPI's data movement (and ours without cupy) is
+    :func:`_staged`.  CPU tensors go straight to the method."""
+    def wrap(method):
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            device = _device_of(args)
+            if device is None:
+                return method(self, *args, **kwargs)
+            cupy = _cupy() if ours else None
+            if cupy is None:
+                return _staged(method, self, args, kwargs)
+            with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(
+                    torch.cuda.current_stream(device).cuda_stream, device.index):
+                work = method(self, *args, **kwargs)
+                work.wait()
+            return work
+        return call
+    return wrap
+
+
+class _Inner:
+    """A torch Work as one part of a :class:`_Work`."""
+
+    def __init__(self, work):
+        self.work = work
+
+    def wait(self) -> None:
+        self.work.wait()
+
+    def test(self) -> bool:
+        return self.work.is_completed()
+
+
+def _staged(method, group, args, kwargs) -> "_Work":
+    """``method`` on host copies of the call's device tensors; once it
+    completes, the copies are written back to them (every device tensor of
+    the call: outputs get their results, inputs their own values).  The
+    call is as asynchronous as on host tensors: a ring of isend/irecv on
+    device tensors does not wait for itself."""
+    pairs = {}
+
+    def host(arg):
+        if isinstance(arg, torch.Tensor) and _is_device(arg):
+            copy = arg.detach().to("cpu", copy=True)
+            pairs[id(copy)] = (arg, copy)
+            return copy
+        if isinstance(arg, (list, tuple)):
+            return type(arg)(host(a) for a in arg)
+        return arg
+
+    def device(result):
+        if isinstance(result, torch.Tensor) and id(result) in pairs:
+            return pairs[id(result)][0]
+        if isinstance(result, (list, tuple)):
+            return type(result)(device(r) for r in result)
+        return result
+
+    def back():
+        for tensor, copy in pairs.values():
+            tensor.copy_(copy)
+
+    work = method(group, *[host(a) for a in args], **kwargs)
+    return _Work([_Inner(work)], device(work._result), [back],
+                 getattr(work, "_status", None))
 
 
 def _in_place(tensor: torch.Tensor, run) -> None:
@@ -385,6 +502,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         return work
 
     # --- ours ------------------------------------------------------------------------------
+    @_on_device(ours=True)
     def allreduce(self, tensors, opts=None):
         op, factor = _reduction(opts)
         if factor is not None:
@@ -407,6 +525,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
+    @_on_device(ours=True)
     def reduce_scatter(self, outputs, inputs, opts=None):
         op, factor = _reduction(opts)
         for output, parts in zip(outputs, inputs):
@@ -415,6 +534,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                 whole, t, op, [p.numel() for p in parts], comm=self.comm))
         return _Done(outputs)
 
+    @_on_device(ours=True)
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002 - torch's name
         op, factor = _reduction(opts)
         _in_place(output, lambda t: collectives.reduce_scatter(
@@ -423,16 +543,18 @@ class MPIAllreduceGroup(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
+    @_on_device(ours=True)
     def allgather(self, outputs, inputs, opts=None):
         for output_list, tensor in zip(outputs, inputs):
             counts = [o.numel() for o in output_list]
-            whole = torch.empty(sum(counts), dtype=tensor.dtype)
+            whole = torch.empty(sum(counts), dtype=tensor.dtype, device=tensor.device)
             collectives.allgather(_array(tensor.contiguous()), _array(whole), counts,
                                   comm=self.comm)
             for piece, out in zip(torch.split(whole, counts), output_list):
                 out.copy_(piece.reshape(out.shape))
         return _Done(outputs)
 
+    @_on_device(ours=True)
     def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's name
         """``input`` may be this rank's block of ``output`` (FSDP2 gathers in
         place): then MPI.IN_PLACE; any other overlap gathers a copy."""
@@ -480,6 +602,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     del _unsupported
 
     # --- MPI's (bytes: every dtype travels as it is) ------------------------------------
+    @_on_device(ours=False)
     @_unless_broken
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -491,6 +614,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                 after.append(back)
         return self._started("broadcast", requests, tensors, opts, after)
 
+    @_on_device(ours=True)
     def reduce(self, tensors, opts=None):
         """Our all-reduce on a copy, which the root keeps (every dtype and op
         the all-reduce takes, in the same order of combination)."""
@@ -503,6 +627,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                 tensor.copy_(work)
         return _Done(tensors)
 
+    @_on_device(ours=False)
     @_unless_broken
     def gather(self, outputs, inputs, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -518,6 +643,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                 _in_place(out, lambda t: np.copyto(_bytes(t), piece))
         return self._started("gather", [request], outputs, opts, [unpack])
 
+    @_on_device(ours=False)
     @_unless_broken
     def scatter(self, outputs, inputs, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -530,6 +656,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         return self._started("scatter", [request], outputs, opts,
                              [back] if back is not None else [])
 
+    @_on_device(ours=False)
     @_unless_broken
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
                       opts=None):
@@ -544,6 +671,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         return self._started("all_to_all_single", [request], output, opts,
                              [back] if back is not None else [])
 
+    @_on_device(ours=False)
     @_unless_broken
     def alltoall(self, outputs, inputs, opts=None):
         sends = [_bytes(_array(t.contiguous())) for t in inputs]
@@ -561,12 +689,14 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                 at += n
         return self._started("all_to_all", [request], outputs, opts, [unpack])
 
+    @_on_device(ours=False)
     @_unless_broken
     def send(self, tensors, dst, tag=0):
         requests = [self.comm.Isend(_bytes(_array(t.contiguous())), dst, tag=tag)
                     for t in tensors]
         return self._started("send", requests, tensors, None)
 
+    @_on_device(ours=False)
     @_unless_broken
     def recv(self, tensors, src, tag=0, status=None):
         requests, after = [], []
@@ -650,5 +780,5 @@ def _fill_environment() -> None:
 
 
 if BACKEND not in dist.Backend.backend_list:
-    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
 _fill_environment()

@@ -238,6 +238,79 @@ def test_recv_from_any_source_says_who_sent(group):
     assert sorted(senders) == list(range(1, p))
 
 
+def test_device_tensors_go_through_host_copies_written_back(group, monkeypatch):
+    """How the backend takes CUDA tensors where it stages them (MPI's data
+    movement always, the all-reduces and halves where cupy is missing), run
+    here on CPU tensors that it is told are device tensors: every call
+    works on host copies and writes them back, so the results are right
+    only if each copy comes back to the caller's tensor, after the call
+    completes; async calls stay async (a ring of 1 MiB isend/irecv, past
+    MPI's eager size, would wait for itself otherwise).  The cupy path
+    needs a GPU: tests/test_gpu_mpi.py."""
+    import mpi_allreduce.torch as backend
+
+    staged = []
+    real = backend._staged
+    monkeypatch.setattr(backend, "_is_device", lambda tensor: True)
+    monkeypatch.setattr(backend, "_device_of", lambda args: torch.device("cpu"))
+    monkeypatch.setattr(backend, "_cupy", lambda: None)
+    monkeypatch.setattr(backend, "_staged", lambda method, *args: staged.append(
+        method.__name__) or real(method, *args))
+    p, r = dist.get_world_size(), dist.get_rank()
+    for op, dtype in (("sum", "float32"), ("max", "int64"), ("avg", "float64")):
+        for async_op in (False, True):
+            test_all_reduce(group, op, dtype, async_op)
+    test_gathers_scatters_and_broadcast(group)
+    for async_op in (False, True):
+        test_mpi_collectives_every_dtype(group, async_op)
+    test_all_to_all_single_with_uneven_splits(group)
+    expected = {"allreduce", "all_gather_single", "allgather", "reduce_scatter_single",
+                "reduce_scatter", "broadcast", "reduce", "gather", "scatter", "alltoall",
+                "alltoall_base"}
+    if p > 1:
+        test_recv_from_any_source_says_who_sent(group)
+        n = 1 << 18 if backend.ASYNC else 4
+        out, into = torch.full((n,), float(r)), torch.empty(n)
+        works = [dist.isend(out, (r + 1) % p), dist.irecv(into, (r - 1) % p)]
+        for work in works:
+            work.wait()
+        assert (into == (r - 1) % p).all()
+        expected |= {"send", "recv"}
+    assert expected <= set(staged), expected - set(staged)
+
+
+def test_cuda_tensors(group):
+    """CUDA tensors: the all-reduce (sync and async), the halves, a
+    broadcast and send/recv, against what the same calls give on the CPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU and torch's CUDA build")
+    p, r = dist.get_world_size(), dist.get_rank()
+    device = torch.device("cuda", r % torch.cuda.device_count())
+    for dtype in (torch.float32, torch.float64, torch.int64):
+        for async_op in (False, True):
+            t = _mine(r, 1000, dtype).to(device)
+            work = dist.all_reduce(t, async_op=async_op)
+            if async_op:
+                work.wait()
+            torch.testing.assert_close(t.cpu(), _expected(p, 1000, dtype, "sum"), rtol=0, atol=0)
+    whole = torch.empty(3 * p, device=device)
+    dist.all_gather_into_tensor(whole, torch.full((3,), float(r), device=device))
+    assert whole.tolist() == [float(k) for k in range(p) for _ in range(3)]
+    shard = torch.empty(2, device=device)
+    dist.reduce_scatter_tensor(shard, torch.arange(2.0 * p, device=device) + r)
+    assert shard.tolist() == [p * (2 * r + k) + p * (p - 1) / 2 for k in range(2)]
+    b = torch.full((5,), float(r), device=device)
+    dist.broadcast(b, src=p - 1)
+    assert b.tolist() == [float(p - 1)] * 5
+    if p > 1:
+        into = torch.empty(4, device=device)
+        works = [dist.isend(torch.full((4,), float(r), device=device), (r + 1) % p),
+                 dist.irecv(into, (r - 1) % p)]
+        for work in works:
+            work.wait()
+        assert into.tolist() == [float((r - 1) % p)] * 4
+
+
 def test_a_blocking_calls_work_is_complete_with_its_tensors(group):
     """The Work of a call that completed before returning (async_op=False):
     complete, successful, and its future holds the call's tensors."""
