@@ -175,7 +175,7 @@ def _validated(validate, comm, check, what: str, segment_size, fingerprint):
 @functools.lru_cache(maxsize=64)
 def _schedule(what: str, rank: int, size: int, blocks: tuple, segment: int, in_place: bool):
     if what == "reduce_scatter":
-        return build_reduce_scatter(rank, size, blocks, segment)
+        return build_reduce_scatter(rank, size, blocks, segment, in_place)
     return build_allgather(rank, size, blocks, segment, in_place)
 
 

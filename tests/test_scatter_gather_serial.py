@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from mpi_allreduce.algorithms.ring import blocks_of, build_allgather, build_reduce_scatter
+from mpi_allreduce.schedule import Copy
 from mpi_allreduce.simulate import execute
 
 SIZES = [1, 2, 3, 5, 7, 8]
@@ -24,20 +25,32 @@ def case_id(counts) -> str:
     return "-".join(map(str, counts))
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
 @pytest.mark.parametrize("segment", [1, 2, 1 << 10], ids=lambda s: f"seg{s}")
 @pytest.mark.parametrize("p", SIZES, ids=lambda p: f"p{p}")
-def test_reduce_scatter_schedule(p, segment):
+def test_reduce_scatter_schedule(p, segment, in_place):
+    """In place, ``SEND`` and ``RECV`` are one array (the whole vector, the
+    result left at its start); out of place, ``RECV`` is the block alone."""
     for counts in count_cases(p):
         n = sum(counts)
-        scheds = [build_reduce_scatter(r, p, counts, segment) for r in range(p)]
+        scheds = [build_reduce_scatter(r, p, counts, segment, in_place) for r in range(p)]
         inputs = [np.arange(n, dtype=np.int64) * (r + 1) + r * r for r in range(p)]
-        arrays = [(inputs[r], np.full(counts[r], -1, np.int64),
-                   np.zeros(max(s.scratch, 1), np.int64)) for r, s in enumerate(scheds)]
+        arrays = []
+        for r, s in enumerate(scheds):
+            scratch = np.zeros(max(s.scratch, 1), np.int64)
+            if in_place:
+                whole = inputs[r].copy()
+                arrays.append((whole, whole, scratch))
+            else:
+                arrays.append((inputs[r], np.full(counts[r], -1, np.int64), scratch))
         execute(scheds, arrays, label=case_id(counts))
         total = sum(inputs)
         for r, block in enumerate(blocks_of(counts)):
-            np.testing.assert_array_equal(arrays[r][1], total[block.offset:block.stop],
+            np.testing.assert_array_equal(arrays[r][1][:counts[r]], total[block.offset:block.stop],
                                           err_msg=f"rank {r}, counts {counts}")
+        if not in_place:  # the block reduced where it belongs: no copy
+            assert not any(isinstance(a, Copy) for s in scheds for rnd in s.rounds for a in rnd
+                           if p > 1)
 
 
 @pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])

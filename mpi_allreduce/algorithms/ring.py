@@ -105,21 +105,30 @@ def _ring_order(blocks: list) -> list:
     return [blocks[(j - 1) % p] for j in range(p)]
 
 
-def build_reduce_scatter(rank: int, size: int, counts: tuple, segment_size: int) -> Schedule:
+def build_reduce_scatter(rank: int, size: int, counts: tuple, segment_size: int,
+                         in_place: bool = False) -> Schedule:
     """MPI's Reduce_scatter: ``SEND`` holds ``sum(counts)`` elements; rank r
     ends with the reduced block r (``counts[r]`` elements) in ``RECV``.
 
     The ring's reduce-scatter, its partial sums kept in scratch after the
-    segment (``RECV`` is only this rank's block long), then this rank's
-    block copied out.  Scratch: one segment plus the vector."""
+    segment (``RECV`` is only this rank's block long).  This rank's block
+    is reduced once, in the last step: out of place straight into ``RECV``;
+    in place (``SEND`` is ``RECV``, whose start holds block 0's input until
+    the ring has read it) in scratch, then copied out.  Scratch: one segment
+    plus the vector."""
     b = Builder()
     blocks = blocks_of(counts)
     reduce_scatter(b, list(range(size)), rank, _ring_order(blocks), segment_size)
     phase = b.schedule("ring", rank, size, sum(counts))
     work = max(phase.scratch, 1)  # the partial sums live after the segment
+    mine = blocks[rank]
 
     def move(ref):
-        return Ref(SCRATCH, work + ref.offset, ref.length) if ref.buf == RECV else ref
+        if ref.buf != RECV:
+            return ref
+        if not in_place and mine.offset <= ref.offset < mine.stop:
+            return Ref(RECV, ref.offset - mine.offset, ref.length)
+        return Ref(SCRATCH, work + ref.offset, ref.length)
 
     def moved(action):
         if isinstance(action, (Send, Recv)):
@@ -127,8 +136,9 @@ def build_reduce_scatter(rank: int, size: int, counts: tuple, segment_size: int)
         return type(action)(*map(move, action))
 
     rounds = tuple(tuple(moved(a) for a in r) for r in phase.rounds)
-    mine = blocks[rank]
-    rounds += ((Copy(Ref(RECV, 0, mine.length), Ref(SCRATCH, work + mine.offset, mine.length)),),)
+    if in_place:
+        rounds += ((Copy(Ref(RECV, 0, mine.length), Ref(SCRATCH, work + mine.offset,
+                                                         mine.length)),),)
     return phase._replace(rounds=rounds, scratch=work + sum(counts))
 
 
