@@ -299,7 +299,7 @@ def _bytes(array):
 #: so an address in the key cannot be reused while it is kept; at most MAX_VIEWS
 #: views and MAX_VIEW_BYTES of memory are held (the least recently used go first).
 _VIEWS: "OrderedDict[tuple, object]" = OrderedDict()
-MAX_VIEWS = 64
+MAX_VIEWS = 256  # (a model's parameter tensors, as the library's MAX_CALLS)
 MAX_VIEW_BYTES = 256 << 20
 
 
