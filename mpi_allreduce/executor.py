@@ -93,6 +93,10 @@ def element_type(dtype: np.dtype) -> MPI.Datatype:
         return MPI.BYTE.Create_contiguous(np.dtype(dtype).itemsize).Commit()
 
 
+#: scratch arrays a plan keeps for its next non-blocking calls
+MAX_SPARE = 2
+
+
 class Plan:
     """A schedule on ``comm`` for one dtype and op, with its scratch.
 
@@ -120,6 +124,9 @@ class Plan:
         self.spec = spec
         self.fingerprint = spec.fingerprint
         self.tag = mpi_tags().blocking_tag(self.fingerprint) if TAG_GUARD else FIXED_TAG
+        #: scratch of non-blocking calls that completed, for the next ones
+        #: (fresh memory costs a page fault per page: at 1 MiB most of a call)
+        self.spare: list = []
 
     @property
     def scratch_bytes(self) -> int:
@@ -130,8 +137,18 @@ class Plan:
         (C-contiguous; any shape).  ``request``: for a non-blocking or
         persistent call, which may be in flight with others: scratch of its
         own, and its stages only (no blocking steps)."""
-        scratch = self.backend.empty(self.scratch.shape[0], self.dtype) if request else None
+        scratch = None
+        if request:
+            spare = self.spare
+            scratch = spare.pop() if spare else self.backend.empty(self.scratch.shape[0],
+                                                                    self.dtype)
         return Bound(self, send, recv, scratch, blocking=not request)
+
+    def give_back(self, scratch) -> None:
+        """A completed non-blocking call's scratch, which no message of it
+        can reach any more: the next call's (at most ``MAX_SPARE`` kept)."""
+        if len(self.spare) < MAX_SPARE:
+            self.spare.append(scratch)
 
 
 class Stage(NamedTuple):
@@ -153,10 +170,10 @@ class Bound:
     together.  ``blocking``: also compile the steps (``steps`` and ``run``
     are None otherwise)."""
 
-    __slots__ = ("plan", "stages", "steps", "run", "__weakref__")
+    __slots__ = ("plan", "stages", "steps", "run", "scratch", "__weakref__")
 
     def __init__(self, plan: Plan, send, recv, scratch=None, blocking: bool = True):
-        self.plan = plan
+        self.plan, self.scratch = plan, scratch
         backend = plan.backend
         flat = recv.reshape(-1) if recv.ndim != 1 else recv
         lead = []

@@ -535,6 +535,11 @@ class Request:
         if op is not None and op.error is not None:
             error, op.error = op.error, None
             failed(getattr(op, "comm", MPI.COMM_WORLD), error, "a non-blocking call")
+        if self.__class__ is Request:  # done for good: its scratch serves the next call
+            for bound in self._keep:  # (not after an error: messages may still land)
+                if bound.scratch is not None:
+                    bound.plan.give_back(bound.scratch)
+                    bound.scratch = None
 
     def _check_active(self, what: str) -> None:
         if self._state == "active":
