@@ -92,6 +92,8 @@ def main() -> None:
 
         calls = {"fused": fused, "in_bucket": in_bucket, "ours": ours, "mpi": vendor}
         times = {name: [] for name in calls}
+        for t in in_buckets:  # (empty_like's memory holds whatever was there)
+            t[...] = rank + 1
         for call in calls.values():  # warm-up: plans, buckets, pages
             call()
         for repeat in range(args.repeats):
