@@ -38,7 +38,8 @@ a tensor that is not contiguous is reduced in a contiguous copy that is
 copied back.  CUDA tensors run on cupy arrays over their memory on torch's
 current stream where cupy is installed (the all-reduces and the halves,
 complete when they return); MPI's data movement, and every call where cupy
-is missing, works on host copies written back once the call completes.  Where MPI runs threads (``MPI_THREAD_MULTIPLE``, mpi4py's
+is missing, works on host copies written back once the call completes.
+Where MPI runs threads (``MPI_THREAD_MULTIPLE``, mpi4py's
 default request; :data:`ASYNC`), ``all_reduce`` and the MPI calls return
 while their messages travel: ``async_op=True`` overlaps them with the
 caller's computation, ``wait()`` completes the call on the caller's thread,
