@@ -47,6 +47,18 @@ DEFAULT_BUCKET_BYTES = 4 << 20
 MAX_KEPT = 64
 
 
+def _finish(bucket) -> None:
+    """Wait for a started bucket and write its results into its arrays."""
+    bucket.request.wait()
+    if bucket.buffer is None:  # reduced in place
+        return
+    backend = backend_for(bucket.buffer)
+    offset = 0
+    for array in bucket.arrays:
+        backend.copy(array, bucket.buffer[offset:offset + array.size])
+        offset += array.size
+
+
 def bucket_bounds(nbytes: list, bucket_bytes: int) -> list:
     """Consecutive groups of arrays of these sizes, each group closed once it
     holds ``bucket_bytes`` or the next array would take it past that (an
@@ -113,6 +125,8 @@ class Fusion:
         #: buckets' own memory (empty_like): id(first view) -> its _Home (the views
         #: are held by their home, so an id here names the very array)
         self._homes: dict = {}
+        #: inside allreduce(): the oldest bucket is finished as the next starts
+        self._serial = False
 
     def add(self, array) -> None:
         """Queue ``array`` (reduced in place; do not touch it until
@@ -182,14 +196,7 @@ class Fusion:
         self.flush()
         started, self._started = self._started, []
         for bucket in started:
-            bucket.request.wait()
-            if bucket.buffer is None:  # reduced in place
-                continue
-            backend = backend_for(bucket.buffer)
-            offset = 0
-            for array in bucket.arrays:
-                backend.copy(array, bucket.buffer[offset:offset + array.size])
-                offset += array.size
+            _finish(bucket)
 
     def free(self) -> None:
         """Release the kept buckets (packing buffers, persistent requests
@@ -219,16 +226,29 @@ class Fusion:
             self.free()
 
     def allreduce(self, arrays) -> None:
-        """All-reduce every array of ``arrays`` in place, fused."""
-        for array in arrays:
-            self.add(array)
-        self.wait()
+        """All-reduce every array of ``arrays`` in place, fused.  Nothing
+        runs between the buckets here, so each is finished once the next
+        has started: buckets in flight side by side only share the memory
+        and the progress (ResNet-50's 25 buckets on 2 ranks: about 3/4 of
+        the time of all of them in flight, benchmarks/fusion.py)."""
+        self._serial = True
+        try:
+            for array in arrays:
+                self.add(array)
+            self.wait()
+        finally:
+            self._serial = False
 
     @property
     def buckets_in_flight(self) -> int:
         return len(self._started)
 
     def _start(self, key) -> None:
+        self._launch(key)
+        if self._serial and len(self._started) > 1:
+            _finish(self._started.pop(0))
+
+    def _launch(self, key) -> None:
         bucket = self._open.pop(key)
         (first, *more), backend = bucket.arrays, key[1]
         if not more and backend.is_contiguous(first):

@@ -339,6 +339,48 @@ def test_fusion_matches_per_array_allreduce(comm, bucket_bytes, progress_mode):
         assert started[len(floats) - 1] == len(groups) - (not last_full)
 
 
+@pytest.mark.parametrize("homed", [False, True], ids=["packed", "in_buckets"])
+def test_fusion_allreduce_of_a_list_finishes_each_bucket_as_the_next_starts(comm, homed):
+    """``Fusion.allreduce(arrays)`` has nothing to overlap: at most two
+    buckets are in flight at a time (the one just started and the one being
+    finished), never all; the sums are those of per-array calls, in every
+    step, with the buckets' memory reused; afterwards the fusion takes
+    buckets side by side again (add/wait)."""
+    from mpi4py import MPI
+
+    from mpi_allreduce.fusion import Fusion
+
+    fusion = Fusion(comm, op="sum", bucket_bytes=600)
+    in_flight = []
+    launch = fusion._launch
+
+    def counted(key):
+        launch(key)
+        in_flight.append(fusion.buckets_in_flight)
+    fusion._launch = counted
+    for step in range(3):
+        arrays = model_like_arrays(comm.Get_rank() + step)
+        want = [a.copy() for a in arrays]
+        for w in want:
+            comm.Allreduce(MPI.IN_PLACE, w, MPI.SUM)
+        if homed:
+            views = fusion.empty_like(arrays)
+            for view, a in zip(views, arrays):
+                view[...] = a
+            arrays = views
+        in_flight.clear()
+        fusion.allreduce(arrays)
+        for k, (a, w) in enumerate(zip(arrays, want)):
+            np.testing.assert_array_equal(a, w, err_msg=f"array {k}, step {step}")
+        assert len(in_flight) > 3 and max(in_flight) == 2, in_flight
+        assert fusion.buckets_in_flight == 0
+    in_flight.clear()
+    for a in arrays:
+        fusion.add(a)
+    fusion.wait()
+    assert max(in_flight) > 2, in_flight
+
+
 @pytest.mark.parametrize("bucket_bytes", [600, 1 << 22])
 def test_fusion_of_arrays_in_their_buckets_packs_nothing_and_gives_the_same_bytes(
         comm, bucket_bytes, progress_mode):
