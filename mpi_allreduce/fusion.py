@@ -228,9 +228,8 @@ class Fusion:
     def allreduce(self, arrays) -> None:
         """All-reduce every array of ``arrays`` in place, fused.  Nothing
         runs between the buckets here, so each is finished once the next
-        has started: buckets in flight side by side only share the memory
-        and the progress (ResNet-50's 25 buckets on 2 ranks: about 3/4 of
-        the time of all of them in flight, benchmarks/fusion.py)."""
+        has started: buckets in flight side by side would only share the
+        memory and the progress (docs/results.md: fusion)."""
         self._serial = True
         try:
             for array in arrays:
