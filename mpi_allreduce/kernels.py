@@ -78,6 +78,15 @@ def _pow2(k):
     return _float_of_bits((k + 1023) << 52)
 
 
+@numba.njit(inline="always")  # (called as a function, it keeps the loops off vectors)
+def _rare(exponent, low, high):
+    """Whether an element's scales 2^low .. 2^high (on the grid of its shared
+    ``exponent``) leave the normal powers of two: then it is done one by
+    one, with ``ldexp`` or as a non-finite one.  (EMIN: zero on every rank,
+    any scale gives 0.)"""
+    return ((low < -1022) | (high > 1023)) & (exponent != EMIN)
+
+
 @jit
 def _slices(x, e, out):
     """The vector loop does every element whose grid is a normal power of
@@ -88,7 +97,7 @@ def _slices(x, e, out):
         exponent = np.int64(e[i])
         k = W - exponent
         kept = min(max(k, -1022), 1023)
-        odd = (kept != k) & (exponent != EMIN)  # EMIN: zero on every rank
+        odd = _rare(exponent, k, k)
         rare |= odd
         y = 0.0 if odd else np.float64(x[i]) * _pow2(kept)
         h = (y + MAGIC) - MAGIC
@@ -106,7 +115,7 @@ def _slices_rare(x, e, out):
     for i in range(x.shape[0]):
         exponent = np.int64(e[i])
         k = W - exponent
-        if (-1022 <= k <= 1023) or exponent == EMIN:
+        if not _rare(exponent, k, k):
             continue
         value = np.float64(x[i])
         if exponent == ENONFINITE:
@@ -138,12 +147,10 @@ def _assemble(total, e, out):
         exponent = np.int64(e[i])
         k = exponent - W
         last = k - W if two else k
-        kept, kept_last = min(max(k, -1022), 1023), max(last, -1022)
-        odd = ((kept != k) | (kept_last != last)) & (exponent != EMIN)
-        rare |= odd
-        result = np.float64(total[0, i]) * _pow2(kept)
+        rare |= _rare(exponent, last, k)
+        result = np.float64(total[0, i]) * _pow2(min(max(k, -1022), 1023))
         if two:
-            result += np.float64(total[1, i]) * _pow2(kept_last)
+            result += np.float64(total[1, i]) * _pow2(max(last, -1022))
         out[i] = result
     if rare:
         _assemble_rare(total, e, out)
@@ -156,7 +163,7 @@ def _assemble_rare(total, e, out):
         exponent = np.int64(e[i])
         k = exponent - W
         last = k - W if two else k
-        if exponent == EMIN or (-1022 <= last and k <= 1023):
+        if not _rare(exponent, last, k):
             continue
         if exponent == ENONFINITE:
             flags = total[0, i]
