@@ -8,7 +8,7 @@ from .api import allreduce, allreduce_init, iallreduce, setup
 from .collectives import allgather, reduce_scatter
 from .comm import Comm
 from .config import SettingError
-from .errors import ArgumentMismatch, ConcurrentCall, RequestError, Stalled, TagsExhausted
+from .errors import ArgumentMismatch, Broken, ConcurrentCall, RequestError, Stalled, TagsExhausted
 from .fusion import Fusion
 from .progress import PersistentRequest, Request, waitall
 from .ops import user_op
@@ -16,6 +16,6 @@ from .registry import ALGORITHMS
 
 __all__ = ["allreduce", "iallreduce", "allreduce_init", "waitall", "reduce_scatter", "allgather",
            "Fusion", "Request", "PersistentRequest", "RequestError", "ALGORITHMS",
-           "ArgumentMismatch", "Stalled", "ConcurrentCall", "TagsExhausted", "SettingError",
+           "ArgumentMismatch", "Broken", "Stalled", "ConcurrentCall", "TagsExhausted", "SettingError",
            "setup", "Comm", "user_op"]
 __version__ = "0.1.0"

@@ -187,7 +187,10 @@ def _reproducible(comm, call: Call, check, ranks_per_node, inner, tuning, select
         reproducible.allreduce(send, recv, comm, backend, bind, options, kept, fused)
         if finalize is not None:
             backend.ufunc(finalize)(recv, size, out=recv)
-    return run
+    # guarded as a whole: its work arrays are shared by its calls of one
+    # shape, and an interrupt between its two all-reduces breaks the
+    # communicator as one inside them would
+    return progress.guarded(context_for(comm), ("reproducible sum", None), run)
 
 
 def kernels_for(backend):

@@ -19,17 +19,22 @@ completes pending operations on a freed communicator, and so do we).
 from __future__ import annotations
 
 import sys
+import threading
+import warnings
 import weakref
 from collections import OrderedDict
 from typing import Callable, Optional
 
+import numpy as np
 from mpi4py import MPI
 
 from .config import on_refresh
-from .errors import ConcurrentCall, TagsExhausted
+from .engine import wait_for
+from .errors import Broken, ConcurrentCall, Stalled, TagsExhausted
 from .executor import mpi_tags
-from .topology import node_map, oversubscribed
-from .watchdog import WATCH, settings
+from .selection import BUILT_IN_TABLE, DecisionTable, tuning_table
+from .topology import emulated_nodes, placement
+from .watchdog import WATCH
 
 __all__ = ["Context", "context_for", "release", "setup", "remember_call", "MAX_PLANS",
            "MAX_CALLS"]
@@ -50,12 +55,17 @@ class Context:
     """The library's state for one caller communicator."""
 
     def __init__(self, comm: MPI.Intracomm):
-        self.comm = comm.Dup()
-        self.size = self.comm.Get_size()
-        #: some node runs more of these ranks than it has CPUs (``auto`` may
-        #: then choose differently); agreed by all ranks, found once
-        self.oversubscribed = oversubscribed(self.comm)
-        self._nodes: dict = {}
+        """Nothing collective yet: :meth:`set_up` does that, watched."""
+        self.comm = MPI.COMM_NULL
+        self.size = comm.Get_size()
+        #: the node of every rank (from set-up) and some node runs more of
+        #: these ranks than it has CPUs (``auto`` may then choose
+        #: differently): agreed by all ranks, found once
+        self.shared_nodes: tuple = ()
+        self.oversubscribed = False
+        #: auto's decision tables, agreed by all ranks on first use (None:
+        #: the default one; else a file's path): see :meth:`table`
+        self.tables: dict = {}
         self.plans: "OrderedDict[tuple, object]" = OrderedDict()
         #: keys of this context's bound calls in :data:`CALLS`
         self.calls: dict = {}
@@ -72,16 +82,116 @@ class Context:
         self._made = {True: 0, False: 0}  # persistent / non-blocking calls made so far
         #: slot -> weak reference to the operation holding it
         self.holders: dict = {}
-        #: why this communicator is unusable (a call stalled and raised), or None
-        self.broken: Optional[str] = None
+        #: why this communicator is unusable on this rank (an exception: a
+        #: call interrupted, failed or stalled after its messages started),
+        #: or None; see :meth:`breaks`
+        self.broken: Optional[Broken] = None
+        #: the re-entry guard: held by the thread inside a call on this
+        #: communicator (re-entrant: a call made of calls, such as a
+        #: reproducible sum, holds it throughout); another thread that
+        #: cannot take it gets ConcurrentCall instead of a wrong result
+        self.guard = threading.RLock()
         #: the blocking call in progress, as (kind, plan), or a non-blocking
-        #: one being started; None between calls.  A second thread that finds
-        #: it set gets ConcurrentCall instead of a wrong result (the test and
-        #: the store have no call between them: atomic under the GIL; see
-        #: progress.blocking), and the watchdog samples it with ``count``
+        #: one being started; None between calls: what the watchdog samples
+        #: with ``count``
         self.what: Optional[tuple] = None
         self.count = 0
+
+    def set_up(self, comm: MPI.Intracomm) -> None:
+        """The collective part, every MPI call of it watched: the private
+        duplicate (``MPI_Comm_idup``), then where the ranks run
+        (:func:`~mpi_allreduce.topology.placement`).  A rank that never
+        comes is reported by the watchdog (and in its ``raise`` mode this
+        raises :class:`~mpi_allreduce.errors.Stalled`, the communicator
+        broken for the library on this rank)."""
+        what = (f"the set-up of a communicator of {self.size} ranks (collective: "
+                "MPI_Comm_idup and where the ranks run; mpi_allreduce.setup(comm) does it "
+                "ahead)")
+        dup, request = comm.Idup()
+        wait_for([request], what, self)
+        self.comm = dup
+        self.shared_nodes, self.oversubscribed = placement(dup, what, self)
         WATCH.watch(self)
+
+    def breaks(self, cause: BaseException, what: str = "a call") -> None:
+        """An exception ended a call on this rank after its messages started
+        (``cause``: an interrupt, an error, a stall): its messages are in
+        disarray, so no later call may meet them.  Every later call on this
+        communicator raises :class:`~mpi_allreduce.errors.Broken` (a stall:
+        :class:`~mpi_allreduce.errors.Stalled`) at once on this rank; the
+        peers' calls stall and are reported."""
+        if self.broken is not None:
+            return
+        stalled = isinstance(cause, Stalled)
+        how = "stalled" if stalled else "was left by an exception"
+        self.broken = (Stalled if stalled else Broken)(
+            f"an earlier call on this communicator ({what}) {how} on this rank "
+            f"({type(cause).__name__}: {cause}); its messages are in disarray, so the library "
+            "will not use this communicator again: free it and go on with a new one "
+            "(comm.Dup() on every rank), or end the job")
+
+    def refusal(self) -> Broken:
+        """The error a call on a broken communicator raises (a fresh one each time)."""
+        return type(self.broken)(*self.broken.args)
+
+    def enter(self, what: tuple) -> None:
+        """Start a call on this thread: take the guard, refuse on a broken
+        communicator, say what runs (for the watchdog).  Pair with
+        :meth:`leave`."""
+        if not self.guard.acquire(False):
+            raise self.concurrent()
+        if self.broken is not None:
+            self.guard.release()
+            raise self.refusal()
+        self.what = what
+        self.count += 1
+
+    def leave(self) -> None:
+        self.what = None
+        self.guard.release()
+
+    def table(self, tuning) -> DecisionTable:
+        """``auto``'s decision table for ``tuning`` (None: the default one,
+        from ``MPI_ALLREDUCE_TUNING``, else the one ``tune`` measured, else
+        the built-in; a str: that file; a :class:`DecisionTable`: itself).
+        A table read from a file is rank-local state, so the ranks agree on
+        it the first time (a watched ``MPI_Iallgather`` of its digest): a
+        file some rank cannot read raises ValueError on every rank; where
+        ranks found different default tables (nodes of different sizes find
+        different measured tables), every rank takes the built-in one, with
+        a warning; different files named explicitly raise ValueError."""
+        if isinstance(tuning, DecisionTable):
+            return tuning
+        table = self.tables.get(tuning)
+        if table is None:
+            table = self.tables[tuning] = self._agree_table(tuning)
+        return table
+
+    def _agree_table(self, tuning) -> DecisionTable:
+        try:
+            table, error = tuning_table(tuning), None
+        except (OSError, ValueError) as exc:
+            table, error = None, exc
+        mine = np.array([0 if table is None else table.digest, error is not None], np.int64)
+        everyone = np.empty((self.size, 2), np.int64)
+        wait_for([self.comm.Iallgather(mine, everyone)],
+                 "the agreement on auto's decision table", self)
+        unread = [r for r in range(self.size) if everyone[r, 1]]
+        if unread:
+            raise ValueError(f"auto's decision table cannot be read on rank(s) "
+                             f"{', '.join(map(str, unread))}"
+                             + (f": {error}" if error is not None else ""))
+        if len(set(everyone[:, 0].tolist())) == 1:
+            return table
+        if tuning is not None:
+            raise ValueError(f"the decision table {tuning} differs between ranks (digests "
+                             f"{', '.join(f'{d:x}' for d in everyone[:, 0])}): give every "
+                             "rank the same file")
+        if table is not BUILT_IN_TABLE:
+            warnings.warn("the ranks found different decision tables for auto (a measured "
+                          "table on some nodes only, or MPI_ALLREDUCE_TUNING set differently): "
+                          "every rank uses the built-in table", RuntimeWarning, stacklevel=2)
+        return BUILT_IN_TABLE
 
     def snapshot(self) -> tuple:
         """What the watchdog samples: (calls made, the one in progress, thread)."""
@@ -123,11 +233,11 @@ class Context:
             "thread a communicator of its own (comm.Dup())")
 
     def nodes(self, ranks_per_node: Optional[int]) -> tuple:
-        """The node of every rank (collective the first time for real nodes)."""
-        nodes = self._nodes.get(ranks_per_node)
-        if nodes is None:
-            nodes = self._nodes[ranks_per_node] = node_map(self.comm, ranks_per_node)
-        return nodes
+        """The node of every rank: emulated nodes of ``ranks_per_node``, or
+        (None) the nodes found at set-up."""
+        if ranks_per_node is None:
+            return self.shared_nodes
+        return emulated_nodes(self.size, ranks_per_node)
 
     def plan(self, key: tuple, build: Callable[[], object]):
         """The plan for ``key``, built on first use; least recently used go first."""
@@ -165,6 +275,7 @@ class Context:
         for key, call in list(self.calls.items()):
             self.forget(key, call)
         self.plans.clear()
+        self.tables.clear()
         self.selectors.clear()
         self.halves.clear()
         self.work.clear()
@@ -289,34 +400,27 @@ _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_context)
 
 
 def context_for(comm: MPI.Intracomm) -> Context:
-    """The cached context of ``comm`` (collective the first time: it Dups)."""
+    """The cached context of ``comm`` (collective the first time: its
+    watched set-up, :meth:`Context.set_up`).  A communicator whose set-up
+    did not complete on this rank raises :class:`~mpi_allreduce.errors.Broken`."""
     entry = _LIVE.get(id(comm))
     if entry is not None and entry[0] is comm:
-        return entry[1]
-    context = comm.Get_attr(_KEYVAL)
-    if context is None:
-        context = _watched_setup(comm)
-        comm.Set_attr(_KEYVAL, context)
-    context.ids.add(id(comm))
-    _LIVE[id(comm)] = (comm, context)
+        context = entry[1]
+    else:
+        context = comm.Get_attr(_KEYVAL)
+        if context is None:
+            context = Context(comm)
+            comm.Set_attr(_KEYVAL, context)
+            try:
+                context.set_up(comm)
+            except BaseException as exc:
+                context.breaks(exc, "its set-up")
+                raise
+        context.ids.add(id(comm))
+        _LIVE[id(comm)] = (comm, context)
+    if context.comm == MPI.COMM_NULL:
+        raise context.refusal()
     return context
-
-
-def _watched_setup(comm: MPI.Intracomm) -> Context:
-    """A new context: collective (a Dup, the node's CPU count), so a rank
-    that never comes leaves the others waiting in MPI -- watched like a
-    call (abort and warn modes: MPI cannot be left early)."""
-    seconds, _ = settings()
-    if seconds <= 0:
-        return Context(comm)
-    cell = WATCH.cell()
-    cell.what = (f"the first call on a communicator of {comm.Get_size()} ranks (its set-up: "
-                 "MPI_Comm_dup, collective; mpi_allreduce.setup(comm) does it ahead)", None)
-    cell.count += 1
-    try:
-        return Context(comm)
-    finally:
-        cell.what = None
 
 
 def cached_context(comm) -> Optional[Context]:

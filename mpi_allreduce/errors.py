@@ -5,6 +5,10 @@
                             a call (raised on every rank)
 :class:`Stalled`            a call waited longer than the watchdog allows
                             (``MPI_ALLREDUCE_WATCHDOG_ACTION=raise``)
+:class:`Broken`             a call on a communicator whose earlier call
+                            ended early on this rank (interrupted, failed
+                            or stalled): its messages are in disarray
+                            (:class:`Stalled` is one)
 :class:`RequestError`       a request used out of turn (waited twice, never
                             started, used after ``free()``)
 :class:`ConcurrentCall`     two threads entered calls on one communicator
@@ -27,7 +31,7 @@ from mpi4py import MPI
 
 from .config import SettingError, environment
 
-__all__ = ["ArgumentMismatch", "Stalled", "RequestError", "ConcurrentCall", "TagsExhausted",
+__all__ = ["ArgumentMismatch", "Broken", "Stalled", "RequestError", "ConcurrentCall", "TagsExhausted",
            "SettingError", "failed"]
 
 
@@ -35,7 +39,18 @@ class ArgumentMismatch(ValueError):
     """Raised on every rank when ``check=True`` finds ranks that disagree."""
 
 
-class Stalled(RuntimeError):
+class Broken(RuntimeError):
+    """A call on a communicator where an earlier call of the library ended
+    early on this rank: interrupted (``KeyboardInterrupt`` or any other
+    exception while its messages were in flight), failed, or stalled.  Its
+    messages may still be on their way or unmatched at a peer, so the
+    library never uses that communicator again on this rank: every later
+    call raises this at once, and the peers' calls stall and are reported
+    by the watchdog.  Free it and continue on a new one
+    (``comm.Dup()`` on every rank), or end the job."""
+
+
+class Stalled(Broken):
     """A call waited longer than the watchdog allows (action ``raise``)."""
 
 
@@ -65,8 +80,9 @@ def failed(comm: MPI.Comm, exc: BaseException, what: str) -> None:
     Abort the job with a clear message, or (``MPI_ALLREDUCE_ON_ERROR=raise``)
     raise -- then the caller owns the consequences.  A stalled call raises
     (the watchdog's action said so)."""
-    if environment().on_error == "raise" or isinstance(exc, (Stalled, ConcurrentCall,
-                                                             TagsExhausted)):
+    if environment().on_error == "raise" or isinstance(exc, (Broken, ConcurrentCall,
+                                                             TagsExhausted)) \
+            or not isinstance(exc, Exception):  # (an interrupt: the caller's to handle)
         raise exc  # (the last two come before any message of the call)
     sys.stderr.write(
         f"mpi_allreduce: rank {MPI.COMM_WORLD.Get_rank()}: {type(exc).__name__}: {exc}\n"

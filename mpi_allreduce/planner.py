@@ -39,7 +39,7 @@ def choice(context: Context, call: Call, count: int) -> str:
     if call.algorithm != "auto":
         return call.algorithm
     nbytes = count * call.recv.dtype.itemsize
-    name = call.tuning.choose(nbytes, context.size, context.oversubscribed)
+    name = context.table(call.tuning).choose(nbytes, context.size, context.oversubscribed)
     return name if call.op.commutative else registry.in_rank_order(name)
 
 
@@ -51,7 +51,8 @@ def spec_of(context: Context, call: Call, name: str) -> CallSpec:
     options = ()
     if name == "hierarchical":
         options = _selection.hierarchical_options(
-            context.nodes(call.ranks_per_node), call.inner, count * dtype.itemsize, call.tuning,
+            context.nodes(call.ranks_per_node), call.inner, count * dtype.itemsize,
+            context.table(call.tuning),
             context.oversubscribed, call.op.commutative)
     return CallSpec("allreduce", name, context.size, count, dtype_label(dtype), call.op.stable,
                     call.segment_size, options, salt=call.salt)
@@ -93,12 +94,11 @@ def runner(context: Context, call: Call):
     if selector is None:
         selector = context.selectors[shape] = _selection.LiveSelector(
             context.comm, name, registry.FLAT_ALGORITHMS if call.op.commutative
-            else tuple(a for a in registry.FLAT_ALGORITHMS if a in registry.ORDERED))
+            else tuple(a for a in registry.FLAT_ALGORITHMS if a in registry.ORDERED),
+            context=context)
     bound = {}
     clock = time.perf_counter
-    n = counted = 0  # calls made, calls told to the selector
-    due = 1  # the next call that times, probes or follows a move; the others just run
-    name = step = None  # the current algorithm and its bound call
+    name = step = None  # the current algorithm and its bound call on these arrays
 
     def bound_run(chosen):
         run = bound.get(chosen)
@@ -107,24 +107,25 @@ def runner(context: Context, call: Call):
             run = bound[chosen] = progress.blocking(b, context, "allreduce")
         return run
 
-    def run():
-        nonlocal n, counted, due, name, step
-        n += 1
-        if n < due:  # most calls: the current algorithm, untimed
+    def live_run():
+        nonlocal name, step
+        s = selector
+        s.made += 1
+        if name != s.current:
+            name, step = s.current, bound_run(s.current)
+        if s.made < s.due:  # most calls: the current algorithm, untimed
             step()
             return
         start = clock()  # a first call pays for its plan: it is counted
-        probe = selector.probe
+        probe = s.probe
         if probe is not None:
             bound_run(probe)()
-            selector.observe(probe, clock() - start)
-            counted += 1
+            s.observe(probe, clock() - start)
+            s.counted += 1
         else:
-            if name != selector.current:
-                name, step = selector.current, bound_run(selector.current)
             step()
             # this timed call stands for the untimed ones since the last
-            selector.tick(clock() - start, n - counted)
-            counted = n
-        due = n + 1 if selector.probe is not None or name != selector.current else n + SAMPLE
-    return run
+            s.tick(clock() - start, s.made - s.counted)
+            s.counted = s.made
+        s.due = s.made + 1 if s.probe is not None or name != s.current else s.made + SAMPLE
+    return progress.guarded(context, ("allreduce (live selection)", None), live_run)

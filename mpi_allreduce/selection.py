@@ -20,12 +20,14 @@ from __future__ import annotations
 import functools
 import json
 import os
+import zlib
 from typing import Optional
 
 import numpy as np
 from mpi4py import MPI
 
 from .config import environment, on_refresh
+from .engine import wait_for
 from .registry import check_name, get, in_rank_order
 
 __all__ = ["DEFAULT_TUNING", "DecisionTable", "tuning_table", "calibration_key",
@@ -126,6 +128,8 @@ class DecisionTable:
 
     def __init__(self, table: dict):
         self.table = check_tuning(table)
+        #: what the ranks compare to agree on a table (see Context.table)
+        self.digest = zlib.crc32(json.dumps(self.table, sort_keys=True).encode())
         # (comm_size, oversubscribed or None, rows); for one comm_size the
         # rule without the key sorts first, so a matching specific one wins
         self.rules = sorted(
@@ -325,14 +329,20 @@ class LiveSelector:
     BUDGET = 0.05
 
     def __init__(self, comm, table_choice: str, candidates, budget: Optional[float] = None,
-                 first_sync: int = 64, margin: float = 0.1, min_probes: int = 2):
+                 first_sync: int = 64, margin: float = 0.1, min_probes: int = 2, context=None):
         budget = self.BUDGET if budget is None else budget
-        self.comm = comm
+        self.comm, self.context = comm, context
         self.current = table_choice
         self.candidates = [c for c in candidates if c != table_choice]
         self.budget, self.margin, self.min_probes = budget, margin, min_probes
         self.next_sync = first_sync
         self.calls = 0
+        #: the caller's counts (planner.runner): calls made of this shape,
+        #: calls told to the selector, the next call that times, probes or
+        #: follows a move -- per selector, never per pair of arrays, so
+        #: ranks that bind one shape to different arrays sync at one call
+        self.made = self.counted = 0
+        self.due = 1
         self.moves = 0
         self._turn = 0
         #: the candidate the next call probes once agreed (None for the current algorithm)
@@ -386,7 +396,8 @@ class LiveSelector:
         mine = np.array([self._seconds[n] for n in names] + [self.probe_seconds,
                                                              self._first or 0.0])
         worst = np.empty_like(mine)
-        self.comm.Allreduce(mine, worst, MPI.MAX)
+        wait_for([self.comm.Iallreduce(mine, worst, MPI.MAX)],
+                 "live selection's agreement on its timings (an MPI_Iallreduce)", self.context)
         seconds = dict(zip(names, worst[:-2]))
         probe_seconds, first, total = worst[-2], worst[-1], float(worst[:-2].sum())
         mean = {n: seconds[n] / self._counts[n] for n in names if self._counts[n]}

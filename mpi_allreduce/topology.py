@@ -1,8 +1,11 @@
 """Where the ranks run: the node of every rank, and whether a node is oversubscribed.
 
-Both are collective over the communicator and found once per communicator
-(the :class:`~mpi_allreduce.context.Context` keeps them); the answers are
-plain data that schedule builders and the selection read without MPI.
+:func:`placement` finds both at once, collectively and watched, where a
+communicator is set up (the :class:`~mpi_allreduce.context.Context` keeps
+the answer); :func:`emulated_nodes` is the pure arithmetic of emulated
+nodes.  The answers are plain data that schedule builders and the
+selection read without MPI, agreed by every rank: no rank decides from
+what it alone sees.
 """
 
 from __future__ import annotations
@@ -10,40 +13,63 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+import numpy as np
 from mpi4py import MPI
 
-__all__ = ["node_map", "oversubscribed", "LOCAL_SIZE_ENV"]
+from .engine import wait_for
+
+__all__ = ["placement", "emulated_nodes", "node_map", "oversubscribed", "LOCAL_SIZE_ENV"]
 
 #: set by launchers to the number of the job's ranks on this node (Open MPI, MPICH's Hydra)
 LOCAL_SIZE_ENV = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
 
 
-def node_map(comm: MPI.Intracomm, ranks_per_node: Optional[int] = None) -> tuple:
-    """The node of every rank of ``comm`` (a tuple of length p; a node is
-    named by its lowest rank).  Nodes come from
-    ``Split_type(COMM_TYPE_SHARED)``; ``ranks_per_node`` groups consecutive
-    ranks instead (the last group smaller), which emulates several nodes on
-    one machine.  Collective unless ``ranks_per_node`` is given."""
-    size = comm.Get_size()
-    if ranks_per_node is not None:
-        return tuple((r // ranks_per_node) * ranks_per_node for r in range(size))
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+def emulated_nodes(size: int, ranks_per_node: int) -> tuple:
+    """The node of every rank when consecutive ranks are grouped into nodes
+    of ``ranks_per_node`` (the last smaller): a node is named by its lowest rank."""
+    return tuple((r // ranks_per_node) * ranks_per_node for r in range(size))
+
+
+def placement(comm: MPI.Intracomm, what: str = "where the ranks run", context=None) -> tuple:
+    """(the node of every rank of ``comm``, whether any rank's node runs more
+    of the job's ranks than it has CPUs): collective over ``comm``.
+
+    Nodes come from ``Split_type(COMM_TYPE_SHARED)`` (a node is named by its
+    lowest rank).  That call has no non-blocking form, so the ranks first
+    meet in a watched ``MPI_Ibarrier``: a rank that never comes is reported
+    there, not waited for inside MPI.  All the job's ranks on a node compete
+    for its CPUs, not only those in ``comm``: their number comes from the
+    launcher where it says, else from the ranks of ``comm`` that share
+    memory.  One watched ``MPI_Iallgather`` then gives every rank the same
+    answer."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    wait_for([comm.Ibarrier()], what, context)
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     try:
-        lowest = node.allreduce(comm.Get_rank(), op=MPI.MIN)
+        mine, whole = node.Get_group(), comm.Get_group()
+        lowest = MPI.Group.Translate_ranks(mine, [0], whole)[0]
+        mine.Free()
+        whole.Free()
+        local = next((int(v) for v in map(os.environ.get, LOCAL_SIZE_ENV) if v and v.isdigit()),
+                     node.Get_size())
     finally:
         node.Free()
-    return tuple(comm.allgather(lowest))
+    record = np.array([lowest, local > (os.cpu_count() or 1)], dtype=np.int64)
+    everyone = np.empty((size, 2), dtype=np.int64)
+    wait_for([comm.Iallgather(record, everyone)], what, context)
+    return tuple(int(n) for n in everyone[:, 0]), bool(everyone[:, 1].any())
+
+
+def node_map(comm: MPI.Intracomm, ranks_per_node: Optional[int] = None) -> tuple:
+    """The node of every rank of ``comm`` (a tuple of length p): emulated
+    nodes of ``ranks_per_node`` where given (no message), else
+    :func:`placement`'s (collective)."""
+    if ranks_per_node is not None:
+        return emulated_nodes(comm.Get_size(), ranks_per_node)
+    return placement(comm)[0]
 
 
 def oversubscribed(comm: MPI.Intracomm) -> bool:
     """Whether the node of any rank of ``comm`` runs more ranks than it has
-    CPUs (collective over ``comm``).  All the job's ranks on a node compete
-    for its CPUs, not only those in ``comm``: their number comes from the
-    launcher where it says, else from the ranks of ``comm`` that share memory."""
-    local = next((int(v) for v in map(os.environ.get, LOCAL_SIZE_ENV) if v and v.isdigit()),
-                 None)
-    if local is None:
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-        local = node.Get_size()
-        node.Free()
-    return bool(comm.allreduce(local > (os.cpu_count() or 1), op=MPI.LOR))
+    CPUs (collective over ``comm``: :func:`placement`)."""
+    return placement(comm)[1]

@@ -11,6 +11,8 @@ differ or any rank rejected its input.
 
 from __future__ import annotations
 
+import os
+import pickle
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -21,6 +23,7 @@ from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
 from .config import environment
 from .context import context_for
+from .engine import wait_for
 from .errors import ArgumentMismatch
 from .ops import Op, check_dtype, dtype_label, resolve_op
 
@@ -45,7 +48,7 @@ class Call(NamedTuple):
     segment_size: int
     ranks_per_node: Optional[int]
     inner: Optional[str]
-    tuning: object  # selection.DecisionTable, or None unless algorithm == "auto"
+    tuning: object  # None, a file's path or a DecisionTable (auto, hierarchical only)
     selection: str
     datatype: object = None  # the caller's MPI datatype (a message spec), else None
     #: what a call made on behalf of another adds to its spec (reproducible sums)
@@ -60,13 +63,7 @@ def validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inne
               tuning, selection) -> Call:
     op = resolve_op(op)
     algorithm = registry.check_name(algorithm)
-    if algorithm in ("auto", "hierarchical"):
-        try:
-            tuning = _selection.tuning_table(tuning)
-        except OSError as exc:
-            raise ValueError(f"cannot read the decision table: {exc}") from None
-    else:
-        tuning = None
+    tuning = _tuning_argument(tuning) if algorithm in ("auto", "hierarchical") else None
     if algorithm == "hierarchical":
         inner = _selection.inner_setting(inner)
         ranks_per_node = ranks_per_node_setting(ranks_per_node)
@@ -107,6 +104,22 @@ def validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inne
 
     return Call(send, recv, op, algorithm, backend, segment_elements(segment_size, dtype),
                 ranks_per_node, inner, tuning, selection, datatype)
+
+
+def _tuning_argument(tuning):
+    """``tuning`` as the planner takes it: None (the default table), a
+    file's absolute path (both read and agreed by the ranks on first use:
+    :meth:`~mpi_allreduce.context.Context.table`), or a checked
+    :class:`~mpi_allreduce.selection.DecisionTable` (a dict the caller
+    passes: what it makes ``auto`` choose is in the call's fingerprint)."""
+    if tuning is None or isinstance(tuning, _selection.DecisionTable):
+        return tuning
+    if isinstance(tuning, dict):
+        return _selection.DecisionTable(tuning)
+    if isinstance(tuning, (str, os.PathLike)):
+        return os.path.abspath(os.fspath(tuning))
+    raise TypeError(f"tuning must be a dict, a DecisionTable or a file's path, got "
+                    f"{type(tuning).__name__}")
 
 
 def segment_elements(segment_size, dtype) -> int:
@@ -160,7 +173,7 @@ def agree(comm: MPI.Intracomm, fingerprint: Optional[dict], error: Optional[Exce
     """Exchange argument fingerprints (None where this rank rejected its
     input with ``error``); raise the same error on every rank if they differ."""
     mine = (fingerprint, None if error is None else f"{type(error).__name__}: {error}")
-    everyone = context_for(comm).comm.allgather(mine)
+    everyone = _allgather(context_for(comm), mine, f"check=True's agreement on a {what} call")
     failed = [(rank, err) for rank, (_, err) in enumerate(everyone) if err is not None]
     if failed:
         detail = "; ".join(f"rank {rank}: {err}" for rank, err in failed)
@@ -171,3 +184,16 @@ def agree(comm: MPI.Intracomm, fingerprint: Optional[dict], error: Optional[Exce
         if any(v != values[0] for v in values):
             by_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
             raise ArgumentMismatch(f"{what} arguments differ across ranks in {key} ({by_rank})")
+
+
+def _allgather(context, obj, what: str) -> list:
+    """Every rank's ``obj`` (pickled), through two watched non-blocking
+    collectives on the library's communicator: their sizes, then the bytes."""
+    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    comm, size = context.comm, context.size
+    sizes = np.empty(size, dtype=np.int64)
+    wait_for([comm.Iallgather(np.array([data.size], dtype=np.int64), sizes)], what, context)
+    everything = np.empty(int(sizes.sum()), dtype=np.uint8)
+    wait_for([comm.Iallgatherv(data, [everything, sizes.tolist()])], what, context)
+    ends = np.cumsum(sizes).tolist()
+    return [pickle.loads(everything[end - n:end].tobytes()) for n, end in zip(sizes.tolist(), ends)]

@@ -13,9 +13,12 @@ class OneRank:
     def __init__(self):
         self.syncs = 0
 
-    def Allreduce(self, send, recv, op):
+    def Iallreduce(self, send, recv, op):
+        from mpi4py import MPI
+
         self.syncs += 1
         recv[...] = send
+        return MPI.REQUEST_NULL
 
 
 def drive(selector, seconds_of, calls):

@@ -1,0 +1,448 @@
+"""The engine: calls in flight, what moves them on, and the one wait loop.
+
+A call in flight is an :class:`Operation`: the stages of a bound plan
+(:class:`~mpi_allreduce.executor.Stage`: local steps, messages, local
+steps that overlap them), run one after another.  Starting it posts the
+first stage's messages; *advancing* it tests (or waits for) the messages of
+the current stage and, once they are done, runs the next stage; the last
+stage done, the call is complete.  These are Open MPI libnbc's rounds
+(``NBC_Start_round`` and ``NBC_Progress``).  MPI's own requests (a
+set-up collective, an MPI call the torch backend makes) are operations too
+(:class:`MPIOperation`), so every wait of the library goes through
+:meth:`_Engine.wait`: watched by the watchdog, and in its ``raise`` mode
+polled against one deadline.  :func:`wait_for` is that wait for MPI
+requests the library posts itself (the set-up of a communicator, check
+mode's agreement, live selection's sync).
+
+This module knows nothing of requests as the caller sees them
+(:mod:`~mpi_allreduce.progress`) nor of communicators' contexts
+(:mod:`~mpi_allreduce.context`), which both build on it: an operation's
+``context`` is any object with ``breaks(why)``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import threading
+import time
+from typing import Optional
+
+from mpi4py import MPI
+
+from .config import environment
+from .errors import Stalled
+from .watchdog import WATCH, describe, report, settings
+
+__all__ = ["Operation", "MPIOperation", "ENGINE", "wait_for", "thread_progress",
+           "THREAD_MIN_BYTES", "ABANDONED"]
+
+#: calls moving fewer bytes per rank than this are advanced by the caller
+THREAD_MIN_BYTES = 64 * 1024
+#: tag of the progress thread's wake-up message to itself
+_WAKE_TAG = 0x77616B
+#: a thread's list of calls it advances is pruned of completed ones from this length on
+_PRUNE = 64
+
+
+class Operation:
+    """One call in flight: a bound plan's stages, run in order."""
+
+    __slots__ = ("stages", "plan", "comm", "mpitype", "post", "tag", "slot", "index", "pending",
+                 "done", "error", "event", "threaded", "persistent", "kind", "starts",
+                 "limit", "deadline", "reserved", "context", "lock", "owner", "__weakref__")
+
+    def __init__(self, stages: list, plan, tag: int, slot: str, threaded: bool,
+                 kind: str = "non-blocking call", context=None, reserved: bool = False):
+        self.stages, self.tag, self.plan = stages, tag, plan
+        if plan is not None:
+            self.comm, self.mpitype, self.post = plan.comm, plan.mpitype, plan.backend.post
+        self.slot = slot  # names this call's staging buffers (device backends)
+        self.threaded = threaded
+        #: per stage, MPI persistent requests made once (host buffers), or None
+        self.persistent = None
+        self.index = len(self.stages)
+        self.pending: list = []
+        self.done = True
+        self.error: Optional[BaseException] = None
+        self.event = threading.Event() if threaded else None
+        self.kind, self.context, self.starts = kind, context, 0
+        #: a persistent request's tag is held until it is freed
+        self.reserved = reserved
+        #: two threads never advance one operation at once
+        self.lock = threading.Lock()
+        self.owner = 0  # the thread that advances it (caller progress)
+        seconds, action = settings()
+        #: the watchdog's raise mode: seconds a start may wait (else 0)
+        self.limit = seconds if action == "raise" else 0.0
+        self.deadline = 0.0
+        if plan is not None and seconds > 0:
+            WATCH.watch(self)
+
+    def snapshot(self) -> tuple:
+        """What the watchdog samples: (starts, (kind, plan) while in flight, thread)."""
+        return self.starts, None if self.done else (self.kind, self.plan), "any"
+
+    def holds_tag(self) -> bool:
+        """Whether this call's tag may not be given to another call yet."""
+        return self.reserved or not self.done
+
+    def begin(self) -> None:
+        """Run the stages up to the first with messages in flight."""
+        self.index, self.done, self.error = -1, False, None
+        self.starts += 1
+        if self.limit:
+            self.deadline = time.monotonic() + self.limit
+        if self.event is not None:
+            self.event.clear()
+        self._next()
+
+    def _next(self) -> None:
+        stages, persistent = self.stages, self.persistent
+        while True:
+            self.index += 1
+            if self.index == len(stages):
+                self.done = True
+                return
+            before, pairs, overlap = stages[self.index]
+            for function, args in before:
+                function(*args)
+            if pairs:
+                if persistent is not None:
+                    requests = persistent[self.index]
+                    MPI.Prequest.Startall(requests)
+                    self.pending = [_Started(requests)]
+                else:
+                    post, comm, mpitype, slot = self.post, self.comm, self.mpitype, self.slot
+                    self.pending = [post(comm, send, dest, recv, source, mpitype, self.tag,
+                                         f"{slot}.{k}")
+                                    for k, (send, dest, recv, source) in enumerate(pairs)]
+            for function, args in overlap:
+                function(*args)
+            if pairs:
+                return
+
+    def advance(self, block: bool) -> bool:
+        """Move on as far as the messages allow (``block``: until done);
+        whether the call is complete.  An error ends the call: it is kept
+        for ``wait()`` to raise.  (Another thread advancing it now: no.)"""
+        if not self.lock.acquire(block):
+            return self.done
+        try:
+            while not self.done:
+                if block:
+                    for p in self.pending:
+                        p.wait()
+                    self.pending = []
+                else:
+                    self.pending = [p for p in self.pending if not p.test()]
+                    if self.pending:
+                        return False
+                self._next()
+        except BaseException as exc:  # noqa: BLE001 - raised again by wait()
+            self.error, self.done, self.pending = exc, True, []
+            if self.context is not None:  # its messages are in disarray
+                self.context.breaks(exc, self.kind)
+        finally:
+            self.lock.release()
+        return True
+
+    def stalled(self) -> Stalled:
+        """Give up on this call (its deadline passed): the error to raise."""
+        if not self.threaded:  # (the thread's own wait holds its requests)
+            self.abandon()
+        text = report(describe(self.kind, self.plan), self.limit, self.starts,
+                      threading.current_thread().name)
+        error = Stalled(text)
+        if self.context is not None:
+            self.context.breaks(error, self.kind)
+        return error
+
+    def abandon(self) -> None:
+        """Give up on the messages in flight (a stalled call): receives are
+        cancelled, every request is freed, so none is left for MPI_Finalize."""
+        for request in self.requests():
+            if request == MPI.REQUEST_NULL:
+                continue
+            try:
+                request.Cancel()
+                request.Free()
+            except MPI.Exception:  # pragma: no cover - depends on the MPI
+                pass
+        self.pending, self.done = [], True
+
+    def requests(self) -> list:
+        """The MPI requests of the current stage."""
+        return [r for p in self.pending for r in p.requests]
+
+
+class _Started:
+    """Requests in flight that are not the library's messages (a stage's
+    persistent requests, started; an MPI call the caller posted), with
+    their statuses where asked for: what ``Pending`` is to posted ones."""
+
+    __slots__ = ("requests", "statuses")
+
+    def __init__(self, requests, statuses=None):
+        self.requests, self.statuses = requests, statuses
+
+    def wait(self) -> None:
+        MPI.Request.Waitall(self.requests, self.statuses)
+
+    def test(self) -> bool:
+        return MPI.Request.Testall(self.requests, self.statuses)
+
+
+#: requests of MPI calls given up on (stalled): never freed, since MPI does
+#: not let a collective's request be cancelled or freed while it is active
+ABANDONED: list = []
+
+
+class MPIOperation(Operation):
+    """MPI's own requests in flight (``what``: how a report names the
+    call), as one operation of the engine: advanced, waited (with the
+    deadline of the watchdog's raise mode) and watched like the library's
+    calls.  Stalled, its receives are cancelled when ``cancel``; its
+    requests are kept in ``ABANDONED``, ``context`` (if any) is broken and
+    ``on_stall(report)`` runs."""
+
+    __slots__ = ("cancel", "on_stall")
+
+    def __init__(self, requests, what: str, comm, statuses=None, cancel=False,
+                 on_stall=None, context=None):
+        super().__init__([], None, 0, "", False, what, context)
+        self.comm, self.cancel, self.on_stall = comm, cancel, on_stall
+        self.pending, self.index, self.done, self.starts = [_Started(requests, statuses)], -1, \
+            False, 1
+        if self.limit:
+            self.deadline = time.monotonic() + self.limit
+        if settings()[0] > 0:
+            WATCH.watch(self)
+
+    def stalled(self) -> Stalled:
+        error = super().stalled()
+        if self.on_stall is not None:
+            self.on_stall(str(error))
+        return error
+
+    def abandon(self) -> None:
+        for request in self.requests():
+            if self.cancel:
+                request.Cancel()
+            ABANDONED.append(request)
+        self.pending, self.done = [], True
+
+
+class _Engine:
+    """The calls in flight in this process, and the progress thread."""
+
+    def __init__(self):
+        self._local = threading.local()  # each thread's calls advanced by test()/wait()
+        self.threaded: list = []  # advanced by the thread (under ``cond``)
+        self.cond = threading.Condition()
+        self.thread: Optional[threading.Thread] = None
+        self.in_mpi = False  # the thread waits in MPI (wake it with a message)
+        self.stopping = False
+        self.wake_comm = None
+        self._slots = itertools.count(1)  # next() is atomic: threads get distinct slots
+
+    def slot(self) -> str:
+        return f"nb{next(self._slots)}"
+
+    # --- caller progress ----------------------------------------------------
+    @property
+    def caller(self) -> list:
+        """This thread's calls advanced by test()/wait(), oldest first: the
+        thread that starts a call owns it, and blocks in MPI only on its
+        own calls' requests (a thread blocked on another's could wait for
+        a peer that waits for that other thread)."""
+        ops = getattr(self._local, "ops", None)
+        if ops is None:
+            ops = self._local.ops = []
+        return ops
+
+    @caller.setter
+    def caller(self, ops: list) -> None:
+        self._local.ops = ops
+
+    def start_caller(self, op: Operation) -> None:
+        op.owner = threading.get_ident()
+        caller = self.caller
+        if len(caller) >= _PRUNE:  # calls other threads waited for stay here until pruned
+            caller = self.caller = [other for other in caller if not other.done]
+        caller.append(op)
+
+    def progress_caller(self) -> None:
+        self.caller = [op for op in self.caller if not op.advance(False)]
+
+    def _advance(self, op: Operation) -> None:
+        """One step of progress for ``op`` without blocking: by its owner,
+        with the owner's other calls; by another thread, that call alone
+        (under its lock: never while its owner blocks on it)."""
+        if op.owner == threading.get_ident():
+            self.progress_caller()
+        else:
+            op.advance(False)
+
+    def wait(self, op: Operation) -> None:
+        """Until ``op`` is done, from any thread: the one wait loop.
+        Without a deadline its owner blocks in MPI (``MPI_Waitall`` for a
+        call alone in flight, ``MPI_Waitany`` over all of its calls
+        otherwise); another thread, or any thread with a deadline (the
+        watchdog's raise mode), polls -- and past the deadline abandons the
+        call and raises :class:`Stalled`."""
+        limit = op.limit
+        spins = 0
+        while not op.done:
+            if op.threaded:
+                if op.event.wait(0.01 if limit else 1.0):
+                    return
+            elif op.owner != threading.get_ident():
+                if not op.advance(False):
+                    time.sleep(20e-6)  # (its owner may be blocked on it: let it run)
+            else:
+                self.progress_caller()
+                if op.done:
+                    return
+                if not limit:
+                    self._block(op)
+            if limit:
+                spins += 1
+                if (op.threaded or spins & 0xFF == 0) and time.monotonic() > op.deadline \
+                        and not op.done:
+                    self._drop(op)
+                    raise op.stalled()
+
+    def _block(self, op: Operation) -> None:
+        """Block in MPI until one of this thread's calls can move on."""
+        caller = self.caller
+        if len(caller) == 1 and caller[0] is op:
+            op.advance(True)
+            self.caller = []
+            return
+        held = [other for other in caller if other.lock.acquire(False)]
+        try:
+            requests = [r for other in held for r in other.requests()]
+            if requests:
+                MPI.Request.Waitany(requests)
+            else:  # another thread is advancing them right now
+                time.sleep(20e-6)
+        finally:
+            for other in held:
+                other.lock.release()
+
+    def _drop(self, op: Operation) -> None:
+        if op.owner == threading.get_ident():
+            self.caller = [o for o in self.caller if o is not op]
+
+    def overdue(self, op: Operation) -> None:
+        """``test()``'s deadline check (raise mode): raise once it passed."""
+        if op.limit and not op.done and time.monotonic() > op.deadline:
+            self._drop(op)
+            raise op.stalled()
+
+    # --- the thread -------------------------------------------------------------
+    def start_threaded(self, op: Operation) -> None:
+        if self.thread is None:
+            self._start_thread()
+        with self.cond:
+            self.threaded.append(op)
+            self.cond.notify()
+            if self.in_mpi:
+                self._wake()
+
+    def _wake(self) -> None:
+        """Wake the thread from its wait in MPI: an empty message to itself,
+        sent without waiting (the caller holds ``cond``, which the thread
+        needs before it can post the receive again; a blocking send to
+        oneself waits for that receive under MPICH, and the two would wait
+        for each other).  The request is freed: the send completes when the
+        thread's receive matches it."""
+        self.wake_comm.Isend([bytearray(0), MPI.BYTE], 0, _WAKE_TAG).Free()
+
+    def _start_thread(self) -> None:
+        self.wake_comm = MPI.COMM_SELF.Dup()
+        self.thread = threading.Thread(target=self._run, name="mpi_allreduce-progress",
+                                       daemon=True)
+        self.thread.start()
+        atexit.register(self.stop)
+
+    def _run(self) -> None:
+        wake_buf = bytearray(1)
+        wake = self.wake_comm.Irecv([wake_buf, MPI.BYTE], 0, _WAKE_TAG)
+        try:
+            while True:
+                with self.cond:
+                    while not self.threaded and not self.stopping:
+                        self.cond.wait()
+                    if self.stopping:
+                        return
+                    still = []
+                    for op in self.threaded:
+                        if op.advance(False):
+                            op.event.set()
+                        else:
+                            still.append(op)
+                    self.threaded = still
+                    if not still:
+                        continue
+                    requests = [wake] + [r for op in still for r in op.requests()]
+                    self.in_mpi = True
+                index = MPI.Request.Waitany(requests)
+                with self.cond:
+                    self.in_mpi = False
+                if index == 0:
+                    wake = self.wake_comm.Irecv([wake_buf, MPI.BYTE], 0, _WAKE_TAG)
+        finally:
+            wake.Cancel()
+            wake.Wait()
+
+    def stop(self) -> None:
+        """End the thread (at exit, before MPI is finalised)."""
+        if self.thread is None or MPI.Is_finalized():
+            return
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+            if self.in_mpi:
+                self._wake()
+        self.thread.join(timeout=10)
+        self.thread = None
+
+
+_ENGINE = _Engine()
+
+
+def thread_progress() -> bool:
+    """Whether calls of at least :data:`THREAD_MIN_BYTES` are advanced by the
+    progress thread (``MPI_ALLREDUCE_PROGRESS``; default: where the MPI
+    library runs with ``MPI_THREAD_MULTIPLE``)."""
+    setting = environment().progress or "thread"
+    return setting == "thread" and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+
+ENGINE = _ENGINE
+
+
+def wait_for(requests, what: str, context=None) -> None:
+    """Wait for MPI requests the library posted itself (``what``: how a
+    report names them), as an operation of the engine: watched by the
+    watchdog under every action, against the deadline in ``raise`` mode
+    (then :class:`~mpi_allreduce.errors.Stalled`, and ``context``, if
+    given, is broken).  An interrupt while waiting breaks ``context`` too."""
+    op = MPIOperation(requests, what, None, context=context)
+    _ENGINE.start_caller(op)
+    try:
+        _ENGINE.wait(op)
+    except Stalled:
+        raise
+    except BaseException as exc:
+        if context is not None:
+            context.breaks(exc, what)
+        raise
+    if op.error is not None:
+        error, op.error = op.error, None
+        if context is not None:
+            context.breaks(error, what)
+        raise error
