@@ -130,6 +130,15 @@ class Context:
             "will not use this communicator again: free it and go on with a new one "
             "(comm.Dup() on every rank), or end the job")
 
+    def collective(self, start: Callable[[], MPI.Request], what: str) -> None:
+        """One non-blocking collective of the library on this communicator
+        (``start`` posts it on :attr:`comm`), waited for under the watchdog;
+        refused at once on a broken communicator, where the peers may be
+        inside another collective."""
+        if self.broken is not None:
+            raise self.refusal()
+        wait_for([start()], what, self)
+
     def refusal(self) -> Broken:
         """The error a call on a broken communicator raises (a fresh one each time)."""
         return type(self.broken)(*self.broken.args)
@@ -174,8 +183,8 @@ class Context:
             table, error = None, exc
         mine = np.array([0 if table is None else table.digest, error is not None], np.int64)
         everyone = np.empty((self.size, 2), np.int64)
-        wait_for([self.comm.Iallgather(mine, everyone)],
-                 "the agreement on auto's decision table", self)
+        self.collective(lambda: self.comm.Iallgather(mine, everyone),
+                        "the agreement on auto's decision table")
         unread = [r for r in range(self.size) if everyone[r, 1]]
         if unread:
             raise ValueError(f"auto's decision table cannot be read on rank(s) "

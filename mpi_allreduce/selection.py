@@ -396,8 +396,11 @@ class LiveSelector:
         mine = np.array([self._seconds[n] for n in names] + [self.probe_seconds,
                                                              self._first or 0.0])
         worst = np.empty_like(mine)
-        wait_for([self.comm.Iallreduce(mine, worst, MPI.MAX)],
-                 "live selection's agreement on its timings (an MPI_Iallreduce)", self.context)
+        what = "live selection's agreement on its timings (an MPI_Iallreduce)"
+        if self.context is not None:
+            self.context.collective(lambda: self.comm.Iallreduce(mine, worst, MPI.MAX), what)
+        else:
+            wait_for([self.comm.Iallreduce(mine, worst, MPI.MAX)], what)
         seconds = dict(zip(names, worst[:-2]))
         probe_seconds, first, total = worst[-2], worst[-1], float(worst[:-2].sum())
         mean = {n: seconds[n] / self._counts[n] for n in names if self._counts[n]}

@@ -23,7 +23,6 @@ from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
 from .config import environment
 from .context import context_for
-from .engine import wait_for
 from .errors import ArgumentMismatch
 from .ops import Op, check_dtype, dtype_label, resolve_op
 
@@ -192,8 +191,8 @@ def _allgather(context, obj, what: str) -> list:
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     comm, size = context.comm, context.size
     sizes = np.empty(size, dtype=np.int64)
-    wait_for([comm.Iallgather(np.array([data.size], dtype=np.int64), sizes)], what, context)
+    context.collective(lambda: comm.Iallgather(np.array([data.size], dtype=np.int64), sizes), what)
     everything = np.empty(int(sizes.sum()), dtype=np.uint8)
-    wait_for([comm.Iallgatherv(data, [everything, sizes.tolist()])], what, context)
+    context.collective(lambda: comm.Iallgatherv(data, [everything, sizes.tolist()]), what)
     ends = np.cumsum(sizes).tolist()
     return [pickle.loads(everything[end - n:end].tobytes()) for n, end in zip(sizes.tolist(), ends)]

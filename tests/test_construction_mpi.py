@@ -1,0 +1,261 @@
+"""The guarantees by construction, one test per class of failure and kind of call.
+
+* An exception that leaves a call on one rank (an interrupt too) breaks the
+  communicator there: the next call raises ``Broken`` at once, the peers
+  stall and are reported, and nobody gets a wrong result.
+* Decisions that shape the messages are agreed: auto's decision table,
+  live selection's syncs.
+* Every MPI call of the library is watched: the set-up of a communicator
+  and check mode's agreement, a peer that never comes is reported.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpi_allreduce as mar
+from mpi_allreduce import config
+from mpi_allreduce.context import context_for
+
+pytestmark = pytest.mark.mpi
+
+COUNT = 3000
+
+
+@pytest.fixture
+def raising_watchdog(monkeypatch):
+    """A watchdog that raises Stalled after half a second."""
+    monkeypatch.setenv(config.WATCHDOG_ENV, "0.5")
+    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
+    config.refresh()
+    yield
+    monkeypatch.undo()
+    config.refresh()
+
+
+def interrupting_sum(rank: int, at: int = 2):
+    """A sum as a user op that raises KeyboardInterrupt in its ``at``-th
+    combination on rank 0 (as Ctrl-C between two rounds would)."""
+    calls = [0]
+
+    def add(a, b):
+        calls[0] += 1
+        if rank == 0 and calls[0] == at:
+            raise KeyboardInterrupt("between rounds")
+        return a + b
+    return mar.user_op(add, commute=True, name="interrupting_sum")
+
+
+def _blocking(data, op, comm):
+    return mar.allreduce(data, None, op, comm=comm, algorithm="ring", segment_size=64 * 8)
+
+
+def _nonblocking(data, op, comm):
+    return mar.iallreduce(data, None, op, comm=comm, algorithm="ring",
+                          segment_size=64 * 8).wait()
+
+
+def _persistent(data, op, comm):
+    request = mar.allreduce_init(data, None, op, comm=comm, algorithm="ring",
+                                 segment_size=64 * 8)
+    request.start()
+    return request.wait()
+
+
+def _reduce_scatter(data, op, comm):
+    return mar.reduce_scatter(data, None, op, comm=comm, segment_size=64 * 8)
+
+
+KINDS = {"allreduce": _blocking, "iallreduce": _nonblocking, "allreduce_init": _persistent,
+         "reduce_scatter": _reduce_scatter}
+
+
+def _exact(kind, comm):
+    total = sum(np.arange(COUNT, dtype=np.float64) + r for r in range(comm.Get_size()))
+    if kind != "reduce_scatter":
+        return total
+    counts = [COUNT // comm.Get_size() + (r < COUNT % comm.Get_size())
+              for r in range(comm.Get_size())]
+    start = sum(counts[:comm.Get_rank()])
+    return total[start:start + counts[comm.Get_rank()]]
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_an_interrupt_breaks_the_communicator_never_a_wrong_result(raising_watchdog, kind):
+    """Rank 0 is interrupted inside a call and calls again: there it raises
+    Broken at once; the peers either had all they needed (the exact
+    result) or stall and raise; the retried call never meets the
+    interrupted call's messages."""
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank has no peer to leave waiting")
+    comm = world.Dup()
+    rank = comm.Get_rank()
+    data = np.arange(COUNT, dtype=np.float64) + rank
+    call = KINDS[kind]
+    outcomes = []
+    for attempt in range(2):
+        try:
+            out = call(data.copy(), interrupting_sum(rank), comm)
+            np.testing.assert_array_equal(out, _exact(kind, comm))
+            outcomes.append("exact")
+        except KeyboardInterrupt:
+            assert rank == 0 and attempt == 0
+            outcomes.append("interrupted")
+        except mar.Broken as exc:  # (Stalled is a Broken)
+            outcomes.append(type(exc).__name__)
+    if rank == 0:
+        assert outcomes == ["interrupted", "Broken"], outcomes
+    else:
+        assert outcomes[1] != "exact", "a retried call met the interrupted call's messages"
+    assert world.allreduce(int("Stalled" in outcomes)) >= 1  # the peers were told
+    comm.Free()
+
+
+def test_another_thread_is_refused_for_the_whole_of_a_composite_call():
+    """The guard covers a reproducible sum from its first to its last
+    message: a second thread that calls on the same communicator while it
+    runs gets ConcurrentCall, never shares its work arrays."""
+    comm = MPI.COMM_WORLD.Dup()
+    data = np.arange(50_000, dtype=np.float64) * 0.1
+    context = context_for(comm)
+    seen = []
+    entered = threading.Event()
+    release = threading.Event()
+
+    def other():
+        entered.wait(30)
+        try:
+            mar.allreduce(data, comm=comm, reproducible=True)
+            seen.append("ran")
+        except mar.ConcurrentCall:
+            seen.append("refused")
+        release.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    context.guard.acquire()  # as a call in progress on this thread holds it
+    try:
+        entered.set()
+        release.wait(30)
+    finally:
+        context.guard.release()
+    thread.join(30)
+    assert seen == ["refused"]
+    out = mar.allreduce(data, comm=comm, reproducible=True)  # the communicator is fine
+    assert np.allclose(out, data * comm.Get_size())
+    comm.Free()
+
+
+def _table(path, algorithm):
+    import json
+
+    path.write_text(json.dumps({"rules": [{"comm_size": 1, "table": [
+        {"max_bytes": None, "algorithm": algorithm}]}]}))
+    return str(path)
+
+
+def test_a_default_table_found_on_some_ranks_only_is_agreed(tmp_path, monkeypatch):
+    """A table that rank 0 finds and the others don't (nodes of different
+    sizes find different measured tables): every rank runs the built-in
+    one, rank 0 is warned, the sums are right."""
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank agrees with itself")
+    if world.Get_rank() == 0:
+        monkeypatch.setenv("MPI_ALLREDUCE_TUNING", _table(tmp_path / "t.json", "driver"))
+    config.refresh()
+    comm = world.Dup()
+    data = np.arange(1000, dtype=np.float64)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = mar.allreduce(data, comm=comm)
+        assert np.array_equal(out, data * comm.Get_size())
+        warned = any("different decision tables" in str(w.message) for w in caught)
+        assert warned == (world.Get_rank() == 0)
+    finally:
+        monkeypatch.undo()
+        config.refresh()
+        comm.Free()
+
+
+def test_a_named_table_that_differs_between_ranks_raises_on_every_rank(tmp_path):
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank agrees with itself")
+    path = _table(tmp_path / f"t{world.Get_rank()}.json",
+                  "driver" if world.Get_rank() == 0 else "ring")
+    # every rank names "the same" file, whose content differs between ranks
+    comm = world.Dup()
+    with pytest.raises(ValueError, match="differs between ranks"):
+        mar.allreduce(np.ones(10), comm=comm, tuning=path)
+    out = mar.allreduce(np.ones(10), comm=comm)  # nothing broken
+    assert np.array_equal(out, np.full(10, comm.Get_size()))
+    comm.Free()
+
+
+def test_a_table_one_rank_cannot_read_raises_on_every_rank(tmp_path):
+    world = MPI.COMM_WORLD
+    path = tmp_path / "table.json"
+    if world.Get_rank() != 0:
+        _table(path, "ring")
+    comm = world.Dup()
+    with pytest.raises(ValueError, match="cannot be read on rank"):
+        mar.allreduce(np.ones(10), comm=comm, tuning=str(path))
+    comm.Free()
+
+
+def test_live_selection_syncs_at_one_call_whatever_arrays_each_rank_uses(comm):
+    """One rank alternates two pairs of arrays, the others use one pair:
+    the selector counts calls per shape, so every rank syncs at the same
+    call (counting per pair left one rank in the sync's collective)."""
+    count = 4096  # 32 KiB: live selection's size
+    pairs = [(np.full(count, 1.0), np.empty(count)) for _ in range(2)]
+    alternate = comm.Get_rank() == 0
+    for i in range(200):
+        send, recv = pairs[i % 2 if alternate else 0]
+        mar.allreduce(send, recv, comm=comm, selection="live")
+        assert recv[0] == comm.Get_size() and recv[-1] == comm.Get_size()
+
+
+@pytest.mark.parametrize("where", ["set-up", "check"])
+def test_a_peer_that_never_comes_to_a_collective_is_reported(raising_watchdog, where):
+    """The set-up of a communicator (MPI_Comm_idup) and check mode's
+    agreement are watched as calls are: in raise mode the ranks that wait
+    raise Stalled instead of waiting in MPI forever."""
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank never waits for a peer")
+    comm = world.Dup()
+    if where == "check":
+        mar.setup(comm)
+    late = comm.Get_rank() == 0
+    if not late:
+        with pytest.raises(mar.Stalled, match="set-up|agreement"):
+            mar.allreduce(np.ones(4), comm=comm, check=where == "check")
+        with pytest.raises(mar.Broken):  # and the communicator stays unusable
+            mar.allreduce(np.ones(4), comm=comm)
+    world.Barrier()
+    # the late rank completes the collective the others gave up on, and
+    # they complete their requests of it: nothing is left pending when the
+    # communicator is freed or MPI finalised
+    if not late:
+        from mpi_allreduce.engine import ABANDONED
+
+        MPI.Request.Waitall(ABANDONED)
+        ABANDONED.clear()
+    if late:
+        if where == "set-up":
+            dup, request = comm.Idup()
+            request.Wait()
+            dup.Free()
+        else:
+            sizes = np.empty(comm.Get_size(), dtype=np.int64)
+            context_for(comm).comm.Iallgather(np.zeros(1, dtype=np.int64), sizes).Wait()
+    comm.Free()
