@@ -10,7 +10,10 @@ repeat, the same on every rank), on the same buffers:
 * every algorithm of ours named in ``-a`` (default: recursive doubling and
   the reproducible ``auto``);
 * ``persistent``: ``allreduce_init`` once, then ``start()`` and ``wait()``
-  per call (the fastest way to repeat a call; algorithm ``auto``).
+  per call (the fastest way to repeat a call; algorithm ``auto``);
+* ``iallreduce``: ``iallreduce(...).wait()`` per call on the same arrays (a
+  repeated non-blocking call runs its kept bound call; algorithm ``auto``),
+  also given as a ratio to the blocking ``auto`` call of the same repeats.
 
 Each batch is ``--iters`` back-to-back calls after a warm-up, timed as one
 (the slowest rank's mean); the median over ``--repeats`` batches is
@@ -73,6 +76,11 @@ def main() -> None:
         wait()
 
     calls["persistent"] = persistent
+
+    def nonblocking():
+        mar.iallreduce(send, recv, MPI.SUM, comm=comm).wait()
+
+    calls["iallreduce"] = nonblocking
     names = list(calls)
     per_repeat = {name: [] for name in names}
     for repeat in range(args.repeats):
@@ -92,6 +100,10 @@ def main() -> None:
             rows.append(row)
             print(f"  {name:>20} {row['median_us']:10.2f} {row['ratio_to_floor']:8.2f} "
                   f"{q1:9.2f} - {q3:<8.2f}")
+        if "auto" in per_repeat:
+            ratio, q1, q3 = paired_ratios(per_repeat["iallreduce"], per_repeat["auto"])
+            print(f"# iallreduce + wait / blocking auto: {ratio:.2f} (per repeat q1-q3 "
+                  f"{q1:.2f} - {q3:.2f})")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"command": "mpiexec -n %d python benchmarks/floor.py" % size,

@@ -100,14 +100,8 @@ def allreduce(
         user-defined op is refused.
     """
     kept = CALLS.get(id(recvbuf))  # a repeat with the very same objects (see Remembered)
-    if (kept is not None and kept.send == id(sendbuf) and kept.op is op and kept.comm is comm
-            and kept.algorithm == algorithm and recvbuf.dtype is kept.dtype
-            and (kept.in_place or sendbuf.dtype is kept.dtype)
-            and (kept.extra is None
-                 and check is segment_size is ranks_per_node is inner is tuning is selection
-                 is reproducible is None
-                 or kept.extra == (check, segment_size, ranks_per_node, inner, tuning, selection,
-                                   reproducible))):
+    if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, algorithm, (
+            check, segment_size, ranks_per_node, inner, tuning, selection, reproducible)):
         try:
             kept.run()
         except Exception as exc:  # noqa: BLE001 - after messages started
@@ -221,6 +215,12 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.C
     decision table.  The buffers must not be touched until the request is
     complete.  Many calls may be in flight on one communicator; every rank
     starts them in the same order and may wait for them in any order."""
+    kept = CALLS.get((_NONBLOCKING, id(recvbuf)))  # a repeat with the very same objects
+    if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, algorithm,
+                                         (check, segment_size, ranks_per_node, inner, tuning)):
+        request = kept.run()
+        if request is not None:  # (None: its last call is still in flight)
+            return request
     request = _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
                        ranks_per_node, inner, tuning, persistent=False)
     request._begin()
@@ -241,20 +241,34 @@ def allreduce_init(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = M
                     ranks_per_node, inner, tuning, persistent=True)
 
 
+#: the kind of a kept non-blocking call in :data:`~mpi_allreduce.context.CALLS`
+_NONBLOCKING = "iallreduce"
+
+
 def _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_per_node, inner,
              tuning, persistent: bool) -> Request:
-    call, _ = _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
-                     ranks_per_node, inner, tuning, "table")
+    call, checking = _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
+                            ranks_per_node, inner, tuning, "table")
     kind = PersistentRequest if persistent else Request
     if call.recv.size == 0 or comm.Get_size() == 1:
         setup(comm)
         return kind(progress.local_operation(call.backend, call.send, call.recv), call.recv)
     context = context_for(comm)
     plan = plan_for(context, call, choice(context, call, call.recv.size))
+    held = refcounts(call)
     bound = plan.bind(call.send, call.recv, request=True)
     operation = progress.operation(bound, context, call.recv.nbytes, persistent)
     if persistent:
         return progress.persistent_request(operation, call.recv, (bound,))
+    if not checking:  # kept for repeats: its bound call, scratch and operation
+        restart = progress.restarter(operation, context, call.recv)
+        ours = [after - before for before, after in zip(held, refcounts(call))]
+        extra = (check, segment_size, ranks_per_node, inner, tuning)
+        # (kept, its scratch stays with the call until the call is dropped)
+        operation.kept = remember_call(
+            context, restart, sendbuf, recvbuf, op, comm, algorithm, call, ours,
+            None if extra == (None,) * len(extra) else extra, kind=_NONBLOCKING,
+            release=progress.kept_scratch_back(operation, bound))
     return Request(operation, call.recv, (bound,))
 
 

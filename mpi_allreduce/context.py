@@ -230,6 +230,15 @@ class Context:
         holders[slot] = weakref.ref(op, gone)
         return self.tags.request_tag(slot, fingerprint)
 
+    def reclaim(self, op, fingerprint: int) -> int:
+        """A new tag for ``op``, a completed non-blocking call started
+        again (see :meth:`claim`): the slot it held is let go first."""
+        slot = op.tag >> self.tags.fp_bits
+        ref = self.holders.get(slot)
+        if ref is not None and ref() is op:
+            del self.holders[slot]
+        return self.claim(op, fingerprint, False)
+
     def in_flight(self) -> int:
         """Calls of this context in flight now (on this rank)."""
         return sum(1 for ref in list(self.holders.values())
@@ -278,6 +287,8 @@ class Context:
             del self.calls[key]
             if CALLS.get(key) is call:
                 del CALLS[key]
+            if call.release is not None:
+                call.release()
 
     def clear(self) -> None:
         """Drop the caches (plans, bound calls, selectors); keep the communicator."""
@@ -333,8 +344,11 @@ def reap() -> None:
 #: added and removed by their context only
 CALLS: dict = {}
 
-#: id(caller's comm object) -> (that object, its context): the fast way to a
-#: context for a repeated call (the object is held, so its id stays its own)
+#: communicator handle -> its context: the fast way to a context for a
+#: repeated call, whatever Python object names the communicator (a new
+#: wrapper of it per call finds the one entry, and none is held).  An entry
+#: goes when its communicator is freed (Context.free, from the attribute's
+#: delete callback), before MPI can give its handle to another one.
 _LIVE: dict = {}
 
 
@@ -352,7 +366,17 @@ class Remembered:
     are not C-contiguous, or read-only, were refused when first seen."""
 
     __slots__ = ("run", "dtype", "in_place", "send", "op", "comm", "algorithm", "extra", "refs",
-                 "ours")
+                 "ours", "release")
+
+    def repeats(self, sendbuf, recvbuf, op, comm, algorithm, extra: tuple) -> bool:
+        """Whether a call with these arguments is this kept call again: the
+        very same objects, the receive buffer's dtype unchanged, the same
+        optional arguments (``extra``; all None when it had none)."""
+        return (self.send == id(sendbuf) and self.op is op and self.comm is comm
+                and self.algorithm == algorithm and recvbuf.dtype is self.dtype
+                and (self.in_place or sendbuf.dtype is self.dtype)
+                and (self.extra == extra if self.extra is not None
+                     else extra.count(None) == len(extra)))
 
     def abandoned(self) -> bool:
         """Whether the caller holds none of the buffers any more: only the
@@ -370,16 +394,19 @@ def refcounts(call) -> list:
 
 
 def remember_call(context: Context, run, sendbuf, recvbuf, op, comm, algorithm,
-                  call, ours: list, extra) -> None:
-    """Keep the bound call for repeats; drop those whose buffers the caller
-    has let go (the bound views would keep them alive otherwise)."""
+                  call, ours: list, extra, kind=None, release=None) -> bool:
+    """Keep the bound call for repeats (``kind``: None for a blocking call,
+    keyed by the receive buffer's id; else its key is ``(kind, id)``;
+    ``release``: what gives back what it holds of its own when it is
+    dropped); drop those whose buffers the caller has let go (the bound
+    views would keep them alive otherwise).  Whether it is kept."""
     for key, old in list(context.calls.items()):
         if old.ours is not None and old.abandoned():
             context.forget(key, old)
     if recvbuf is not call.recv or (call.send is not None and sendbuf is not call.send):
-        return  # converted on the way in (a list, a foreign device array): no identity
+        return False  # converted on the way in (a list, a foreign device array): no identity
     kept = Remembered()
-    key = id(recvbuf)
+    key = id(recvbuf) if kind is None else (kind, id(recvbuf))
 
     def forget(ref):  # a buffer dies: its entry goes before its id can be reused
         entry = context.calls.get(key)  # (no reference to ``kept`` here: no cycle)
@@ -391,13 +418,15 @@ def remember_call(context: Context, run, sendbuf, recvbuf, op, comm, algorithm,
         buffers = (recvbuf,) if call.send is None else (recvbuf, sendbuf)
         kept.refs = [weakref.ref(b, forget) for b in buffers]
     except TypeError:  # an array type without weak references
-        return
+        return False
     kept.run, kept.op, kept.comm, kept.algorithm, kept.extra = run, op, comm, algorithm, extra
+    kept.release = release
     kept.dtype, kept.in_place, kept.send = recvbuf.dtype, call.send is None, id(sendbuf)
     #: references the bound call holds on each buffer (recv, send); live
     #: selection binds more later, so its entries are only evicted by age
     kept.ours = ours if call.selection == "table" or call.algorithm != "auto" else None
     context.remember(key, kept)
+    return True
 
 
 def _delete_context(comm, keyval, context) -> None:
@@ -412,10 +441,8 @@ def context_for(comm: MPI.Intracomm) -> Context:
     """The cached context of ``comm`` (collective the first time: its
     watched set-up, :meth:`Context.set_up`).  A communicator whose set-up
     did not complete on this rank raises :class:`~mpi_allreduce.errors.Broken`."""
-    entry = _LIVE.get(id(comm))
-    if entry is not None and entry[0] is comm:
-        context = entry[1]
-    else:
+    context = _LIVE.get(comm.handle)
+    if context is None:
         context = comm.Get_attr(_KEYVAL)
         if context is None:
             context = Context(comm)
@@ -425,17 +452,19 @@ def context_for(comm: MPI.Intracomm) -> Context:
             except BaseException as exc:
                 context.breaks(exc, "its set-up")
                 raise
-        context.ids.add(id(comm))
-        _LIVE[id(comm)] = (comm, context)
+        context.ids.add(comm.handle)
+        _LIVE[comm.handle] = context
     if context.comm == MPI.COMM_NULL:
         raise context.refusal()
     return context
 
 
 def cached_context(comm) -> Optional[Context]:
-    """The context of this very comm object if it has one already (no MPI call)."""
-    entry = _LIVE.get(id(comm))
-    return entry[1] if entry is not None and entry[0] is comm else None
+    """The context of ``comm`` if it has one already (no MPI call)."""
+    try:
+        return _LIVE.get(comm.handle)
+    except AttributeError:  # not a communicator (the call's checks say so)
+        return None
 
 
 def setup(comm: MPI.Intracomm) -> None:
@@ -458,5 +487,5 @@ def release(comm: MPI.Intracomm) -> None:
 
 @on_refresh
 def _clear_all() -> None:
-    for _, context in list(_LIVE.values()):
+    for context in list(_LIVE.values()):
         context.clear()

@@ -50,7 +50,8 @@ class Operation:
 
     __slots__ = ("stages", "plan", "comm", "mpitype", "post", "tag", "slot", "index", "pending",
                  "done", "error", "event", "threaded", "persistent", "kind", "starts",
-                 "limit", "deadline", "reserved", "context", "lock", "owner", "__weakref__")
+                 "limit", "deadline", "reserved", "context", "lock", "owner", "kept",
+                 "__weakref__")
 
     def __init__(self, stages: list, plan, tag: int, slot: str, threaded: bool,
                  kind: str = "non-blocking call", context=None, reserved: bool = False):
@@ -72,6 +73,9 @@ class Operation:
         #: two threads never advance one operation at once
         self.lock = threading.Lock()
         self.owner = 0  # the thread that advances it (caller progress)
+        #: kept for repeats with its bound call's scratch (a non-blocking
+        #: call started again on the same arrays): its scratch stays its own
+        self.kept = False
         seconds, action = settings()
         #: the watchdog's raise mode: seconds a start may wait (else 0)
         self.limit = seconds if action == "raise" else 0.0

@@ -163,7 +163,7 @@ class Request:
         if op is not None and op.error is not None:
             error, op.error = op.error, None
             failed(getattr(op, "comm", MPI.COMM_WORLD), error, "a non-blocking call")
-        if self.__class__ is Request:  # done for good: its scratch serves the next call
+        if self.__class__ is Request and (op is None or not op.kept):  # scratch: the next call's
             for bound in self._keep:  # (not after an error: messages may still land)
                 if bound.scratch is not None:
                     bound.plan.give_back(bound.scratch)
@@ -375,6 +375,33 @@ def operation(bound: Bound, context, nbytes: int, persistent: bool) -> Operation
     if persistent and not bound.plan.backend.device:
         op.persistent = persistent_requests(bound, op.tag)
     return op
+
+
+def kept_scratch_back(op: Operation, bound: Bound):
+    """What gives a kept non-blocking call's scratch back to its plan when
+    the call is dropped (not while it is in flight: messages may land)."""
+    def release():
+        if op.done and op.error is None and bound.scratch is not None:
+            bound.plan.give_back(bound.scratch)
+            bound.scratch = None
+    return release
+
+
+def restarter(op: Operation, context, result):
+    """What starts ``op`` (a non-blocking call's, kept for repeats) again: a
+    new :class:`Request` over the same operation, with a new tag from the
+    context (calls are numbered in the order they start, on every rank);
+    None while its last start is still in flight."""
+    fingerprint = op.plan.fingerprint
+
+    def restart():
+        if not op.done:
+            return None
+        op.tag = context.reclaim(op, fingerprint)
+        request = Request(op, result)
+        request._begin()
+        return request
+    return restart
 
 
 def local_operation(backend, send, recv) -> Operation:
