@@ -28,6 +28,7 @@ from .errors import ArgumentMismatch, failed
 from .ops import dtype_label
 from .planner import choice, plan_for, resolved, runner
 from .progress import PersistentRequest, Request
+from .selection import DecisionTable
 from .validate import DEFAULT_SEGMENT_BYTES, Call, agree, arguments, check_enabled
 
 __all__ = ["allreduce", "iallreduce", "allreduce_init", "setup", "ArgumentMismatch",
@@ -164,7 +165,9 @@ def _reproducible(comm, call: Call, check, ranks_per_node, inner, tuning, select
     # that disagree about them must not meet in the inner calls' messages
     salt = f"reproducible/{dtype_label(call.recv.dtype)}/{call.op.stable}"
     kept = context_for(comm).work
-    options = (call.algorithm, ranks_per_node, inner, id(tuning), selection, salt)
+    # (the table by its content: an id could be a dead dict's, reused)
+    table = call.tuning.digest if isinstance(call.tuning, DecisionTable) else call.tuning
+    options = (call.algorithm, ranks_per_node, inner, table, selection, salt)
     # (no reference to ``call`` is kept: the kept call's references to the
     # buffers are counted, see remember_call)
     send, recv, backend, finalize = call.send, call.recv, call.backend, call.op.finalize

@@ -46,6 +46,9 @@ MAX_PLANS = 64
 #: all-reduces each one repeats kept calls instead of binding every call
 #: again (two thirds of the time per-tensor on ResNet-50 with 64)
 MAX_CALLS = 256
+#: live selectors (one per call shape) and decision tables kept per communicator
+MAX_SELECTORS = 64
+MAX_TABLES = 8
 #: bound reduce_scatter/allgather calls kept per communicator (they hold
 #: views of their arrays: the fewer, the sooner a dropped array is freed)
 MAX_HALVES = 16
@@ -65,11 +68,14 @@ class Context:
         self.oversubscribed = False
         #: auto's decision tables, agreed by all ranks on first use (None:
         #: the default one; else a file's path): see :meth:`table`
-        self.tables: dict = {}
+        self.tables: "OrderedDict[object, DecisionTable]" = OrderedDict()
         self.plans: "OrderedDict[tuple, object]" = OrderedDict()
         #: keys of this context's bound calls in :data:`CALLS`
         self.calls: dict = {}
-        self.selectors: dict = {}
+        #: live selectors by call shape, at most MAX_SELECTORS (the least
+        #: recently used go first: the same on every rank, which makes the
+        #: same calls in the same order)
+        self.selectors: "OrderedDict[tuple, object]" = OrderedDict()
         #: reduce_scatter/allgather calls bound to arrays, by (kind, ids):
         #: the arrays by weak reference (checked on every hit), at most MAX_HALVES
         self.halves: "OrderedDict[tuple, tuple]" = OrderedDict()
@@ -174,7 +180,20 @@ class Context:
         table = self.tables.get(tuning)
         if table is None:
             table = self.tables[tuning] = self._agree_table(tuning)
+            while len(self.tables) > MAX_TABLES:
+                self.tables.popitem(last=False)
         return table
+
+    def selector(self, shape: tuple, make: Callable[[], object]):
+        """The live selector of ``shape``, made on first use (see :attr:`selectors`)."""
+        selector = self.selectors.get(shape)
+        if selector is None:
+            selector = self.selectors[shape] = make()
+            while len(self.selectors) > MAX_SELECTORS:
+                self.selectors.popitem(last=False)
+        else:
+            self.selectors.move_to_end(shape)
+        return selector
 
     def _agree_table(self, tuning) -> DecisionTable:
         try:

@@ -90,12 +90,13 @@ def runner(context: Context, call: Call):
         bound = plan_for(context, call, name).bind(send, recv)
         return progress.blocking(bound, context, "allreduce")
     shape = (recv.size, dtype_label(recv.dtype), call.op.identity, call.backend, call.segment_size)
-    selector = context.selectors.get(shape)
-    if selector is None:
-        selector = context.selectors[shape] = _selection.LiveSelector(
-            context.comm, name, registry.FLAT_ALGORITHMS if call.op.commutative
-            else tuple(a for a in registry.FLAT_ALGORITHMS if a in registry.ORDERED),
-            context=context)
+    candidates = registry.FLAT_ALGORITHMS if call.op.commutative \
+        else tuple(a for a in registry.FLAT_ALGORITHMS if a in registry.ORDERED)
+
+    table_choice = name
+
+    def make():
+        return _selection.LiveSelector(context.comm, table_choice, candidates, context=context)
     bound = {}
     clock = time.perf_counter
     name = step = None  # the current algorithm and its bound call on these arrays
@@ -109,7 +110,9 @@ def runner(context: Context, call: Call):
 
     def live_run():
         nonlocal name, step
-        s = selector
+        # found per call (the context keeps the selector of each shape, the
+        # same on every rank): arrays bound to one shape share its counts
+        s = context.selector(shape, make)
         s.made += 1
         if name != s.current:
             name, step = s.current, bound_run(s.current)

@@ -224,6 +224,28 @@ def test_live_selection_syncs_at_one_call_whatever_arrays_each_rank_uses(comm):
         assert recv[0] == comm.Get_size() and recv[-1] == comm.Get_size()
 
 
+def test_live_selectors_are_bounded_and_evicted_alike_on_every_rank(comm, monkeypatch):
+    """More call shapes than selectors kept: the least recently used goes
+    first, on every rank alike (a runner finds its shape's selector per
+    call, never keeps an evicted one), so the syncs still meet."""
+    from mpi_allreduce import context as context_module
+
+    monkeypatch.setattr(context_module, "MAX_SELECTORS", 2)
+    counts = [2048, 3072, 4096]  # float64: all at or above live selection's size
+    arrays = {n: [(np.full(n, 1.0), np.empty(n)) for _ in range(3)] for n in counts}
+    for i in range(300):
+        n = counts[2] if i % 100 == 99 else counts[i % 2]  # the third evicts one
+        # rank 0: other arrays, new ones after an eviction; the others: the same
+        pair = (i // 2) % 2 + (i > 150) if comm.Get_rank() == 0 else 0
+        send, recv = arrays[n][pair]
+        mar.allreduce(send, recv, comm=comm, selection="live")
+        assert recv[0] == comm.Get_size() and recv[-1] == comm.Get_size()
+    if comm.Get_size() > 1:
+        selectors = context_for(comm).selectors
+        assert len(selectors) <= 2
+        assert max(s.made for s in selectors.values()) >= 64  # past a sync
+
+
 @pytest.mark.parametrize("where", ["set-up", "check"])
 def test_a_peer_that_never_comes_to_a_collective_is_reported(raising_watchdog, where):
     """The set-up of a communicator (MPI_Comm_idup) and check mode's
