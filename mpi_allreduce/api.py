@@ -249,9 +249,11 @@ _NONBLOCKING = "iallreduce"
 
 
 def _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_per_node, inner,
-             tuning, persistent: bool) -> Request:
+             tuning, persistent: bool, salt: str = "") -> Request:
+    """A non-blocking or (``persistent``) persistent call, not started
+    (``salt``: what else its spec must carry, see CallSpec)."""
     call, checking = _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
-                            ranks_per_node, inner, tuning, "table")
+                            ranks_per_node, inner, tuning, "table", salt)
     kind = PersistentRequest if persistent else Request
     if call.recv.size == 0 or comm.Get_size() == 1:
         setup(comm)

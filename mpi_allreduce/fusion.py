@@ -11,17 +11,44 @@ same order.
 
 Bucket boundaries depend only on that sequence, so the same inputs give the
 same bytes every run.  A bucket of one array (one larger than a bucket, or
-the last of its dtype) is reduced where it is, without packing.  A bucket that comes back with the same arrays'
-shapes reuses its packing buffer and its persistent request
-(:func:`~mpi_allreduce.allreduce_init`): a training loop's steady state
-allocates nothing and builds nothing.
+the last of its dtype) is reduced where it is, without packing.
+
+A bucket's persistent call (:func:`~mpi_allreduce.allreduce_init`) carries
+the bucket's *identity* in its spec, hence in the fingerprint its
+messages' tags carry: the size of every array in it, in order (the dtype
+and the total are in the spec already), and which bucket it is -- for a
+packed bucket, the how-manieth bucket of exactly these sizes since the
+last :meth:`Fusion.wait`; for a bucket of arrays made by
+:meth:`Fusion.empty_like`, which of this fusion's homes (below) it is.
+Both are functions of what every rank passes, never of the order in which
+a rank happened to build its calls.  Ranks whose buckets differ (sizes
+``[3, 5]`` on one rank and ``[5, 3]`` on another, buckets started in
+another order) post messages that cannot match another bucket's: each
+bucket is the same bucket on every rank or its call waits, and the
+watchdog reports it.  (Packed arrays are known only by their sizes and
+their place in the sequence: two arrays of one size swapped on one rank
+are two other arrays of that size.)  A bucket that comes back with the
+same identity reuses its packing buffer and its persistent request: a
+training loop's steady state allocates nothing and builds nothing.
 
 Packing copies every byte in and unpacking copies it out again.  Arrays
 made by :meth:`Fusion.empty_like` live *inside* their buckets (as DDP's
 ``gradient_as_bucket_view`` gradients do): added in that order, a bucket of
 them is reduced where it lies, so each byte moves once; the buckets and
 therefore the bytes are the same as with packing.  Arrays added otherwise
-are packed as before.
+are packed as before.  Such a bucket's memory (its *home*) and its
+persistent request are made together in :meth:`Fusion.empty_like`, on
+every rank at the same point of the program, so its tag is the same
+everywhere whichever bucket a rank starts first.  An array of a home that
+one rank rebinds (replaces by another of its size and dtype, letting the
+old one go) is copied into the old one's place: still the same call as on
+the other ranks.  While the old one is still referenced its place is not
+free, the bucket is packed on that rank alone, and its call waits and is
+reported.  A home is freed once none of its arrays is referenced any more,
+and only the homes of the latest :data:`MAX_HOMES` buckets made keep their
+requests (older ones are packed when added), so calling
+:meth:`Fusion.empty_like` every step holds no more than the arrays the
+caller keeps.
 
 A :class:`Fusion` owns MPI resources (its buckets' persistent requests and
 their tags): :meth:`Fusion.free` releases them, as does leaving a ``with
@@ -30,12 +57,15 @@ Fusion(...) as fusion:`` block or dropping the last reference to it.
 
 from __future__ import annotations
 
+import weakref
+import zlib
 from collections import OrderedDict
 
 from mpi4py import MPI
 
-from .api import allreduce_init, iallreduce
+from .api import _request, iallreduce
 from .backend import as_array, backend_for
+from .errors import RequestError
 from .ops import dtype_label
 
 __all__ = ["Fusion", "bucket_bounds", "DEFAULT_BUCKET_BYTES"]
@@ -43,20 +73,26 @@ __all__ = ["Fusion", "bucket_bounds", "DEFAULT_BUCKET_BYTES"]
 #: default bucket size (PyTorch DDP uses 25 MB, Horovod 64 MB; smaller
 #: buckets start sooner, larger ones pay fewer per-message costs)
 DEFAULT_BUCKET_BYTES = 4 << 20
-#: buckets (packing buffer and persistent request) kept for reuse
+#: packed buckets (packing buffer and persistent request) kept for reuse
+#: (never fewer than the last step had: those between two wait()s)
 MAX_KEPT = 64
+#: homes (empty_like's buckets) that keep their persistent requests: those
+#: of the latest buckets made (never fewer than one empty_like call's)
+MAX_HOMES = 128
 
 
 def _finish(bucket) -> None:
-    """Wait for a started bucket and write its results into its arrays."""
+    """Wait for a started bucket and write its results into the arrays
+    that were packed into it."""
     bucket.request.wait()
-    if bucket.buffer is None:  # reduced in place
+    if bucket.home is not None:
+        bucket.home.busy = False
+    if not bucket.packed:  # reduced in place
         return
-    backend = backend_for(bucket.buffer)
-    offset = 0
-    for array in bucket.arrays:
-        backend.copy(array, bucket.buffer[offset:offset + array.size])
-        offset += array.size
+    buffer = bucket.buffer
+    backend = backend_for(buffer)
+    for array, start, stop in bucket.packed:
+        backend.copy(array, buffer[start:stop])
 
 
 def bucket_bounds(nbytes: list, bucket_bytes: int) -> list:
@@ -78,26 +114,70 @@ def bucket_bounds(nbytes: list, bucket_bytes: int) -> list:
     return groups
 
 
+def _spans(sizes: tuple) -> list:
+    """Each array's ``(start, stop)`` in its bucket's buffer."""
+    spans, offset = [], 0
+    for n in sizes:
+        spans.append((offset, offset + n))
+        offset += n
+    return spans
+
+
+def _identity(what: str, sizes: tuple) -> str:
+    """The salt of a bucket's spec: which bucket, and its arrays' sizes in
+    order (a digest: the spec's fingerprint is one anyway)."""
+    return f"fusion {what}: {len(sizes)} arrays, sizes {zlib.crc32(repr(sizes).encode()):08x}"
+
+
+def _persistent(buffer, op, comm, algorithm, salt: str):
+    """``allreduce_init(MPI.IN_PLACE, buffer, op, ...)`` with ``salt`` in its spec."""
+    return _request(MPI.IN_PLACE, buffer, op, comm, algorithm, None, None, None, None, None,
+                    persistent=True, salt=salt)
+
+
+def _release(request) -> None:
+    """Free a persistent request; one left active by a wait that raised (a
+    stall: its communicator is unusable) is left as it is."""
+    try:
+        request.free()
+    except RequestError:
+        pass
+
+
+def _strong(view):
+    """A reference to an array without weak references: held for good."""
+    return lambda: view
+
+
 class _Home:
     """A bucket's own memory, handed out as arrays by :meth:`Fusion.empty_like`:
-    the buffer, the arrays that are views of it (in order), and its
-    persistent request (made on first use)."""
+    the buffer, the arrays that are views of it (by weak reference: a
+    home whose arrays are all gone is freed), their sizes, and its
+    persistent request (made with the home), in flight or not."""
 
-    __slots__ = ("buffer", "views", "request")
+    __slots__ = ("key", "buffer", "refs", "sizes", "spans", "request", "busy")
 
-    def __init__(self, buffer, views: list):
-        self.buffer, self.views, self.request = buffer, views, None
+    def __init__(self, key, buffer, refs: list, sizes: tuple, request):
+        self.key, self.buffer, self.refs, self.sizes = key, buffer, refs, sizes
+        self.spans, self.request, self.busy = _spans(sizes), request, False
+
+    def view(self, index: int):
+        """The array at ``index``, or None once it is gone."""
+        return self.refs[index]()
 
 
 class _Bucket:
-    """Arrays of one dtype being packed; then the request reducing them."""
+    """Arrays of one dtype being packed; then the request reducing them.
+    ``packed``: (array, start, stop) of each array copied into ``buffer``
+    (and out again when it is done); ``home``: the home it is, if any."""
 
-    __slots__ = ("arrays", "nbytes", "buffer", "request")
+    __slots__ = ("arrays", "nbytes", "buffer", "request", "packed", "home")
 
     def __init__(self):
         self.arrays: list = []
         self.nbytes = 0
-        self.buffer = self.request = None
+        self.buffer = self.request = self.home = None
+        self.packed: list = []
 
 
 class Fusion:
@@ -120,11 +200,22 @@ class Fusion:
         self.bucket_bytes = bucket_bytes
         self._open: dict = {}  # (dtype, backend) -> the bucket being filled
         self._started: list = []  # buckets in flight, in the order started
-        #: (dtype, backend, shapes) -> [(buffer, persistent request), ...], least recent first
-        self._kept: "OrderedDict[tuple, list]" = OrderedDict()
-        #: buckets' own memory (empty_like): id(first view) -> its _Home (the views
-        #: are held by their home, so an id here names the very array)
+        #: packed buckets by identity, (dtype, backend, sizes, occurrence) ->
+        #: (buffer, persistent request), least recently used first
+        self._kept: "OrderedDict[tuple, tuple]" = OrderedDict()
+        #: buckets of each (dtype, backend, sizes) started since the last wait();
+        #: how many of them were packed, and how many in the step before
+        self._seen: dict = {}
+        self._packed = self._packed_before = 0
+        #: homes (empty_like's buckets) by number, oldest first; the number
+        #: counts the homes this fusion made, alike on every rank
         self._homes: dict = {}
+        self._made = 0
+        #: id(array of a home) -> (home's number, index): an entry goes as its
+        #: array dies, before the id can name another object
+        self._where: dict = {}
+        #: numbers of homes whose arrays have all died (freed by _sweep)
+        self._dead: list = []
         #: inside allreduce(): the oldest bucket is finished as the next starts
         self._serial = False
 
@@ -151,13 +242,23 @@ class Fusion:
         live inside the buckets they will fill: add them (all, in this
         order) and the buckets are reduced where they lie, with no packing
         and no unpacking.  Their values are uninitialised; write into them
-        (``out=``, ``[...] =``) rather than rebinding them."""
+        (``out=``, ``[...] =``) rather than rebinding them.
+
+        Every rank must call it with the same shapes and dtypes at the same
+        point of its program (each bucket's persistent call is made here,
+        so its tag is the same on every rank).  The memory stays only as
+        long as the caller holds the arrays; calling it every step holds
+        no more than that (better: call it once and write into the arrays
+        every step)."""
+        self._sweep()
         arrays = [as_array(a) for a in arrays]
         made = [None] * len(arrays)
         by_key: dict = {}
         for i, array in enumerate(arrays):
             by_key.setdefault((dtype_label(array.dtype), backend_for(array)), []).append(i)
-        for (_, backend), where in by_key.items():
+        first = self._made
+        for key, where in by_key.items():
+            backend = key[1]
             sizes = [arrays[i].nbytes for i in where]
             for start, stop in bucket_bounds(sizes, self.bucket_bytes):
                 members = where[start:stop]
@@ -165,26 +266,96 @@ class Fusion:
                 if len(members) == 1:  # a bucket of one is reduced where it is anyway
                     made[members[0]] = backend.empty_shaped(arrays[members[0]].shape, dtype)
                     continue
-                buffer = backend.empty(sum(arrays[i].size for i in members), dtype)
-                views, offset = [], 0
-                for i in members:
-                    view = buffer[offset:offset + arrays[i].size].reshape(arrays[i].shape)
-                    offset += arrays[i].size
+                counts = tuple(int(arrays[i].size) for i in members)
+                buffer = backend.empty(sum(counts), dtype)
+                views = [buffer[a:b].reshape(arrays[i].shape)
+                         for i, (a, b) in zip(members, _spans(counts))]
+                for i, view in zip(members, views):
                     made[i] = view
-                    views.append(view)
-                self._homes[id(views[0])] = _Home(buffer, views)
+                self._home(key, buffer, views, counts)
+        self._evict(min(first, self._made - MAX_HOMES))
         return made
 
-    def _home_of(self, arrays: list):
-        """The home whose views ``arrays`` are, all of them in order, or None."""
-        home = self._homes.get(id(arrays[0]))
-        if home is None or len(home.views) != len(arrays) or \
-                any(a is not v for a, v in zip(arrays, home.views)):
-            return None
-        if home.request is None:
-            home.request = allreduce_init(MPI.IN_PLACE, home.buffer, self.op, comm=self.comm,
-                                          algorithm=self.algorithm)
-        return home
+    def _home(self, key, buffer, views: list, sizes: tuple) -> None:
+        """Make the home of these views, and its persistent request (now:
+        every rank makes it at this point, so its tag is the same everywhere)."""
+        number = self._made
+        request = _persistent(buffer, self.op, self.comm, self.algorithm,
+                              _identity(f"home {number}", sizes))
+        self._made += 1
+        where, dead, left = self._where, self._dead, [len(views)]
+        refs = []
+        for index, view in enumerate(views):
+            def gone(ref, ident=id(view), number=number):
+                # (no reference to the fusion or the home here: no cycle)
+                if where.get(ident, (None,))[0] == number:
+                    del where[ident]
+                left[0] -= 1
+                if not left[0]:
+                    dead.append(number)
+            try:
+                refs.append(weakref.ref(view, gone))
+            except TypeError:  # an array type without weak references
+                refs.append(_strong(view))
+            where[id(view)] = (number, index)
+        self._homes[number] = _Home(key, buffer, refs, sizes, request)
+
+    def _sweep(self) -> None:
+        """Free the homes whose arrays have all died."""
+        while self._dead:
+            home = self._homes.pop(self._dead.pop(), None)
+            if home is not None:
+                self._drop(home.request)
+
+    def _evict(self, below: int) -> None:
+        """Forget the homes numbered below ``below`` (the same on every
+        rank): their arrays stay valid and are packed from now on."""
+        for number in [n for n in self._homes if n < below]:
+            home = self._homes.pop(number)
+            for ref in home.refs:
+                view = ref()
+                if view is not None and self._where.get(id(view), (None,))[0] == number:
+                    del self._where[id(view)]
+            self._drop(home.request)
+
+    def _drop(self, request) -> None:
+        """Free a request no longer kept (one in flight is released once it
+        is done and dropped)."""
+        if not any(b.request is request for b in self._started):
+            _release(request)
+
+    def _home_for(self, key, arrays: list):
+        """The home whose bucket these arrays are: the same sizes, and each
+        array either the home's own at its place or one rebound in place of
+        a home array that is gone (copied into its place).  Else None.
+        Returns (home, the places of rebound arrays)."""
+        where, homes = self._where, self._homes
+        spot = where.get(id(arrays[0]))
+        if spot is not None and spot[1] == 0:  # most often: the home's arrays, in order
+            home = homes.get(spot[0])
+            if home is not None and not home.busy and len(home.refs) == len(arrays) and \
+                    all(ref() is array for ref, array in zip(home.refs, arrays)):
+                return home, ()
+        home = None
+        for index, array in enumerate(arrays):
+            spot = where.get(id(array))
+            if spot is not None and spot[1] == index:
+                home = homes.get(spot[0])
+                if home is not None and home.view(index) is array:
+                    break
+                home = None
+        if home is None or home.key != key or \
+                home.sizes != tuple(int(a.size) for a in arrays):
+            return None, ()
+        if home.busy:
+            return None, ()  # in flight already (the same arrays added twice)
+        rebound = [i for i, array in enumerate(arrays) if home.view(i) is not array]
+        for i in rebound:
+            # the home's array there must be gone (else the caller still
+            # holds it), and the newcomer must not be of the home's memory
+            if home.view(i) is not None or key[1].shares_memory(arrays[i], home.buffer):
+                return None, ()
+        return home, rebound
 
     def flush(self) -> None:
         """Start every bucket still filling (:meth:`wait` does this first)."""
@@ -195,22 +366,26 @@ class Fusion:
         """Finish every bucket and write the results into the arrays."""
         self.flush()
         started, self._started = self._started, []
+        self._seen.clear()
+        self._packed_before, self._packed = self._packed, 0
         for bucket in started:
             _finish(bucket)
+        self._sweep()
 
     def free(self) -> None:
         """Release the kept buckets (packing buffers, persistent requests
-        and their tags).  Not while buckets are in flight: wait() first."""
+        and their tags) and the homes' requests (their arrays stay valid and
+        are packed from now on).  Not while buckets are in flight: wait() first."""
         if self._started:
             raise RuntimeError("Fusion.free() with buckets in flight: wait() first")
         kept, self._kept = self._kept, OrderedDict()
-        for pool in kept.values():
-            for _, request in pool:
-                request.free()
-        for home in self._homes.values():
-            if home.request is not None:
-                home.request.free()
-                home.request = None
+        for _, request in kept.values():
+            _release(request)
+        homes, self._homes = self._homes, {}
+        self._where.clear()
+        self._dead.clear()
+        for home in homes.values():
+            _release(home.request)
 
     def __enter__(self) -> "Fusion":
         return self
@@ -242,6 +417,15 @@ class Fusion:
     def buckets_in_flight(self) -> int:
         return len(self._started)
 
+    @property
+    def held(self) -> dict:
+        """What this fusion holds now: homes, packed buckets kept, and
+        their bytes."""
+        homes = list(self._homes.values())
+        return {"homes": len(homes), "kept": len(self._kept),
+                "bytes": sum(int(h.buffer.nbytes) for h in homes)
+                + sum(int(buffer.nbytes) for buffer, _ in self._kept.values())}
+
     def _start(self, key) -> None:
         self._launch(key)
         if self._serial and len(self._started) > 1:
@@ -257,38 +441,42 @@ class Fusion:
                                         algorithm=self.algorithm)
             self._started.append(bucket)
             return
-        home = self._home_of(bucket.arrays) if more else None
+        home, rebound = self._home_for(key, bucket.arrays) if more else (None, ())
+        sizes = home.sizes if home is not None else tuple(int(a.size) for a in bucket.arrays)
+        # the how-manieth bucket of these sizes in this step, alike on every rank
+        shape = (key, sizes)
+        occurrence = self._seen.get(shape, 0)
+        self._seen[shape] = occurrence + 1
         if home is not None:  # the arrays live in the bucket: reduced where they lie
-            bucket.request = home.request
-            bucket.request.start()
-            self._started.append(bucket)
-            return
-        bucket.buffer, bucket.request = self._reusable(key, bucket.arrays)
-        backend = backend_for(bucket.buffer)
-        offset = 0
-        for array in bucket.arrays:
-            backend.copy(bucket.buffer[offset:offset + array.size], array)
-            offset += array.size
+            bucket.buffer, bucket.request, bucket.home = home.buffer, home.request, home
+            home.busy = True
+            bucket.packed = [(bucket.arrays[i], *home.spans[i]) for i in rebound]
+        else:
+            bucket.buffer, bucket.request = self._reusable(key, bucket.arrays, sizes,
+                                                           occurrence)
+            bucket.packed = [(a, *span) for a, span in zip(bucket.arrays, _spans(sizes))]
+        buffer = bucket.buffer
+        for array, start, stop in bucket.packed:
+            backend.copy(buffer[start:stop], array)
         bucket.request.start()
         self._started.append(bucket)
 
-    def _reusable(self, key, arrays: list) -> tuple:
-        """A packing buffer and its persistent request for arrays of these
-        shapes: one kept from an earlier step if it is free, else a new one."""
-        shapes = (key, tuple(a.shape for a in arrays))
-        pool = self._kept.pop(shapes, [])
-        self._kept[shapes] = pool  # most recently used last
-        busy = {id(b.buffer) for b in self._started}
-        for entry in pool:
-            if id(entry[0]) not in busy:
-                return entry
-        buffer = backend_for(arrays[0]).empty(sum(a.size for a in arrays), arrays[0].dtype)
-        entry = (buffer, allreduce_init(MPI.IN_PLACE, buffer, self.op, comm=self.comm,
-                                        algorithm=self.algorithm))
-        pool.append(entry)
-        while len(self._kept) > MAX_KEPT:
-            _, old = self._kept.popitem(last=False)
-            for _, request in old:
-                if not any(b.request is request for b in self._started):
-                    request.free()
+    def _reusable(self, key, arrays: list, sizes: tuple, occurrence: int) -> tuple:
+        """The packing buffer and persistent request of the ``occurrence``-th
+        bucket of arrays of these sizes in a step: kept from an earlier step,
+        else new (made as the bucket first starts: every rank starts the
+        same buckets in the same order)."""
+        identity = (key, sizes, occurrence)
+        entry = self._kept.pop(identity, None)
+        if entry is None:
+            buffer = backend_for(arrays[0]).empty(sum(sizes), arrays[0].dtype)
+            entry = (buffer, _persistent(buffer, self.op, self.comm, self.algorithm,
+                                         _identity(f"bucket {occurrence}", sizes)))
+        self._kept[identity] = entry  # most recently used last
+        self._packed += 1
+        # (a step of more buckets than MAX_KEPT keeps them all: it must not
+        # build them again every step)
+        while len(self._kept) > max(MAX_KEPT, self._packed, self._packed_before):
+            _, (_, request) = self._kept.popitem(last=False)
+            self._drop(request)
         return entry
