@@ -32,7 +32,7 @@ from mpi4py import MPI
 
 from .backend import as_array, backend_for
 
-__all__ = ["Message", "message", "messages", "arrays_and_datatype", "in_place"]
+__all__ = ["Message", "message", "messages", "arrays_and_datatype", "in_place", "names_memory"]
 
 
 class Message(NamedTuple):
@@ -80,6 +80,30 @@ def message(obj, user_op: bool = False, what: str = "buffer") -> Message:
     return Message(as_array(obj), None)
 
 
+def names_memory(obj) -> bool:
+    """Whether ``obj`` names memory that :func:`message` views as it lies:
+    an array or a buffer, or a message spec of one (or of none: ``[None,
+    datatype]``) -- not a list of numbers, a scalar or another array-like,
+    which :func:`message` would copy into a new array."""
+    if isinstance(obj, (list, tuple)):
+        return bool(obj) and isinstance(obj[-1], MPI.Datatype) and (_null(obj[0])
+                                                                    or _buffer(obj[0]))
+    return _buffer(obj)
+
+
+def _buffer(obj) -> bool:
+    if isinstance(obj, np.ndarray) or hasattr(obj, "__cuda_array_interface__") \
+            or (hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__")):
+        return True
+    if obj is None or isinstance(obj, (list, tuple)):
+        return False
+    try:
+        with memoryview(obj):
+            return True
+    except TypeError:
+        return False
+
+
 def _spec(spec, user_op: bool, what: str) -> Message:
     datatype = spec[-1]
     if len(spec) == 2:
@@ -96,6 +120,13 @@ def _spec(spec, user_op: bool, what: str) -> Message:
         raise TypeError(f"{what}: datatype is MPI.DATATYPE_NULL")
     kept, base = _element(datatype, user_op, what)
     extent = datatype.Get_extent()[1]
+    if _null(spec[0]):
+        # no buffer: a message of no elements (mpi4py's [None, datatype])
+        for value, name in ((count, "count"), (displ, "displacement")):
+            if value is not None and _integer(value, name, what) != 0:
+                raise ValueError(f"{what}: a message spec without a buffer has no elements, "
+                                 f"got {name} {value}")
+        return Message(np.empty(0, base), kept)
     raw = _raw_bytes(as_array(spec[0]), what)
     available = raw.shape[0] // extent if extent else 0
     displ = 0 if displ is None else _integer(displ, "displacement", what)
@@ -152,10 +183,20 @@ def _numpy_dtype(datatype: MPI.Datatype, what: str) -> np.dtype:
                         f"({exc})") from None
 
 
+def _null(buf) -> bool:
+    """Whether a message spec's buffer is none: ``None`` or ``MPI.BOTTOM``."""
+    return buf is None or buf is MPI.BOTTOM or (isinstance(buf, MPI.BottomType)
+                                                and buf == MPI.BOTTOM)
+
+
 def _raw_bytes(array, what: str):
+    """The bytes of a message spec's buffer, in memory order (a spec names
+    memory, as in MPI: a Fortran-ordered buffer is taken as it lies)."""
     backend = backend_for(array)
     if not backend.is_contiguous(array):
-        raise ValueError(f"{what}: the buffer of a message spec must be C-contiguous")
+        if array.ndim < 2 or not backend.is_contiguous(array.T):
+            raise ValueError(f"{what}: the buffer of a message spec must be contiguous")
+        array = array.T  # Fortran order: its transpose is C-contiguous, the same memory
     flat = array.reshape(-1)
     return flat.view(np.uint8) if flat.dtype != np.uint8 else flat
 

@@ -16,18 +16,41 @@ with the options given to the constructor.  ``Dup``, ``Split``,
 ``Split_type``, ``Create`` and ``Create_group`` return wrapped
 communicators with the same options.
 
+Buffers are read as mpi4py reads them.  What this library takes as it is
+-- arrays and buffers (C- or Fortran-contiguous, the latter in memory
+order, as mpi4py takes them), message specs ``[buf, ..., datatype]`` of
+them or of no buffer (``[None, MPI.INT]``: no elements), ``MPI.IN_PLACE``
+or ``None`` -- runs here; anything else goes to the underlying
+communicator's own method, so mpi4py parses it and answers as it does: a
+list or ``None`` as receive buffer, a strided array, send and receive
+datatypes or counts that differ, a typecode or a count without a datatype,
+a datatype with gaps, a receive buffer that cannot be written, the send
+buffer given again as the receive buffer; and ops this library does not
+reduce on the type given (a non-commutative op, for the reduce-scatters).
+Either way no result is lost and the exception, where there is one, is
+mpi4py's.  (This library also takes what some MPIs refuse: a predefined op
+on a contiguous derived datatype.)
+
 The requests of ``Iallreduce`` and ``Allreduce_init`` are this library's
 (:class:`~mpi_allreduce.Request`): they have ``Wait``, ``Test``, ``Start``
 and ``Free`` but are not ``MPI.Request`` objects, so wait for lists of
-them with :func:`mpi_allreduce.waitall`, not ``MPI.Request.Waitall``.
+them with :func:`mpi_allreduce.waitall`, not ``MPI.Request.Waitall`` (a
+call that went to mpi4py returns its ``MPI.Request``, which
+:func:`~mpi_allreduce.waitall` waits for too).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
+import numpy as np
 from mpi4py import MPI
 
-from . import api, collectives, registry
-from .buffers import in_place, message
+from . import api, collectives, progress, registry
+from .backend import backend_for
+from .buffers import message, names_memory
+from .errors import ArgumentMismatch
+from .ops import check_dtype, resolve_op
 
 __all__ = ["Comm"]
 
@@ -36,6 +59,77 @@ _OPTIONS = ("check", "segment_size", "ranks_per_node", "inner", "tuning", "selec
             "reproducible")
 #: the subset the non-blocking and persistent calls take
 _REQUEST_OPTIONS = ("check", "segment_size", "ranks_per_node", "inner", "tuning")
+
+_ndarray = np.ndarray
+_IN_PLACE = MPI.IN_PLACE
+
+
+def _plain(sendbuf, recvbuf) -> bool:
+    """Whether the buffers are numpy arrays that this library and mpi4py
+    both take, told by their types and one flag (``Allreduce`` spells this
+    out inline): a receive array, and in place or a C-contiguous send
+    array of its own.  What else they must be (writeable, one dtype...)
+    the library checks when it first sees them; where it refuses them,
+    :meth:`Comm._route` tells its error from mpi4py's."""
+    return type(recvbuf) is _ndarray and (
+        sendbuf is None or sendbuf is _IN_PLACE
+        or type(sendbuf) is _ndarray and sendbuf is not recvbuf and sendbuf.flags.c_contiguous)
+
+
+class _Message(NamedTuple):
+    """A buffer as mpi4py reads it, and what the library is given for it."""
+
+    given: object  # the caller's object, or a view of its memory in memory order
+    array: object  # its elements, as the library views them
+    datatype: Optional[MPI.Datatype]  # a message spec's; None for a bare buffer
+    per: int  # elements of ``array`` per element of ``datatype``
+    count: int  # elements of ``datatype`` (mpi4py's count)
+
+
+def _message(obj, writable: bool, user_op: bool) -> Optional[_Message]:
+    """``obj`` as mpi4py reads it, where this library takes it with the same
+    meaning; None where it is mpi4py's to read (or refuse)."""
+    if not names_memory(obj):
+        return None  # None, a list of numbers, [buf, count], [buf, "d"], an int...
+    try:
+        array = message(obj, user_op).array
+    except (TypeError, ValueError):
+        return None  # a datatype with gaps, a count that does not fit...
+    backend = backend_for(array)
+    datatype, given, per = None, obj, 1
+    if isinstance(obj, (list, tuple)):
+        datatype = obj[-1]
+        per = max(datatype.Get_extent()[1] // array.dtype.itemsize, 1)
+    elif not backend.is_contiguous(array):
+        if array.ndim < 2 or not backend.is_contiguous(array.T):
+            return None  # strided: mpi4py refuses it
+        # Fortran order: mpi4py takes the memory as it lies, and so do we
+        given = array = array.T.reshape(-1)
+    elif not array.dtype.isnative:
+        return None
+    if writable and not backend.is_writeable(array):
+        return None
+    return _Message(given, array, datatype, per, array.size // per)
+
+
+def _same_type(send: _Message, recv: _Message) -> bool:
+    """Whether mpi4py finds the send and receive datatypes the same (the
+    numpy dtypes, for two bare buffers, as this library compares them)."""
+    if send.datatype is not None and recv.datatype is not None:
+        return send.datatype == recv.datatype
+    if send.datatype is None and recv.datatype is None:
+        return send.array.dtype == recv.array.dtype
+    bare, spec = (send, recv) if send.datatype is None else (recv, send)
+    try:
+        return MPI.Datatype.fromcode(bare.array.dtype.char) == spec.datatype
+    except (KeyError, ValueError):
+        return False
+
+
+class _Routed(NamedTuple):
+    send: object  # for the library: the caller's objects, or views of their memory
+    recv: object
+    counts: Optional[list]  # every rank's block in the library's elements (Reduce_scatter)
 
 
 class Comm(MPI.Intracomm):
@@ -79,35 +173,190 @@ class Comm(MPI.Intracomm):
 
     # --- the calls that run our algorithms ---------------------------------
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM) -> None:  # noqa: N802
-        api.allreduce(sendbuf, recvbuf, op, comm=self, algorithm=self.algorithm,
-                      **self.options)
+        refused = None
+        # _plain(), inline: a repeated call comes this way
+        if type(recvbuf) is _ndarray and (
+                sendbuf is None or sendbuf is _IN_PLACE or type(sendbuf) is _ndarray
+                and sendbuf is not recvbuf and sendbuf.flags.c_contiguous):
+            try:
+                if self.options:
+                    api.allreduce(sendbuf, recvbuf, op, comm=self, algorithm=self.algorithm,
+                                  **self.options)
+                else:
+                    api.allreduce(sendbuf, recvbuf, op, comm=self, algorithm=self.algorithm)
+                return
+            except (TypeError, ValueError) as exc:
+                refused = exc
+        self._allreduce(sendbuf, recvbuf, op, refused)
+
+    def _allreduce(self, sendbuf, recvbuf, op, refused) -> None:
+        # (apart from Allreduce: its closures would cost every call of it)
+        self._call("allreduce", sendbuf, recvbuf, op, None, refused,
+                   lambda send, recv, _: api.allreduce(
+                       send, recv, op, comm=self, algorithm=self.algorithm, **self.options),
+                   lambda: self._theirs("Allreduce", lambda: MPI.Intracomm.Iallreduce(
+                       self, sendbuf, recvbuf, op)))
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):  # noqa: N802
-        return api.iallreduce(sendbuf, recvbuf, op, comm=self, algorithm=self.algorithm,
-                              **self._request_options())
+        return self._call("allreduce", sendbuf, recvbuf, op, None, None,
+                          lambda send, recv, _: api.iallreduce(
+                              send, recv, op, comm=self, algorithm=self.algorithm,
+                              **self._request_options()),
+                          lambda: MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op))
 
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):  # noqa: N802
-        return api.allreduce_init(sendbuf, recvbuf, op, comm=self, algorithm=self.algorithm,
-                                  **self._request_options())
+        return self._call("allreduce", sendbuf, recvbuf, op, None, None,
+                          lambda send, recv, _: api.allreduce_init(
+                              send, recv, op, comm=self, algorithm=self.algorithm,
+                              **self._request_options()),
+                          lambda: MPI.Intracomm.Allreduce_init(
+                              self, sendbuf, recvbuf, op,
+                              MPI.INFO_NULL if info is None else info))
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM) -> None:  # noqa: N802
-        collectives.reduce_scatter(sendbuf, recvbuf, op, comm=self, **self._halves_options())
+        refused = None
+        if _plain(sendbuf, recvbuf):
+            try:
+                collectives.reduce_scatter(sendbuf, recvbuf, op, comm=self,
+                                           **self._halves_options())
+                return
+            except (TypeError, ValueError) as exc:
+                refused = exc
+        self._call("reduce_scatter_block", sendbuf, recvbuf, op, None, refused,
+                   lambda send, recv, _: collectives.reduce_scatter(
+                       send, recv, op, comm=self, **self._halves_options()),
+                   lambda: self._theirs("Reduce_scatter_block",
+                                        lambda: MPI.Intracomm.Ireduce_scatter_block(
+                                            self, sendbuf, recvbuf, op)))
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM) -> None:  # noqa: N802
-        if recvcounts is None:
-            if in_place(sendbuf, recvbuf):
-                raise ValueError("Reduce_scatter in place needs recvcounts")
-            # every rank's block is the size of its receive buffer (as mpi4py does)
-            mine = message(recvbuf, False, "recvbuf").array.size
-            recvcounts = self.allgather(mine)
-        collectives.reduce_scatter(sendbuf, recvbuf, op, recvcounts, comm=self,
-                                   **self._halves_options())
+        refused = None
+        if _plain(sendbuf, recvbuf) and (recvcounts is not None or sendbuf is not None
+                                         and sendbuf is not _IN_PLACE):
+            if recvcounts is None:
+                # every rank's block is the size of its receive buffer (as mpi4py does)
+                recvcounts = self._counts(recvbuf.size)
+            try:
+                collectives.reduce_scatter(sendbuf, recvbuf, op, recvcounts, comm=self,
+                                           **self._halves_options())
+                return
+            except (TypeError, ValueError) as exc:
+                refused = exc
+        self._call("reduce_scatter", sendbuf, recvbuf, op, recvcounts, refused,
+                   lambda send, recv, counts: collectives.reduce_scatter(
+                       send, recv, op, counts, comm=self, **self._halves_options()),
+                   lambda: self._theirs("Reduce_scatter", lambda: MPI.Intracomm.Ireduce_scatter(
+                       self, sendbuf, recvbuf, recvcounts, op)))
 
     def Allgather(self, sendbuf, recvbuf) -> None:  # noqa: N802
-        collectives.allgather(sendbuf, recvbuf, comm=self, **self._halves_options())
+        refused = None
+        if _plain(sendbuf, recvbuf):
+            try:
+                collectives.allgather(sendbuf, recvbuf, comm=self, **self._halves_options())
+                return
+            except (TypeError, ValueError) as exc:
+                refused = exc
+        self._call("allgather", sendbuf, recvbuf, None, None, refused,
+                   lambda send, recv, _: collectives.allgather(
+                       send, recv, comm=self, **self._halves_options()),
+                   lambda: self._theirs("Allgather", lambda: MPI.Intracomm.Iallgather(
+                       self, sendbuf, recvbuf)))
+
+    def _theirs(self, name: str, start) -> None:
+        """mpi4py's own call, in its non-blocking form (``start`` posts it:
+        mpi4py reads the buffers and raises as the blocking form would),
+        waited in the library's engine: watched by the watchdog like every
+        call of the library, never a wait in MPI that nothing reports."""
+        progress.mpi_request([start()], f"MPI_{name} (buffers as mpi4py reads them)",
+                             self).wait()
+
+    def _counts(self, count: int) -> list:
+        """Every rank's receive count (what mpi4py's ``Reduce_scatter``
+        exchanges when given none): a watched ``MPI_Iallgather``."""
+        counts = np.empty(self.Get_size(), dtype=np.int64)
+        self._theirs("Allgather of the receive counts", lambda: MPI.Intracomm.Iallgather(
+            self, np.array([count], dtype=np.int64), counts))
+        return counts.tolist()
 
     def _halves_options(self) -> dict:
         return {k: v for k, v in self.options.items() if k in ("check", "segment_size")}
+
+    # --- buffers as mpi4py reads them ---------------------------------------
+    def _call(self, kind: str, sendbuf, recvbuf, op, counts, refused, ours, theirs):
+        """Run a call that did not take the plain way (or that the library
+        refused there: ``refused``): the library's ``ours(send, recv,
+        counts)`` where it takes the buffers with mpi4py's meaning (see
+        :meth:`_route`), else mpi4py's own ``theirs()``, which raises
+        mpi4py's exception or does what mpi4py does.  The library's error
+        stands where it refused the very buffers it would be given again
+        (what it refused is not about how they are read: an op it does not
+        reduce, say), and so does check mode's verdict, which every rank
+        got."""
+        if isinstance(refused, ArgumentMismatch):
+            raise refused
+        routed = self._route(kind, sendbuf, recvbuf, op, counts)
+        if routed is None:
+            return theirs()
+        if refused is not None and routed.recv is recvbuf and routed.send is sendbuf:
+            raise refused
+        return ours(routed.send, routed.recv, routed.counts)
+
+    def _route(self, kind: str, sendbuf, recvbuf, op, counts) -> Optional[_Routed]:
+        """The buffers for the library, where it takes them as mpi4py reads
+        them and mpi4py's checks of the call pass; None where mpi4py is to
+        read them (or refuse them).  Only local work, except the exchange
+        of the receive counts that mpi4py makes too (``Reduce_scatter``
+        without them).  Where this is None the library refuses the same
+        buffers before any message, so a refusal of the plain way may be
+        handed to mpi4py."""
+        in_place = sendbuf is None or sendbuf is _IN_PLACE
+        if sendbuf is recvbuf:
+            return None  # mpi4py passes one buffer twice (MPI refuses that)
+        user_op = isinstance(op, MPI.Op) and not op.is_predefined
+        recv = _message(recvbuf, True, user_op)
+        send = None if in_place else _message(sendbuf, False, user_op)
+        if recv is None or (send is None and not in_place):
+            return None
+        if send is not None:
+            backend = backend_for(recv.array)
+            if backend_for(send.array) is backend and \
+                    backend.shares_memory(send.array, recv.array):
+                return None  # overlapping buffers: MPI's affair, as in mpi4py
+            if kind != "allgather" and not _same_type(send, recv):
+                return None  # mpi4py: mismatch in send and receive MPI datatypes
+        if kind != "allgather":
+            try:
+                reduction = resolve_op(op)
+                check_dtype(recv.array.dtype, reduction)
+            except (TypeError, ValueError):
+                return None  # an op, or an op on a type, that this library does not reduce
+            if kind != "allreduce" and not reduction.commutative:
+                return None  # the ring's reduce-scatter needs a commutative op; MPI's does not
+        size = self.Get_size()
+        if kind == "allreduce":
+            if send is not None and send.count != recv.count:
+                return None
+        elif kind == "reduce_scatter_block":
+            if recv.count % size if send is None else send.count != recv.count * size:
+                return None
+        elif kind == "allgather":
+            if recv.count % size:
+                return None
+        else:  # reduce_scatter
+            if counts is None:
+                if send is None:
+                    return None  # in place, mpi4py needs the counts
+                counts = self._counts(recv.count)
+            try:
+                counts = [int(c) for c in counts]
+            except (TypeError, ValueError):
+                return None
+            if len(counts) != size or any(c < 0 for c in counts) or (
+                    recv.count != sum(counts) if send is None
+                    else send.count != sum(counts) or recv.count != counts[self.Get_rank()]):
+                return None
+            counts = [c * recv.per for c in counts]  # in the library's elements
+        return _Routed(sendbuf if send is None else send.given, recv.given, counts)
 
     # --- communicators made from this one are wrapped too ------------------
     def Dup(self, info=None):  # noqa: N802

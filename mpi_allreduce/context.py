@@ -81,7 +81,7 @@ class Context:
         self.halves: "OrderedDict[tuple, tuple]" = OrderedDict()
         #: reproducible sums' work arrays and bound inner calls, per shape
         self.work: "OrderedDict[tuple, object]" = OrderedDict()
-        #: ids of the caller's comm objects that lead here (see _LIVE)
+        #: handles of the caller's comm objects that lead here (see _LIVE)
         self.ids: set = set()
         #: how this communicator's tags are shared out (see spec.TagLayout)
         self.tags = mpi_tags()

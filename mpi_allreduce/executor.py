@@ -183,9 +183,18 @@ class Bound:
             source = flat
         elif backend.is_contiguous(send):
             source = send.reshape(-1) if send.ndim != 1 else send
-        else:  # a strided input is copied into the result first, then reduced in place
-            lead.append((backend.copy, (recv, send)))
+        elif plan.spec.kind == "allreduce":
+            # a strided input is copied into the result first (element by
+            # element in its own shape), then reduced in place: an
+            # all-reduce's input and result are one vector
+            lead.append((backend.copy, (flat.reshape(send.shape), send)))
             source = flat
+        else:
+            # reduce_scatter, allgather: the input is not the result's size,
+            # so a strided one is copied into an array of its own each call
+            staged = backend.empty_shaped(send.shape, send.dtype)
+            lead.append((backend.copy, (staged, send)))
+            source = staged.reshape(-1)
         stages = _stages(plan, (source, flat, plan.scratch if scratch is None else scratch))
         if plan.op.finalize is not None and flat.shape[0]:
             stages.append(Stage(((backend.ufunc(plan.op.finalize),

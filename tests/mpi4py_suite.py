@@ -1,5 +1,6 @@
-"""mpi4py's own collective tests (from mpi4py's source distribution, the
-version installed), for ``tests/test_mpi4py_suite_mpi.py``.
+"""mpi4py's own tests of collectives and of message specs (from mpi4py's
+source distribution, the version installed), for
+``tests/test_mpi4py_suite_mpi.py``.
 
 They are fetched once, by :func:`fetch`, in the serial pytest session
 before any ``mpiexec`` starts (``tests/test_launch.py``): a download can
@@ -19,6 +20,8 @@ from typing import Optional, Tuple
 ROOT = Path(__file__).resolve().parent.parent
 #: seconds the download may take (pip's own retries included)
 FETCH_TIMEOUT = 600
+#: the test modules of mpi4py's that the MPI runs take (all of its tests are unpacked)
+MODULES = ("test_cco_buf", "test_cco_nb_buf", "test_cco_pr_buf", "test_msgspec", "test_msgzero")
 
 
 def _target() -> Path:
@@ -35,7 +38,7 @@ def suite_dir() -> Tuple[Optional[Path], str]:
     """(the directory of mpi4py's tests, "") if they were fetched, else
     (None, why not).  No network."""
     target = _target()
-    if (target / "test_cco_buf.py").exists():
+    if all((target / f"{name}.py").exists() for name in MODULES):
         return target, ""
     reason = _reason_file()
     if reason.exists():
