@@ -6,9 +6,11 @@ all-reduce (``-a``, default ring and recursive doubling) with tracing off
 and on, at each size.  Each batch is ``--iters`` back-to-back calls after a
 warm-up, timed as one (the slowest rank's mean); the medians over the
 repeats are reported with the ratio on/off taken repeat by repeat.  The
-recorded events are dropped after each batch.  (What tracing costs when
-off -- no step is added to a call -- is measured against the commit before
-tracing by ``benchmarks/floor_against.py``.)  Run::
+recorded events are dropped after each batch (a batch of fewer events than
+``trace.CHUNK_EVENTS`` seldom writes them to its file: ``--iters 3000``
+includes the writing).  (What tracing costs when off -- no step is added to
+a call -- is measured against the commit before tracing by
+``benchmarks/floor_against.py``.)  Run::
 
     mpiexec -n 2 python benchmarks/trace_cost.py > benchmarks/results/trace-cost-np2.txt
 """
@@ -74,7 +76,8 @@ def main() -> None:
                     iters = args.iters if nbytes < (1 << 20) else max(10, args.iters // 10)
                     times[on].append(batch_mean_us(comm, call, iters, args.warmup))
                     if on:
-                        events = len(trace.tracer().take()) / (iters + args.warmup)
+                        taken = trace.tracer().take()
+                        events = sum(e["ph"] == "X" for e in taken) / (iters + args.warmup)
             ratio, q1, q3 = paired_ratios(times[True], times[False])
             if comm.Get_rank() == 0:
                 print(f"{nbytes:>8} {algorithm:>20} {median(times[False]):>9.2f} "

@@ -147,7 +147,8 @@ SETTINGS: tuple = (
             "are the same", "auto|numba|numpy"),
     Setting("MPI_ALLREDUCE_TRACE", "trace", _trace_directory, None,
             "record every call's rounds, messages, reductions and copies (Chrome trace "
-            "format) into this directory; each rank writes its file at exit", "DIR"),
+            "format) into this directory; each rank writes its file as the run goes (in "
+            "chunks of a few thousand events) and at exit", "DIR"),
 )
 
 _BY_FIELD = {s.field: s for s in SETTINGS}

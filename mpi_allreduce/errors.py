@@ -29,6 +29,7 @@ import sys
 
 from mpi4py import MPI
 
+from . import trace
 from .config import SettingError, environment
 
 __all__ = ["ArgumentMismatch", "Broken", "Stalled", "RequestError", "ConcurrentCall", "TagsExhausted",
@@ -90,4 +91,5 @@ def failed(comm: MPI.Comm, exc: BaseException, what: str) -> None:
         "other ranks may wait forever; aborting the job (set MPI_ALLREDUCE_ON_ERROR=raise "
         "to raise instead)\n")
     sys.stderr.flush()
+    trace.flush()  # (the trace files then show everything until here)
     comm.Abort(1)

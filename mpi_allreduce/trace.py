@@ -1,22 +1,35 @@
 """Traces: what every round of a call did, and when, in the Chrome trace
-event format (JSON with ``traceEvents``; it opens in Perfetto and in
-``chrome://tracing``), for real runs and for the simulator's predictions.
+event format (it opens in Perfetto and in ``chrome://tracing``).  This
+module is what a traced run needs: the recording and the writing.
+Reading, merging, checking and reporting traces, and the simulator's
+predicted traces, are in :mod:`mpi_allreduce.tools.traces`.
 
-Real runs: with ``MPI_ALLREDUCE_TRACE=DIR`` every call bound from then on
-is compiled with recording steps (:func:`instrument`; with the setting off
-nothing is added, so an untraced call runs exactly the steps it ran
-before).  Per call it records, on this rank's clock, the call, each round
--- its start, when its messages were posted, when they were done -- each
-local reduction and copy with its bytes, and each message with its peer
-and bytes.  The same stages serve blocking, non-blocking and persistent
-calls, the halves and fusion, so they are all traced alike.
+With ``MPI_ALLREDUCE_TRACE=DIR`` every call bound from then on is compiled
+with recording steps (:func:`instrument`; with the setting off nothing is
+added, so an untraced call runs exactly the steps it ran before).  Per
+call it records, on this rank's clock, the call, each round -- its start,
+when its messages were posted, when they were done -- each local reduction
+and copy with its bytes, and each message with its peer and bytes.  The
+same stages serve blocking, non-blocking and persistent calls, the halves
+and fusion, so they are all traced alike.
 
-Each rank keeps its events in memory.  :func:`collect` (collective:
-``bench --trace`` and ``verify --trace`` call it) gathers them to rank 0,
-moves every rank's clock onto rank 0's (offsets taken after a barrier) and
-writes one file for the run; otherwise each rank writes
-``DIR/rank-R-PID.json`` at exit and ``python -m mpi_allreduce trace DIR``
-merges them (wall clocks, as the ranks read them).
+A rank holds at most :data:`CHUNK_EVENTS` events in memory: it writes them
+to its file ``DIR/rank-R-PID.json`` when that many are held (at the end of
+a call once three quarters are), when :data:`FLUSH_SECONDS` pass without a
+write (once the rank's calls pause), at exit, and when :func:`flush` is
+called (the library calls it before ``MPI_Abort``).  The file is a Chrome
+trace in the JSON array format, one event a line: ``[``, the events (each
+line after the first begins with its comma), and ``]`` at exit.  A file
+whose process was aborted or killed lacks the ``]`` (the format allows
+it; a last line cut short is left out when it is read here), and holds
+everything written until then.  Its times
+are microseconds from the rank's origin, ``origin_ns`` (wall clock) in the
+args of its ``process_name`` event.  ``python -m mpi_allreduce trace DIR``
+merges the files (:func:`~mpi_allreduce.tools.traces.merge`: wall clocks,
+as the ranks read them).  :func:`collect` (collective: ``bench --trace``
+and ``verify --trace`` call it) instead gathers every rank's events to
+rank 0 on rank 0's clock (offsets taken after a barrier) and writes one
+file for the run; the rank files it read are removed.
 
 The events, one process per rank (``pid``: the rank in ``COMM_WORLD``):
 
@@ -36,37 +49,63 @@ the call     ``call``     a call, from its first step to its last (args:
 
 Calls in flight together take separate lanes (``tid``); messages have a
 lane per peer and direction.  Flow events (``ph`` ``s``/``f``) join every
-send to its receive.  :func:`report` turns a trace into a breakdown: time
-waiting for messages, reducing, copying, and the rest (Python between the
-steps), per algorithm and kind of round.
+send to its receive in a merged or collected trace.
 """
 
 from __future__ import annotations
 
 import atexit
-import bisect
 import functools
 import json
 import os
+import sys
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from pathlib import Path
 from typing import Optional
 
 from .config import on_refresh
 
-__all__ = ["Tracer", "tracer", "instrument", "collect", "merge", "write", "load", "validate",
-           "report", "breakdown", "simulated", "TraceError"]
+__all__ = ["Tracer", "tracer", "instrument", "flush", "collect", "write", "TraceError",
+           "CHUNK_EVENTS", "FLUSH_SECONDS"]
 
 #: lane (``tid``) of blocking calls; non-blocking calls take 1, 2, ...
 BLOCKING_LANE = 0
 #: lanes of messages: to peer P, ``SEND_LANE + P``; from P, ``RECV_LANE + P``
 SEND_LANE, RECV_LANE = 100000, 200000
+#: events a rank holds in memory at most before it writes them to its file
+CHUNK_EVENTS = 4096
+#: seconds without a write after which what a rank holds is written, however little,
+#: once its calls pause (a rank killed by another's abort while waiting loses nothing)
+FLUSH_SECONDS = 1.0
+
+# the names mpi_allreduce.tools.traces has, still read from here (module __getattr__)
+_MOVED = ("load", "merge", "validate", "breakdown", "report", "last_call", "simulated")
+
+
+def _plain(value):
+    """What JSON cannot hold, as it can (numpy's scalars as numbers, the rest
+    as text): a write inside a call never fails on an argument."""
+    try:
+        return value.item()
+    except Exception:
+        return str(value)
+
+
+_encode = json.JSONEncoder(separators=(",", ":"), default=_plain).encode
+# one event a line, encoded by json's C encoder made once (``_encode`` makes one per call)
+_encoder = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    None, _plain, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
+_quote = json.encoder.encode_basestring_ascii
+
+
+def _line(event: dict) -> str:
+    return "".join(_encoder(event, 0)) if _encoder else _encode(event)
 
 
 class TraceError(ValueError):
-    """A trace that is not one this module writes (or a broken one)."""
+    """A trace that is not one this package writes (or a broken one)."""
 
 
 def _now() -> int:
@@ -74,15 +113,29 @@ def _now() -> int:
 
 
 class Tracer:
-    """One rank's recorded events (raw: integer nanoseconds of the wall clock)."""
+    """One rank's recorder: events as recorded (raw: integer nanoseconds of
+    the wall clock), at most ``chunk`` held at once, written to this
+    process's file as Chrome events.  Counters: ``written`` (events
+    written, in all), ``peak`` (the most held at once), ``dropped`` (events
+    a failed write lost; reported once on stderr)."""
 
-    def __init__(self, directory: str, rank: int):
+    def __init__(self, directory: str, rank: int, chunk: int = CHUNK_EVENTS):
         self.directory, self.rank = directory, rank
-        self.events: list = []
+        self.chunk = max(1, int(chunk))
+        self.soon = self.chunk - self.chunk // 4  # held at a call's end: written then
+        self.events: deque = deque()  # appended by any thread, taken from the left
         self.calls: dict = defaultdict(int)  # group -> calls started on it
         self.lanes: set = set()  # lanes of non-blocking calls in flight
         self.lock = threading.Lock()
-        self.written: Optional[str] = None
+        self.io = threading.RLock()  # the file (held while writing; a flush may come
+        # from another thread, before an abort)
+        self.origin = _now()  # time 0 of this rank's events
+        self.path: Optional[str] = None  # the file being written, None before the first
+        self.files: list = []  # the files written since the last take()
+        self.named: set = set()  # lanes named in the current file
+        self.written = self.peak = self.dropped = 0
+        self.last_write = time.monotonic()
+        self.told = False  # (of a failed write)
 
     def call_number(self, group: tuple) -> int:
         with self.lock:
@@ -102,24 +155,158 @@ class Tracer:
             self.lanes.discard(lane)
 
     def add(self, event: dict) -> None:
-        self.events.append(event)
+        events = self.events
+        events.append(event)
+        if len(events) >= self.chunk:
+            self.flush()
 
-    def take(self) -> list:
-        with self.lock:
-            events, self.events = self.events, []
-            return events
+    def call_ended(self) -> None:
+        """At a call's end (outside its timed events): write what is held
+        if the chunk is nearly full, so a write seldom falls inside a call."""
+        if len(self.events) >= self.soon:
+            self.flush()
 
     def flush(self) -> Optional[str]:
-        """Write what is recorded to ``DIR/rank-R-PID.json`` (at exit)."""
-        events = self.take()
-        if not events:
-            return None
-        path = os.path.join(self.directory, f"rank-{self.rank}-{os.getpid()}.json")
-        origin = min(e["t0"] for e in events)
-        write(path, [_chrome(self.rank, e, 0, origin) for e in events] + _names(self.rank, events),
-              {"ranks": [self.rank], "clock": "this rank's wall clock", "origin_ns": origin})
-        self.written = path
-        return path
+        """Write what is held to this process's file (made at the first
+        write); returns its path (None before any)."""
+        with self.io:
+            events = self.events
+            n = len(events)
+            if n > self.peak:
+                self.peak = n
+            if n:
+                self._write([events.popleft() for _ in range(n)])
+            self.last_write = time.monotonic()
+            return self.path
+
+    def close(self) -> Optional[str]:
+        """:meth:`flush`, then end the file with its ``]`` (at exit): a
+        whole JSON array.  A later event starts another file.  Returns the
+        path of the file closed (None if none was open)."""
+        with self.io:
+            self.flush()
+            path, self.path = self.path, None
+            if path is not None:
+                self._append(path, "]\n", 0)
+            return path
+
+    def take(self) -> list:
+        """Every event since the last take, as Chrome events (times in
+        microseconds from ``origin``), read back from the files this
+        tracer wrote, which are removed (:func:`collect`)."""
+        with self.io:
+            self.flush()
+            out: list = []
+            for path in self.files:
+                try:
+                    out += _read_events(path)[0]
+                    os.remove(path)
+                except (OSError, TraceError):
+                    pass  # (removed under us, or cut short where a write failed)
+            self.files, self.path = [], None
+            return out
+
+    def _write(self, raw: list) -> None:
+        if self.path is None and not self._start():
+            self.dropped += len(raw)
+            return
+        lines = []
+        rank, origin, named = self.rank, self.origin, self.named
+        for e in raw:
+            tid = _tid(e)
+            if tid not in named:
+                named.add(tid)
+                lines.append("," + _line(_thread_name(rank, tid)))
+            lines.append("," + _chrome_line(rank, e, tid, origin))
+        lines.append("")
+        if self._append(self.path, "\n".join(lines), len(raw)):
+            self.written += len(raw)
+
+    def _start(self) -> bool:
+        """A new file, its first lines written: the rank's name and origin."""
+        head = "[\n" + "\n,".join(_encode(e) for e in _process_names(self.rank, self.origin))
+        stem = os.path.join(self.directory, f"rank-{self.rank}-{os.getpid()}")
+        for k in range(1, 1000):
+            path = f"{stem}.json" if k == 1 else f"{stem}-{k}.json"
+            try:
+                with open(path, "x") as f:
+                    f.write(head + "\n")
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                self._failed(path, exc)
+                return False
+            self.path = path
+            self.files.append(path)
+            self.named = set()
+            return True
+        self._failed(f"{stem}.json", OSError("no free file name"))
+        return False
+
+    def _append(self, path: str, text: str, n: int) -> bool:
+        try:
+            with open(path, "a") as f:
+                f.write(text)
+            return True
+        except OSError as exc:
+            self.dropped += n
+            self._failed(path, exc)
+            return False
+
+    def _failed(self, path: str, exc: OSError) -> None:
+        if not self.told:
+            self.told = True
+            sys.stderr.write(f"mpi_allreduce: rank {self.rank}: cannot write the trace file "
+                             f"{path}: {exc}; its events are dropped\n")
+            sys.stderr.flush()
+
+
+#: every tracer made in this process (each written at exit; a few at most: one per
+#: change of the setting)
+_TRACERS: list = []
+_START = threading.Lock()
+
+
+def _keep(t: Tracer) -> None:
+    """Register ``t``: written at exit, and by the writer thread (started
+    with the first tracer)."""
+    with _START:
+        if not _TRACERS:
+            atexit.register(_close_all)
+            threading.Thread(target=_write_now_and_then, daemon=True,
+                             name="mpi_allreduce-trace").start()
+        _TRACERS.append(t)
+
+
+def _write_now_and_then() -> None:
+    """The writer thread: what a tracer holds, once FLUSH_SECONDS passed
+    without a write and the rank has recorded nothing for a tenth of that
+    (its calls paused, or stalled: a write here then delays no call)."""
+    while True:
+        time.sleep(max(0.05, FLUSH_SECONDS / 4))
+        for t in list(_TRACERS):
+            try:
+                if t.events and time.monotonic() - t.last_write >= FLUSH_SECONDS and \
+                        _now() - t.events[-1]["t1"] >= FLUSH_SECONDS * 1e8:
+                    t.flush()
+            except Exception:  # (never let this thread die of one)
+                pass
+
+
+def _close_all() -> None:
+    for t in list(_TRACERS):
+        t.close()
+
+
+def flush() -> None:
+    """Write every event held in memory to its rank file now: what to call
+    before ``MPI_Abort``, so the files show everything until then.  Nothing
+    to do (and nothing it costs) with tracing off; it never raises."""
+    for t in list(_TRACERS):
+        try:
+            t.flush()
+        except Exception:  # (an abort must go on)
+            pass
 
 
 @functools.lru_cache(maxsize=1)
@@ -133,7 +320,7 @@ def tracer() -> Optional[Tracer]:
     from mpi4py import MPI
 
     t = Tracer(directory, MPI.COMM_WORLD.Get_rank())
-    atexit.register(t.flush)
+    _keep(t)
     return t
 
 
@@ -209,6 +396,7 @@ class _Call:
                     "t1": now, "args": dict(self.args, call=self.number)})
         if not self.blocking:
             self.t.free_lane(self.lane)
+        self.t.call_ended()
 
     def _close(self, now: int) -> None:
         if self.round is None:
@@ -271,39 +459,67 @@ def instrument(plan, stages: list, blocking: bool, t: Tracer) -> list:
 # -- files ----------------------------------------------------------------------------
 
 
+def _tid(e: dict) -> int:
+    if e["ev"] in ("send", "recv"):
+        return (SEND_LANE if e["ev"] == "send" else RECV_LANE) + e["peer"]
+    return e["lane"]
+
+
 def _chrome(rank: int, e: dict, offset: int = 0, origin: int = 0) -> dict:
     """A raw event as a Chrome trace event (``ts``/``dur`` in microseconds)."""
     ts = (e["t0"] + offset - origin) / 1e3
     dur = max(0.0, (e["t1"] - e["t0"]) / 1e3)
     kind = e["ev"]
-    if kind in ("send", "recv"):
-        tid = (SEND_LANE if kind == "send" else RECV_LANE) + e["peer"]
-        cat = "message"
-    else:
-        tid = e["lane"]
-        cat = "local" if kind == "local" else kind
-    return {"name": e["name"], "cat": cat, "ph": "X", "pid": rank, "tid": tid, "ts": ts,
+    cat = "message" if kind in ("send", "recv") else "local" if kind == "local" else kind
+    return {"name": e["name"], "cat": cat, "ph": "X", "pid": rank, "tid": _tid(e), "ts": ts,
             "dur": dur, "args": e["args"]}
 
 
+def _chrome_line(rank: int, e: dict, tid: int, origin: int) -> str:
+    """``_chrome(rank, e, 0, origin)`` as a line of JSON, made without the
+    dict (this runs inside calls, for every event)."""
+    kind, args = e["ev"], e["args"]
+    cat = "message" if kind in ("send", "recv") else "local" if kind == "local" else kind
+    if cat == "message" and args.keys() == _MESSAGE_ARGS:  # (half the events: written here)
+        text = (f'{{"peer":{args["peer"]},"bytes":{args["bytes"]},"round":{args["round"]},'
+                f'"key":{_quote(args["key"])}}}')
+    else:
+        text = _line(args)
+    return (f'{{"name":{_quote(e["name"])},"cat":"{cat}","ph":"X","pid":{rank},'
+            f'"tid":{tid},"ts":{(e["t0"] - origin) / 1e3!r},'
+            f'"dur":{max(0.0, (e["t1"] - e["t0"]) / 1e3)!r},"args":{text}}}')
+
+
+#: the args of a message event (_Call._close)
+_MESSAGE_ARGS = {"peer", "bytes", "round", "key"}
+
+
+def _process_names(rank: int, origin: Optional[int] = None) -> list:
+    """Metadata events naming the rank's process (and, in a rank's file,
+    giving its origin)."""
+    args: dict = {"name": f"rank {rank}"}
+    if origin is not None:
+        args["origin_ns"] = origin
+    return [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": args},
+            {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
+             "args": {"sort_index": rank}}]
+
+
+def _thread_name(rank: int, tid: int) -> dict:
+    """The metadata event naming a lane."""
+    if tid >= RECV_LANE:
+        name = f"recv from {tid - RECV_LANE}"
+    elif tid >= SEND_LANE:
+        name = f"send to {tid - SEND_LANE}"
+    else:
+        name = "blocking calls" if tid == BLOCKING_LANE else f"calls in flight {tid}"
+    return {"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": name}}
+
+
 def _names(rank: int, events: list) -> list:
-    """Metadata events naming the rank's process and lanes."""
-    out = [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
-            "args": {"name": f"rank {rank}"}},
-           {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
-            "args": {"sort_index": rank}}]
-    lanes = set()
-    for e in events:
-        if e["ev"] in ("send", "recv"):
-            lanes.add(((SEND_LANE if e["ev"] == "send" else RECV_LANE) + e["peer"],
-                       f"{'send to' if e['ev'] == 'send' else 'recv from'} {e['peer']}"))
-        else:
-            lanes.add((e["lane"], "blocking calls" if e["lane"] == BLOCKING_LANE
-                       else f"calls in flight {e['lane']}"))
-    for tid, name in sorted(lanes):
-        out.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
-                    "args": {"name": name}})
-    return out
+    """Metadata events naming the rank's process and the lanes of its raw events."""
+    return _process_names(rank) + [_thread_name(rank, tid)
+                                   for tid in sorted({_tid(e) for e in events})]
 
 
 def _flows(events: list) -> list:
@@ -330,29 +546,71 @@ def write(path: str, events: list, meta: Optional[dict] = None) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
+        f.write(_encode(doc))
     os.replace(tmp, path)
 
 
-def load(path: str) -> dict:
-    """A trace file's contents (raises :class:`TraceError` for what is not a trace)."""
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise TraceError(f"cannot read the trace {path}: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise TraceError(f"{path} is not a trace: no 'traceEvents' list")
-    return doc
+def _read_events(path: str) -> tuple:
+    """The events of a rank's file and whether it was closed (its ``]``
+    written at exit).  A file cut short -- its process aborted or killed --
+    reads up to its last whole line."""
+    with open(path) as f:
+        text = f.read()
+    if not text.startswith("[\n"):
+        raise TraceError(f"{path} is not a rank's trace file: no '[' line first")
+    text = text.rstrip()
+    if text.endswith("]"):
+        try:
+            return json.loads(text), True
+        except ValueError:
+            pass
+    for body in (text, text[:text.rfind("\n") + 1]):  # (its last line written in part)
+        try:
+            return json.loads(body + "]"), False
+        except ValueError:
+            pass
+    raise TraceError(f"{path}: a broken line inside the file")
 
 
-def _origin(events: list) -> float:
+def _origin_ns(events: list) -> Optional[int]:
+    """The origin a rank's file gives in its ``process_name`` event."""
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            origin = e.get("args", {}).get("origin_ns")
+            if origin is not None:
+                return origin
+    return None
+
+
+def _combine(parts: list) -> list:
+    """One list of events from parts ``(origin_ns or None, events)`` whose
+    times count from their own origins: times from the earliest origin,
+    the complete events in order of time after the metadata (once each)."""
+    base = min((start for start, _ in parts if start is not None), default=0)
+    names, timed, seen = [], [], set()
+    for start, events in parts:
+        shift = ((base if start is None else start) - base) / 1e3
+        for e in events:
+            if e.get("ph") == "M":
+                key = (e.get("name"), e.get("pid"), e.get("tid", 0))
+                if key not in seen:
+                    seen.add(key)
+                    args = {k: v for k, v in e.get("args", {}).items() if k != "origin_ns"}
+                    names.append(dict(e, args=args))
+            elif e.get("ph") == "X":  # (flows are made again)
+                e["ts"] += shift
+                timed.append(e)
+    timed.sort(key=lambda e: e["ts"])
+    return names + timed
+
+
+def _first(events: list) -> float:
     return min((e["ts"] for e in events if "ts" in e and e.get("ph") != "M"), default=0.0)
 
 
 def _finish(events: list) -> list:
     """Times from the first event, and the flows."""
-    origin = _origin(events)
+    origin = _first(events)
     for e in events:
         if "ts" in e:
             e["ts"] -= origin
@@ -361,28 +619,27 @@ def _finish(events: list) -> list:
 
 def collect(comm, path: str, meta: Optional[dict] = None) -> Optional[str]:
     """Collective over ``comm``: every rank's recorded events to rank 0,
-    on rank 0's clock, written to ``path`` (one file for the run).  Returns
-    the path on rank 0, None elsewhere."""
+    on rank 0's clock, written to ``path`` (one file for the run; the rank
+    files they were read from are removed).  Returns the path on rank 0,
+    None elsewhere."""
     from mpi4py import MPI
 
     t = tracer()
     events = t.take() if t is not None else []
+    origin = t.origin if t is not None else _now()
     own = comm.Dup()  # the caller's messages never meet these
     try:
         offset = _offset_to_root(own)
-        gathered = own.gather((MPI.COMM_WORLD.Get_rank(), offset, events), root=0)
+        gathered = own.gather((MPI.COMM_WORLD.Get_rank(), origin + offset, events), root=0)
     finally:
         own.Free()
     if comm.Get_rank() != 0:
         return None
-    origin = min((e["t0"] + offset for _, offset, raw in gathered for e in raw), default=0)
-    out, ranks = [], []
-    for rank, offset, raw in gathered:
-        out += [_chrome(rank, e, offset, origin) for e in raw] + _names(rank, raw)
-        ranks.append(rank)
-    info = {"ranks": ranks, "clock": "rank 0's wall clock: ranks on its host share it; ranks "
-                                    "on other hosts moved by an offset from the quickest of "
-                                    f"{SYNC_ROUNDS} ping-pongs with rank 0"}
+    out = _combine([(start, _process_names(rank) + raw) for rank, start, raw in gathered])
+    info = {"ranks": [rank for rank, _, _ in gathered],
+            "clock": "rank 0's wall clock: ranks on its host share it; ranks on other hosts "
+                     f"moved by an offset from the quickest of {SYNC_ROUNDS} ping-pongs with "
+                     "rank 0"}
     info.update(meta or {})
     write(path, _finish(out), info)
     return path
@@ -422,286 +679,11 @@ def _offset_to_root(comm) -> int:
     return offset
 
 
-def merge(sources, output: str) -> str:
-    """Per-rank files (or a directory of ``rank-*.json``) merged into one."""
-    paths = []
-    for source in sources:
-        p = Path(source)
-        paths += sorted(p.glob("rank-*.json")) if p.is_dir() else [p]
-    if not paths:
-        raise TraceError(f"no rank-*.json trace files in {', '.join(map(str, sources))}")
-    docs = [load(str(p)) for p in paths]
-    origins = [doc.get("otherData", {}).get("origin_ns", 0) for doc in docs]
-    events, ranks = [], []
-    for doc, origin in zip(docs, origins):
-        shift = (origin - min(origins)) / 1e3
-        for e in doc["traceEvents"]:
-            if e.get("ph") == "X":
-                events.append(dict(e, ts=e["ts"] + shift))
-            elif e.get("ph") == "M":
-                events.append(e)
-        ranks += doc.get("otherData", {}).get("ranks", [])
-    write(output, _finish(events), {"ranks": sorted(ranks), "clock": "each rank's wall clock",
-                                    "merged": [str(p) for p in paths]})
-    return output
+def __getattr__(name: str):
+    """The reading side, moved to :mod:`mpi_allreduce.tools.traces`, still
+    found here (imported only when asked for)."""
+    if name in _MOVED:
+        from .tools import traces
 
-
-def validate(doc: dict) -> dict:
-    """Check a trace this module wrote: required keys, every rank's call
-    and round events in order, and every send with its receive.  Returns
-    counts; raises :class:`TraceError`."""
-    events = doc["traceEvents"]
-    counts: dict = defaultdict(int)
-    last: dict = {}
-    keys: dict = defaultdict(set)
-    for e in events:
-        for field in ("name", "ph", "pid"):
-            if field not in e:
-                raise TraceError(f"an event without {field!r}: {e}")
-        if e["ph"] == "M":
-            continue
-        if "ts" not in e or (e["ph"] == "X" and "dur" not in e):
-            raise TraceError(f"an event without its time: {e}")
-        if e["ph"] != "X":
-            counts["flows"] += 1
-            continue
-        if e["dur"] < 0:
-            raise TraceError(f"an event with a negative duration: {e}")
-        counts[e["cat"]] += 1
-        if e["cat"] in ("call", "round") and e["tid"] == BLOCKING_LANE:
-            track = (e["pid"], e["cat"])
-            if track in last and e["ts"] < last[track] - 1e-3:
-                raise TraceError(f"rank {e['pid']}: {e['cat']} events out of order at "
-                                 f"{e['ts']} us (before {last[track]})")
-            last[track] = e["ts"] + e["dur"]
-        if e["cat"] == "message":
-            keys[e["args"]["key"]].add(e["name"])
-    lonely = [k for k, sides in keys.items() if sides != {"send", "recv"}]
-    if lonely:
-        raise TraceError(f"{len(lonely)} messages without their other side, e.g. {lonely[0]}")
-    counts["messages"] = len(keys)
-    return dict(counts)
-
-
-# -- what the time went to --------------------------------------------------------------
-
-
-def breakdown(doc: dict) -> list:
-    """Per algorithm and kind of round (``messages``, ``messages + local``,
-    ``local``): calls, rounds, and the time (us, summed over ranks) spent
-    waiting for messages, reducing, copying and otherwise (Python between
-    the steps).  Rows as dicts."""
-    events = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
-    locals_by: dict = defaultdict(list)  # (pid, tid) -> local events, by start
-    for e in events:
-        if e["cat"] == "local":
-            locals_by[(e["pid"], e["tid"])].append(e)
-    starts = {}
-    for lane, found in locals_by.items():
-        found.sort(key=lambda x: x["ts"])
-        starts[lane] = [x["ts"] for x in found]
-    rows: dict = {}
-    for e in events:
-        if e["cat"] != "round":
-            continue
-        start, end = e["ts"], e["ts"] + e["dur"]
-        posted = start + e["args"].get("posted_us", 0.0)
-        lane = (e["pid"], e["tid"])
-        found = locals_by.get(lane, [])
-        first = bisect.bisect_left(starts.get(lane, []), start - 1e-3)
-        last = bisect.bisect_right(starts.get(lane, []), end + 1e-3)
-        inside = [x for x in found[first:last] if x["ts"] + x["dur"] <= end + 1e-3]
-        messages = e["args"].get("messages", 0)
-        kind = "local" if not messages else "messages + local" if inside else "messages"
-        key = (e["args"].get("algorithm", "?"), kind)
-        row = rows.setdefault(key, {"algorithm": key[0], "round kind": kind, "rounds": 0,
-                                    "time_us": 0.0, "reduce_us": 0.0, "copy_us": 0.0,
-                                    "wait_us": 0.0, "other_us": 0.0})
-        reduce = sum(x["dur"] for x in inside if x["name"] in ("reduce", "finalize"))
-        copy = sum(x["dur"] for x in inside if x["name"] in ("copy", "synchronize"))
-        overlapped = sum(x["dur"] for x in inside if x["ts"] >= posted - 1e-3)
-        wait = max(0.0, end - posted - overlapped) if messages else 0.0
-        row["rounds"] += 1
-        row["time_us"] += e["dur"]
-        row["reduce_us"] += reduce
-        row["copy_us"] += copy
-        row["wait_us"] += wait
-        row["other_us"] += max(0.0, e["dur"] - reduce - copy - wait)
-    calls: dict = defaultdict(int)
-    for e in events:
-        if e["cat"] == "call":
-            calls[e["args"].get("algorithm", e["name"])] += 1
-    out = sorted(rows.values(), key=lambda r: (r["algorithm"], r["round kind"]))
-    for r in out:
-        r["calls"] = calls.get(r["algorithm"], 0)
-    return out
-
-
-def report(path: str, png: Optional[str] = None, against: Optional[str] = None) -> str:
-    """The breakdown of a trace as a table; with ``png``, also stacked bars
-    and the timeline of its last call (beside the last call of ``against``,
-    say the simulator's prediction of it)."""
-    doc = load(path)
-    validate(doc)
-    other = None
-    if against is not None:
-        other = load(against)
-        validate(other)
-    rows = breakdown(doc)
-    head = (f"{'algorithm':>20} {'round kind':>17} {'calls':>6} {'rounds':>7} {'time us':>11} "
-            f"{'wait %':>7} {'reduce %':>9} {'copy %':>7} {'other %':>8}")
-    lines = [f"# {path}: time summed over ranks; 'other' is Python between the steps", head]
-    for r in rows:
-        total = r["time_us"] or 1.0
-        lines.append(f"{r['algorithm']:>20} {r['round kind']:>17} {r['calls']:>6} "
-                     f"{r['rounds']:>7} {r['time_us']:>11.1f} "
-                     f"{100 * r['wait_us'] / total:>7.1f} {100 * r['reduce_us'] / total:>9.1f} "
-                     f"{100 * r['copy_us'] / total:>7.1f} {100 * r['other_us'] / total:>8.1f}")
-    if png:
-        _plot(rows, png, path, [(path, doc)] + ([(against, other)] if other else []))
-    return "\n".join(lines)
-
-
-def last_call(doc: dict) -> list:
-    """The events of the trace's last call on its first communicator (the
-    blocking lane), every rank's, times from that call's start."""
-    x = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
-    calls = [e for e in x if e["cat"] == "call" and e["tid"] == BLOCKING_LANE]
-    if not calls:
-        return []
-    number = max(e["args"].get("call", 0) for e in calls)
-    chosen = {e["pid"]: e for e in calls if e["args"].get("call", 0) == number}
-    start = min(e["ts"] for e in chosen.values())
-    out = []
-    for e in x:
-        call = chosen.get(e["pid"])
-        if call is None or not call["ts"] - 1e-3 <= e["ts"] <= call["ts"] + call["dur"] + 1e-3:
-            continue
-        if e["cat"] != "message" and e["tid"] != BLOCKING_LANE:
-            continue
-        out.append(dict(e, ts=e["ts"] - start))
-    return out
-
-
-def _draw_call(ax, events: list, title: str) -> None:
-    colours = {"reduce": "tab:orange", "finalize": "tab:orange", "copy": "tab:green",
-               "synchronize": "tab:green"}
-    ranks = sorted({e["pid"] for e in events})
-    for e in events:
-        if e["cat"] == "round":
-            shade = "0.85" if int(e["name"].split()[-1]) % 2 else "0.7"
-            ax.barh(e["pid"], e["dur"], left=e["ts"], height=0.5, color=shade)
-        elif e["cat"] == "local":
-            ax.barh(e["pid"], max(e["dur"], 1e-3), left=e["ts"], height=0.3,
-                    color=colours.get(e["name"], "tab:red"))
-    sends = {e["args"]["key"]: e for e in events if e["cat"] == "message" and e["name"] == "send"}
-    for e in events:
-        if e["cat"] == "message" and e["name"] == "recv" and e["args"]["key"] in sends:
-            s = sends[e["args"]["key"]]
-            ax.annotate("", xy=(e["ts"] + e["dur"], e["pid"]), xytext=(s["ts"], s["pid"]),
-                        arrowprops=dict(arrowstyle="->", color="tab:blue", lw=0.7))
-    ax.set_yticks(ranks)
-    ax.set_yticklabels([f"rank {r}" for r in ranks], fontsize=7)
-    ax.set_ylim(max(ranks, default=0) + 0.6, min(ranks, default=0) - 0.6)
-    ax.set_xlabel("us from the call's start (grey: rounds; orange: reduce; green: copy; "
-                  "blue: message, posted to done)", fontsize=7)
-    ax.set_title(title, fontsize=9)
-
-
-def _plot(rows: list, png: str, title: str, timelines: list = ()) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{r['algorithm']}\n{r['round kind']}" for r in rows]
-    shown = [(name, last_call(doc)) for name, doc in timelines]
-    shown = [(name, events) for name, events in shown if events]
-    fig = plt.figure(figsize=(max(7, 1.3 * len(rows), 6.5 * len(shown)),
-                              4.5 + (3.5 if shown else 0)))
-    grid = fig.add_gridspec(2 if shown else 1, max(1, len(shown)))
-    ax = fig.add_subplot(grid[0, :])
-    for i, (name, events) in enumerate(shown):
-        kind = "simulated" if any(e["args"].get("kind") == "simulated" for e in events
-                                  if e["cat"] == "call") else "measured"
-        _draw_call(fig.add_subplot(grid[1, i]), events, f"last call, {kind}: {Path(name).name}")
-    bottom = [0.0] * len(rows)
-    for part, colour in (("wait_us", "tab:blue"), ("reduce_us", "tab:orange"),
-                         ("copy_us", "tab:green"), ("other_us", "tab:gray")):
-        values = [r[part] / max(r["rounds"], 1) for r in rows]
-        ax.bar(labels, values, bottom=bottom, color=colour, label=part[:-3])
-        bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set_ylabel("us per round (summed over ranks)")
-    ax.set_title(f"where the time goes: {Path(title).name}", fontsize=10)
-    ax.legend()
-    plt.setp(ax.get_xticklabels(), fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-
-
-# -- the simulator's prediction ---------------------------------------------------------
-
-
-def simulated(algorithm: str, size: int, count: int, dtype, machine, segment_size: int,
-              options: Optional[dict] = None, unit_us: float = 1e6) -> list:
-    """Chrome events of the simulator's timeline of one call (``machine``
-    times in seconds, shown at ``unit_us`` microseconds a unit): the same
-    names and categories as a real trace, so the two open side by side."""
-    import numpy as np
-
-    from .schedule import Recv, Send
-    from .simulate import execute, schedules
-
-    itemsize = np.dtype(dtype).itemsize
-    scheds = schedules(algorithm, size, count, segment_size, options)
-    raw: list = []
-    lanes_used: dict = defaultdict(int)
-    group = tuple(range(size))
-
-    def us(t: float) -> int:
-        return int(round(t * unit_us * 1e3))  # nanoseconds, as the real records
-
-    def observe(event: str, **f) -> None:
-        if event == "post":
-            posted[(f["rank"], f["round"])] = f["at"]
-        elif event == "end":
-            at = posted.get((f["rank"], f["round"]), f["start"])
-            raw.append((f["rank"], {"ev": "round", "name": f"round {f['round']}", "lane": 0,
-                                    "t0": us(f["start"]), "t1": us(f["end"]),
-                                    "args": {"posted_us": (us(at) - us(f["start"])) / 1e3,
-                                             "algorithm": algorithm,
-                                             "messages": posts[(f["rank"], f["round"])]}}))
-        elif event == "local":
-            raw.append((f["rank"], {"ev": "local", "name": f["kind"], "lane": 0,
-                                    "t0": us(f["start"]), "t1": us(f["end"]),
-                                    "args": {"bytes": f["elements"] * itemsize,
-                                             "round": f["round"]}}))
-        elif event == "message":
-            src, dst = f["src"], f["dst"]
-            lanes_used[(src, dst)] += 1
-            key = f"{group}/1/{src}>{dst}/{lanes_used[(src, dst)]}"
-            for rank, kind, peer, index in ((src, "send", dst, f["src_round"]),
-                                            (dst, "recv", src, f["dst_round"])):
-                raw.append((rank, {"ev": kind, "name": kind, "peer": peer, "t0": us(f["begin"]),
-                                   "t1": us(f["end"]),
-                                   "args": {"peer": peer, "bytes": f["elements"] * itemsize,
-                                            "round": index, "key": key}}))
-
-    posted: dict = {}
-    posts = defaultdict(int)
-    for rank, s in enumerate(scheds):
-        for k, actions in enumerate(s.rounds):
-            posts[(rank, k)] = sum(1 for a in actions if isinstance(a, (Send, Recv)))
-    finish = execute(scheds, [None] * size, machine, np.add, itemsize,
-                     f"{algorithm}, p={size}, count={count}", observe)
-    for rank in range(size):
-        raw.append((rank, {"ev": "call", "name": algorithm, "lane": 0, "t0": 0,
-                           "t1": us(finish[rank]),
-                           "args": {"algorithm": algorithm, "elements": count,
-                                    "bytes": count * itemsize, "ranks": size, "call": 1,
-                                    "kind": "simulated"}}))
-    events = [_chrome(rank, e) for rank, e in raw]
-    for rank in range(size):
-        events += _names(rank, [e for r, e in raw if r == rank])
-    return _finish(events)
+        return getattr(traces, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

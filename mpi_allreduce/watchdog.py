@@ -38,6 +38,7 @@ from typing import Optional
 
 from mpi4py import MPI
 
+from . import trace
 from .config import environment
 
 __all__ = ["WATCH", "Cell", "describe", "report", "settings"]
@@ -149,6 +150,7 @@ class _Watch:
             sys.stderr.write("mpi_allreduce watchdog: aborting the job "
                              "(MPI_ALLREDUCE_WATCHDOG_ACTION=raise or warn to keep it)\n")
             sys.stderr.flush()
+            trace.flush()  # (the trace files then show everything until here)
             MPI.COMM_WORLD.Abort(2)
 
 

@@ -126,7 +126,7 @@ def test_rank_files_at_exit_merge_into_one(traced):
     y = np.empty_like(x)
     for _ in range(3):
         mar.allreduce(x, y, algorithm="ring")
-    written = trace.tracer().flush()  # what atexit does
+    written = trace.tracer().close()  # what atexit does
     assert written and os.path.exists(written)
     comm.Barrier()
     if comm.Get_rank() == 0:
