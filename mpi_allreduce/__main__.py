@@ -3,7 +3,12 @@
 mpiexec or srun (``draw``, ``trace``, ``report``, ``plot`` and ``simulate``
 need neither).
 
-An exception on any rank aborts the whole job (``MPI.COMM_WORLD.Abort``)
+An argument a command cannot use is refused as argparse refuses one: a
+usage line and one ``error:`` line naming the option, exit status 2, on
+every rank alike and before any MPI message is sent or anything measured
+(every option's type checks its value, :mod:`mpi_allreduce.tools.arguments`;
+what is wrong only in combination is checked right after parsing).  Past
+that, an exception on any rank aborts the whole job (``MPI.COMM_WORLD.Abort``)
 instead of leaving the other ranks waiting in a message.
 """
 
@@ -16,25 +21,44 @@ import traceback
 
 from mpi4py import MPI
 
+from . import trace
+from .tools.arguments import (MAX_COUNT, Parser, algorithm, check_sizes, dtype, image_file,
+                              input_file, input_path, listed, number, op, output_directory,
+                              output_file, params_file, size, size_range, unwritable, whole)
 
-def _csv(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
+#: the most ranks ``simulate`` runs, and ``--predict`` predicts for
+MAX_SIMULATED_RANKS = 65536
+#: the most ranks, and elements, ``draw`` draws
+MAX_DRAWN = 4096
+
+
+def _inner():
+    """--inner's type: the leaders' algorithm, or auto."""
+    return algorithm(extra=("auto",), exclude=("hierarchical",))
 
 
 def _hierarchy_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ranks-per-node", type=int, default=None,
+    parser.add_argument("--ranks-per-node", type=whole(1, 1 << 31), default=None,
                         help="hierarchical: emulate nodes of this many consecutive ranks")
-    parser.add_argument("--inner", default=None,
+    parser.add_argument("--inner", type=_inner(), default=None,
                         help="hierarchical: algorithm across node leaders (default auto)")
-    from .tools.bench import parse_size
-
-    parser.add_argument("--segment-bytes", type=parse_size, default=None,
+    parser.add_argument("--segment-bytes", type=size(1, 1 << 40), default=None,
                         help="bytes per message at most where the data is reduced, "
                              "e.g. 256K (default 1 MiB)")
 
 
+def _size_args(parser: argparse.ArgumentParser, maxbytes: str, factor: float) -> None:
+    """-b, -e and -f: the message sizes from -b to -e, each -f times the last."""
+    parser.add_argument("-b", "--minbytes", type=size(), default="8",
+                        help="smallest size (default 8)")
+    parser.add_argument("-e", "--maxbytes", type=size(), default=maxbytes,
+                        help=f"largest size (default {maxbytes})")
+    parser.add_argument("-f", "--stepfactor", type=number(above=1), default=factor,
+                        help=f"size factor, more than 1 (default {factor:g})")
+
+
 def _trace_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", default=None, metavar="DIR",
+    parser.add_argument("--trace", type=output_directory, default=None, metavar="DIR",
                         help="record every call of ours (MPI_ALLREDUCE_TRACE) and write the "
                              "run's merged trace to DIR/trace.json (Chrome trace format); "
                              "recording adds time to every call")
@@ -86,37 +110,41 @@ def _segment_setting(args) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from . import ALGORITHMS
     from .ops import OPS, SUPPORTED_DTYPES
+    from .tools.bench import VENDOR
+    from .tools.draw import FORMATS
 
-    parser = argparse.ArgumentParser(prog="python -m mpi_allreduce", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m mpi_allreduce", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     v = sub.add_parser("verify", help="compare every algorithm with MPI.Allreduce")
-    v.add_argument("-a", "--algorithms", type=_csv, default=list(ALGORITHMS),
+    v.add_argument("-a", "--algorithms", type=listed(algorithm(), "algorithms"),
+                   default=list(ALGORITHMS),
                    help=f"comma-separated (default: {','.join(ALGORITHMS)})")
-    v.add_argument("-d", "--dtypes", type=_csv, default=list(SUPPORTED_DTYPES))
-    v.add_argument("-o", "--ops", type=_csv, default=list(OPS))
-    v.add_argument("--counts", type=lambda s: [int(c) for c in _csv(s)], default=None,
+    v.add_argument("-d", "--dtypes", type=listed(dtype, "dtypes"),
+                   default=list(SUPPORTED_DTYPES))
+    v.add_argument("-o", "--ops", type=listed(op, "ops"), default=list(OPS))
+    v.add_argument("--counts", type=listed(whole(0, MAX_COUNT), "element counts"), default=None,
                    help="comma-separated element counts (default: 0, 1, p-1, p, p+1, primes, 2^k+-1)")
     v.add_argument("--no-large", action="store_true", help="skip the ~1M-element cases")
-    v.add_argument("--seed", type=int, default=2026)
+    v.add_argument("--seed", type=whole(0), default=2026)
     _trace_arg(v)
     _device_arg(v)
     _hierarchy_args(v)
 
     b = sub.add_parser("bench", help="time the algorithms and MPI.Allreduce side by side")
-    b.add_argument("-m", "--message-sizes", default=None, metavar="MIN:MAX",
-                       help="size range, e.g. 8:64M (factor -f)")
-    b.add_argument("-b", "--minbytes", default="8", help="smallest size (default 8)")
-    b.add_argument("-e", "--maxbytes", default="64M", help="largest size (default 64M)")
-    b.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size factor (default 2)")
-    b.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (fewer above 1 MiB)")
-    b.add_argument("-w", "--warmup", type=int, default=5, help="untimed warm-up calls")
-    b.add_argument("-r", "--repeats", type=int, default=1,
+    b.add_argument("-m", "--message-sizes", type=size_range, default=None, metavar="MIN:MAX",
+                   help="size range, e.g. 8:64M (factor -f)")
+    _size_args(b, "64M", 2.0)
+    b.add_argument("-n", "--iters", type=whole(1), default=20,
+                   help="timed iterations (fewer above 1 MiB)")
+    b.add_argument("-w", "--warmup", type=whole(0), default=5, help="untimed warm-up calls")
+    b.add_argument("-r", "--repeats", type=whole(1), default=1,
                    help="repeat the whole set interleaved; report medians")
-    b.add_argument("-d", "--dtype", default="float32")
-    b.add_argument("-o", "--op", default="sum")
-    b.add_argument("-a", "--algorithms", type=_csv, default=None,
+    b.add_argument("-d", "--dtype", type=dtype, default="float32")
+    b.add_argument("-o", "--op", type=op, default="sum")
+    b.add_argument("-a", "--algorithms", type=listed(algorithm(extra=("auto", VENDOR)),
+                                                     "algorithms"), default=None,
                    help="comma-separated; 'mpi' (MPI.Allreduce) is always added; default: all + auto")
     b.add_argument("--label-vendor", default="mpi",
                    help="name for the MPI.Allreduce rows (e.g. mpi:ring when a vendor algorithm is forced)")
@@ -124,8 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-c", "--check", action="store_true", help="count wrong elements (#wrong)")
     b.add_argument("--memory", action="store_true",
                    help="record plan scratch bytes and allocations in a steady-state call")
-    b.add_argument("--json", default=None, help="write results and metadata as JSON")
-    b.add_argument("--csv", default=None, help="write results as CSV (metadata in a # line)")
+    b.add_argument("--json", type=output_file(), default=None,
+                   help="write results and metadata as JSON")
+    b.add_argument("--csv", type=output_file(), default=None,
+                   help="write results as CSV (metadata in a # line)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     _trace_arg(b)
     _device_arg(b)
@@ -133,27 +163,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     si = sub.add_parser("simulate", help="run every rank's schedule in one process, no MPI: "
                                          "#wrong, messages and bytes per rank")
-    si.add_argument("-p", "--size", type=int, default=1024, help="virtual ranks (default 1024)")
-    si.add_argument("-a", "--algorithms", type=_csv, default=["all"],
-                    help="comma-separated (default: all)")
-    si.add_argument("--count", type=int, default=4099, help="elements per rank (default 4099)")
-    si.add_argument("-d", "--dtype", default="float32")
-    si.add_argument("-o", "--op", default="sum")
+    si.add_argument("-p", "--size", type=whole(1, MAX_SIMULATED_RANKS), default=1024,
+                    help=f"virtual ranks (default 1024, at most {MAX_SIMULATED_RANKS})")
+    si.add_argument("-a", "--algorithms", type=listed(algorithm(extra=("all",)), "algorithms"),
+                    default=["all"], help="comma-separated (default: all)")
+    si.add_argument("--count", type=whole(0, MAX_COUNT), default=4099,
+                    help="elements per rank (default 4099)")
+    si.add_argument("-d", "--dtype", type=dtype, default="float32")
+    si.add_argument("-o", "--op", type=op, default="sum")
     si.add_argument("--in-place", action="store_true")
-    si.add_argument("--params", default=None,
+    si.add_argument("--params", type=params_file, default=None,
                     help="a `model --json` file: also predict the time on that machine")
     si.add_argument("--predict", action="store_true",
                     help="with --params: predicted time of every algorithm for each of --ranks "
                          "and each size (closed forms, up to 65536 ranks; --ranks-per-node to a "
                          "node, default 1), the crossovers, optionally --png and --json")
-    si.add_argument("--ranks", default="2,4,16,64,256,1024,4096,16384,65536",
+    si.add_argument("--ranks", type=listed(whole(1, MAX_SIMULATED_RANKS), "rank counts"),
+                    default="2,4,16,64,256,1024,4096,16384,65536",
                     help="--predict: comma-separated rank counts")
-    si.add_argument("-b", "--minbytes", default="8")
-    si.add_argument("-e", "--maxbytes", default="256M")
-    si.add_argument("-f", "--stepfactor", type=float, default=8.0)
-    si.add_argument("--png", default=None, help="--predict: write the plot here")
-    si.add_argument("--json", default=None, help="--predict: write the rows here")
-    si.add_argument("--trace", default=None, metavar="FILE.json",
+    _size_args(si, "256M", 8.0)
+    si.add_argument("--png", type=image_file, default=None,
+                    help="--predict: write the plot here")
+    si.add_argument("--json", type=output_file(), default=None,
+                    help="--predict: write the rows here")
+    si.add_argument("--trace", type=output_file(make_parents=True), default=None,
+                    metavar="FILE.json",
                     help="one algorithm: write its predicted timeline in the Chrome trace "
                          "format of real traces (on the --params machine; else every message "
                          "takes 1 us and local work none)")
@@ -161,58 +195,60 @@ def build_parser() -> argparse.ArgumentParser:
 
     dr = sub.add_parser("draw", help="an algorithm round by round, drawn from its schedules "
                                      "(no MPI): PNG/SVG/PDF panels or an animated GIF")
-    dr.add_argument("-a", "--algorithm", required=True, help="one algorithm (see `info`)")
-    dr.add_argument("-p", "--size", type=int, required=True, help="ranks")
-    dr.add_argument("--count", type=int, default=None,
-                    help="elements of the vector (default: one a rank)")
-    dr.add_argument("--segment", type=int, default=None,
+    dr.add_argument("-a", "--algorithm", type=algorithm(), required=True,
+                    help="one algorithm (see `info`)")
+    # (the values named as draw.contributions names them)
+    dr.add_argument("-p", "--size", type=whole(1, MAX_DRAWN, "the number of ranks"),
+                    required=True, help=f"ranks (at most {MAX_DRAWN})")
+    dr.add_argument("--count", type=whole(0, MAX_DRAWN, "count"), default=None,
+                    help=f"elements of the vector (default: one a rank; at most {MAX_DRAWN})")
+    dr.add_argument("--segment", type=whole(1, what="segment_size"), default=None,
                     help="elements a message carries at most (default: all)")
-    dr.add_argument("--ranks-per-node", type=int, default=None,
+    dr.add_argument("--ranks-per-node", type=whole(1), default=None,
                     help="hierarchical: ranks of a node (default: half the ranks, two nodes)")
-    dr.add_argument("--inner", default=None,
+    dr.add_argument("--inner", type=_inner(), default=None,
                     help="hierarchical: algorithm across node leaders (default auto)")
-    dr.add_argument("-o", "--output", default=None,
+    dr.add_argument("-o", "--output", type=output_file(*FORMATS), default=None,
                     help="file to write, .png .svg .pdf or .gif (default ALGORITHM-pP.png)")
 
     tr = sub.add_parser("trace", help="merge the per-rank files of MPI_ALLREDUCE_TRACE=DIR "
                                       "into one trace")
-    tr.add_argument("inputs", nargs="+", help="the trace directory, or rank-*.json files")
-    tr.add_argument("-o", "--output", default=None, help="default: DIR/trace.json")
+    tr.add_argument("inputs", type=input_path, nargs="+",
+                    help="the trace directory, or rank-*.json files")
+    tr.add_argument("-o", "--output", type=output_file(make_parents=True), default=None,
+                    help="default: DIR/trace.json")
 
     rp = sub.add_parser("report", help="where a trace's time went: waiting for messages, "
                                        "reducing, copying, the rest; per algorithm and round kind")
-    rp.add_argument("trace", help="a trace file (trace, bench --trace, simulate --trace)")
-    rp.add_argument("-o", "--output", default=None,
+    rp.add_argument("trace", type=input_file,
+                    help="a trace file (trace, bench --trace, simulate --trace)")
+    rp.add_argument("-o", "--output", type=image_file, default=None,
                     help="also draw it into this PNG, with the trace's last call")
-    rp.add_argument("--against", default=None, metavar="TRACE",
+    rp.add_argument("--against", type=input_file, default=None, metavar="TRACE",
                     help="draw this trace's last call beside it (e.g. simulate --trace's "
                          "prediction of the same call)")
 
     pl = sub.add_parser("plot", help="latency and busbw against size from bench JSON files")
-    pl.add_argument("inputs", nargs="+", help="bench --json files (merged)")
-    pl.add_argument("-o", "--output", default="bench.png")
+    pl.add_argument("inputs", type=input_file, nargs="+", help="bench --json files (merged)")
+    pl.add_argument("-o", "--output", type=image_file, default="bench.png")
     pl.add_argument("--title", default=None)
 
     mo = sub.add_parser("model", help="fit alpha/beta/gamma and compare predicted with measured")
-    mo.add_argument("-b", "--minbytes", default="8")
-    mo.add_argument("-e", "--maxbytes", default="16M")
-    mo.add_argument("-f", "--stepfactor", type=float, default=8.0)
-    mo.add_argument("-n", "--iters", type=int, default=20)
-    mo.add_argument("-r", "--repeats", type=int, default=3)
-    mo.add_argument("--json", default=None)
+    _size_args(mo, "16M", 8.0)
+    mo.add_argument("-n", "--iters", type=whole(1), default=20)
+    mo.add_argument("-r", "--repeats", type=whole(1), default=3)
+    mo.add_argument("--json", type=output_file(), default=None)
     mo.add_argument("--two-level", action="store_true",
                     help="fit intra- and inter-node links separately (ranks on several nodes)")
 
     tu = sub.add_parser("tune", help="measure and write the decision table 'auto' uses")
-    tu.add_argument("-o", "--output", default=None,
+    tu.add_argument("-o", "--output", type=output_file(), default=None,
                     help="write the table here (default: where auto finds it by itself, one "
                          "file per MPI library, machine and ranks per node, under "
                          "MPI_ALLREDUCE_TUNING_DIR)")
-    tu.add_argument("-b", "--minbytes", default="8")
-    tu.add_argument("-e", "--maxbytes", default="64M")
-    tu.add_argument("-f", "--stepfactor", type=float, default=4.0)
-    tu.add_argument("-n", "--iters", type=int, default=20)
-    tu.add_argument("-r", "--repeats", type=int, default=7)
+    _size_args(tu, "64M", 4.0)
+    tu.add_argument("-n", "--iters", type=whole(1), default=20)
+    tu.add_argument("-r", "--repeats", type=whole(1), default=7)
     tu.add_argument("--merge", action="store_true",
                     help="keep the rules for other communicator sizes already in the output file")
 
@@ -223,6 +259,95 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_sizes(args, error) -> None:
+    """-b, -e and -f (or -m and -f) together: a range of a sane number of sizes."""
+    if getattr(args, "message_sizes", None):
+        check_sizes(error, *args.message_sizes, args.stepfactor,
+                    "-m/--message-sizes and -f/--stepfactor")
+    else:
+        check_sizes(error, args.minbytes, args.maxbytes, args.stepfactor)
+
+
+def _check_dtype_op(args, error) -> None:
+    """-d and -o together: an op defined for the dtype."""
+    import numpy as np
+
+    from .ops import check_dtype, resolve_op
+
+    try:
+        check_dtype(np.dtype(args.dtype), resolve_op(args.op))
+    except TypeError as exc:
+        error(f"-d/--dtype {args.dtype} with -o/--op {args.op}: {exc}")
+
+
+def _check_bench(args, error) -> None:
+    _check_sizes(args, error)
+    _check_dtype_op(args, error)
+    if args.json and args.json == args.csv:
+        error(f"--json and --csv both name {args.json!r}")
+
+
+def _check_simulate(args, error) -> None:
+    _check_sizes(args, error)
+    _check_dtype_op(args, error)
+    if "all" in args.algorithms and len(args.algorithms) > 1:
+        error("-a/--algorithms: 'all' stands alone, or name the algorithms")
+    if args.predict:
+        if not args.params:
+            error("--predict needs --params (a `model --json` file)")
+        if args.trace:
+            error("--predict and --trace: one or the other")
+    else:
+        for name in ("png", "json"):
+            if getattr(args, name):
+                error(f"--{name} goes with --predict")
+    if args.trace and (len(args.algorithms) != 1 or args.algorithms[0] == "all"):
+        error("--trace: name one algorithm with -a/--algorithms")
+
+
+def _default_drawing(args) -> str:
+    return f"{args.algorithm}-p{args.size}.png"
+
+
+def _default_merged(args) -> str:
+    first = args.inputs[0]
+    return os.path.join(first if os.path.isdir(first) else os.path.dirname(first), "trace.json")
+
+
+def _check_default_output(args, error, default) -> None:
+    """No -o: the file written by default, writable now."""
+    if args.output is None:
+        output = default(args)
+        why = unwritable(output)
+        if why:
+            error(f"-o/--output: cannot write the default {output!r}: {why}")
+
+
+def _check_draw(args, error) -> None:
+    _check_default_output(args, error, _default_drawing)
+
+
+def _check_trace(args, error) -> None:
+    _check_default_output(args, error, _default_merged)
+
+
+def _check_tune(args, error) -> None:
+    from .tools.tune import existing_table
+
+    _check_sizes(args, error)
+    if args.output is not None and args.merge:
+        try:
+            existing_table(args.output)
+        except ValueError as exc:
+            error(f"-o/--output with --merge: {exc}")
+
+
+#: the checks of a command's values together, run right after parsing
+#: with the command parser's ``error``
+CHECKS = {"bench": _check_bench, "simulate": _check_simulate, "draw": _check_draw,
+          "trace": _check_trace, "model": _check_sizes, "tune": _check_tune}
+
+
 def _device_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the buffers live: numpy (cpu) or cupy (cuda; one GPU per "
@@ -230,28 +355,18 @@ def _device_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def _size_range(args) -> list[int]:
-    from .tools.bench import parse_size, sizes_between
+    from .tools.bench import sizes_between
 
-    if getattr(args, "message_sizes", None):
-        lo, _, hi = args.message_sizes.partition(":")
-        return sizes_between(parse_size(lo), parse_size(hi or lo), args.stepfactor)
-    return sizes_between(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
+    lo, hi = getattr(args, "message_sizes", None) or (args.minbytes, args.maxbytes)
+    return sizes_between(lo, hi, args.stepfactor)
 
 
 def cmd_bench(args) -> int:
     from .tools import bench
-    from .ops import check_dtype, resolve_op
-    from .registry import check_name
-
-    import numpy as np
 
     comm = MPI.COMM_WORLD
-    check_dtype(np.dtype(args.dtype), resolve_op(args.op))
     algorithms = args.algorithms or (list(bench.default_algorithms()[1:]) + ["auto"])
-    algorithms = [a for a in algorithms if a != bench.VENDOR]
-    for name in algorithms:
-        check_name(name)
-    algorithms = [bench.VENDOR] + algorithms
+    algorithms = [bench.VENDOR] + [a for a in algorithms if a != bench.VENDOR]
     _segment_setting(args)
     _start_trace(args)
     modes = {"no": (False,), "yes": (True,), "both": (False, True)}[args.inplace]
@@ -287,13 +402,9 @@ def cmd_plot(args) -> int:
 
 
 def cmd_draw(args) -> int:
-    from .tools.draw import FORMATS, contributions, draw
+    from .tools.draw import contributions, draw
 
-    output = args.output or f"{args.algorithm}-p{args.size}.png"
-    if not output.lower().endswith(FORMATS):
-        raise SystemExit(f"draw: -o must end in one of {', '.join(FORMATS)}, got {output!r}")
-    if args.size > 4096:
-        raise SystemExit(f"draw: -p {args.size} is more than 4096 ranks; draw fewer")
+    output = args.output or _default_drawing(args)
     options = {}
     if args.algorithm == "hierarchical":
         options["ranks_per_node"] = args.ranks_per_node or max(1, -(-args.size // 2))
@@ -310,11 +421,10 @@ def cmd_draw(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from .trace import TraceError, merge, validate, load
+    from .tools.traces import load, merge, validate
+    from .trace import TraceError
 
-    output = args.output or os.path.join(
-        args.inputs[0] if os.path.isdir(args.inputs[0]) else os.path.dirname(args.inputs[0]),
-        "trace.json")
+    output = args.output or _default_merged(args)
     try:
         merge(args.inputs, output)
         counts = validate(load(output))
@@ -326,7 +436,8 @@ def cmd_trace(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .trace import TraceError, report
+    from .tools.traces import report
+    from .trace import TraceError
 
     try:
         print(report(args.trace, args.output, args.against))
@@ -352,18 +463,8 @@ def cmd_tune(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .ops import OPS, SUPPORTED_DTYPES
-    from .registry import get
     from .tools.verify import verify
 
-    for name in args.algorithms:
-        get(name)
-    for name in args.dtypes:
-        if name not in SUPPORTED_DTYPES:
-            raise SystemExit(f"unknown dtype {name!r}; choose from {', '.join(SUPPORTED_DTYPES)}")
-    for name in args.ops:
-        if name not in OPS:
-            raise SystemExit(f"unknown op {name!r}; choose from {', '.join(OPS)}")
     options = _options(args)
     _segment_setting(args)
     _start_trace(args)
@@ -395,8 +496,6 @@ def cmd_predict(args) -> int:
     from .tools.model import Params
     from .tools.scale import report
 
-    if not args.params:
-        raise SystemExit("simulate --predict needs --params (a `model --json` file)")
     with open(args.params) as f:
         # the closed forms give every rank a core of its own, every send a
         # matching receive and full-duplex network links: the fitted core
@@ -404,9 +503,7 @@ def cmd_predict(args) -> int:
         # are the simulator's alone
         prm = dataclasses.replace(Params(**json.load(f)["params"]), cores=None, eager_bytes=None,
                                   half_duplex=False)
-    ranks = [int(r) for r in _csv(args.ranks)]
-    if min(ranks) < 1:
-        raise SystemExit("--ranks must be positive")
+    ranks = args.ranks
     rpn = args.ranks_per_node or 1
     header = (f"$ python -m mpi_allreduce {' '.join(sys.argv[1:])}\n# machine: {args.params}: "
               + ", ".join(f"{k} = {v:.3g}" for k, v in prm.as_dict().items()
@@ -476,18 +573,10 @@ def _simulated_options(args, name: str) -> dict:
 
 
 def _simulated_trace(args, algorithms: list, segment: int, machine) -> int:
-    from .registry import check_name
     from .simulate import Machine, SimulationError
-    from .trace import simulated, write
+    from .tools.traces import simulated
+    from .trace import write
 
-    if len(algorithms) != 1 or algorithms[0] in ("all", "auto"):
-        raise SystemExit("simulate --trace: name one algorithm with -a")
-    try:
-        check_name(algorithms[0])
-    except ValueError as exc:
-        raise SystemExit(f"simulate --trace: {exc}") from None
-    if args.size < 1 or args.count < 0:
-        raise SystemExit("simulate --trace: -p must be positive and --count not negative")
     options = _simulated_options(args, algorithms[0])
     clock = "the machine of " + args.params if machine else "every message 1 us, local work none"
     try:
@@ -553,8 +642,22 @@ COMMANDS = {"verify": cmd_verify, "bench": cmd_bench, "simulate": cmd_simulate,
             "model": cmd_model, "tune": cmd_tune, "info": cmd_info}
 
 
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line parsed and checked: a value a command cannot use,
+    alone or with the others, is a usage error (exit status 2) here, before
+    any MPI message."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check = CHECKS.get(args.command)
+    if check is not None:
+        command = next(a for a in parser._actions
+                       if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+        check(args, command.error)
+    return args
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except SystemExit:
@@ -562,6 +665,7 @@ def main(argv=None) -> int:
     except BaseException:  # noqa: BLE001 - any failure must end every rank
         traceback.print_exc()
         sys.stderr.flush()
+        trace.flush()  # (the trace files then show everything until here)
         MPI.COMM_WORLD.Abort(1)
         return 1
 

@@ -49,11 +49,14 @@ def parse_size(text: str) -> int:
 
 
 def sizes_between(lo: int, hi: int, factor: float) -> list[int]:
+    """``lo``, ``lo * factor``, ... up to ``hi`` bytes, each size once (a
+    factor close to 1 gives some whole sizes twice)."""
     if lo <= 0 or hi < lo or factor <= 1:
         raise ValueError(f"need 0 < min <= max and factor > 1, got {lo}, {hi}, {factor}")
     out, s = [], lo
     while s <= hi:
-        out.append(int(s))
+        if not out or int(s) != out[-1]:
+            out.append(int(s))
         s *= factor
     return out
 

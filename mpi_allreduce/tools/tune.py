@@ -22,6 +22,7 @@ import json
 import math
 import os
 
+from .arguments import unwritable
 from .bench import bench, metadata
 from ..context import context_for
 from ..registry import FLAT_ALGORITHMS
@@ -72,15 +73,44 @@ def pick_winners(timings: list[tuple[int, str, float]], tolerance: float = 0.1):
     return winners
 
 
+def existing_table(path: str):
+    """The decision table already in ``path``, to merge with (None where
+    there is no file); ValueError for a file that is not one."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the decision table {path}: {exc}") from None
+    try:
+        check_tuning(table)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    return table
+
+
 def tune(comm, sizes, iters: int, repeats: int, output, merge: bool) -> int:
     """Measure on ``comm`` and write the table to ``output`` (None: the
-    calibration file ``auto`` finds, merged).  Collective."""
+    calibration file ``auto`` finds, merged).  Collective.
+
+    Every rank first checks, with no message, that the table can be
+    written (and the one to merge with read): a run does not measure for
+    minutes to fail at the end."""
     key = None
     if output is None:
         key = calibration_key()
         output, merge = calibration_path(key), True
         if output is None:
             raise SystemExit("MPI_ALLREDUCE_TUNING_DIR=off: name the output file with -o")
+    why = unwritable(output, make_parents=key is not None)
+    if why:
+        raise SystemExit(f"tune: cannot write {output}: {why}")
+    if merge:
+        try:
+            existing_table(output)
+        except ValueError as exc:
+            raise SystemExit(f"tune: cannot merge: {exc}") from None
     results = bench(comm, sizes, list(FLAT_ALGORITHMS), iters=iters, warmup=2, repeats=repeats,
                     progress=comm.Get_rank() == 0)
     p = comm.Get_size()
@@ -93,9 +123,8 @@ def tune(comm, sizes, iters: int, repeats: int, output, merge: bool) -> int:
     meta = metadata(comm, "python -m mpi_allreduce tune", iters, 2, repeats)
     if comm.Get_rank() == 0:
         table = {"version": 1, "source": "python -m mpi_allreduce tune", "rules": []}
-        if merge and os.path.exists(output):
-            with open(output) as f:
-                table = json.load(f)
+        if merge:
+            table = existing_table(output) or table
         if key is not None:
             table["key"] = key
             os.makedirs(os.path.dirname(output), exist_ok=True)

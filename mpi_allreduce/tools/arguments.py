@@ -1,0 +1,316 @@
+"""The command line's argument types: each checks one kind of value while
+argparse parses it, so that a value a command cannot use is refused as a
+usage error (one ``error:`` line naming the option, exit status 2) before
+any MPI message is sent, or anything measured.  An option gets its check by
+choosing its type: ``type=whole(1)`` for a positive count, ``type=size()``
+for a size in bytes, ``type=output_file()`` for a file it writes, and so on.
+
+Every type raises :class:`argparse.ArgumentTypeError`, whose message
+argparse prints after the option's name.  What is wrong only in
+combination (a range whose first size exceeds its last) is refused right
+after parsing, through the command's ``parser.error``.
+
+Under ``mpiexec`` every rank parses the same arguments and checks the same
+paths, so every rank refuses them alike and none waits for another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Callable, Iterable, Optional
+
+#: the largest message size (bytes) the commands take: 64 GiB
+MAX_BYTES = 1 << 36
+#: the most elements a vector of the commands may have
+MAX_COUNT = 1 << 36
+#: the most message sizes a size range may give
+MAX_SIZES = 1000
+
+
+class UsageError(SystemExit):
+    """A refused command line: exits with status 2, as argparse does, and
+    its ``str()`` is argparse's ``error:`` line (for callers of ``main``
+    in the same process, who see no stderr)."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message.strip()
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose refusals raise :class:`UsageError` (its
+    subcommands' parsers are of the same class)."""
+
+    def exit(self, status: int = 0, message: Optional[str] = None):
+        if message:
+            self._print_message(message, sys.stderr)
+        if status == 2 and message:
+            raise UsageError(message)
+        raise SystemExit(status)
+
+
+def _named(function: Callable, name: str) -> Callable:
+    """``function`` under ``name``: argparse names the type so ("invalid
+    size value") where one raises ValueError instead of its own error."""
+    function.__name__ = name
+    return function
+
+
+def whole(least: Optional[int] = None, most: Optional[int] = None,
+          what: Optional[str] = None) -> Callable[[str], int]:
+    """An integer from ``least`` to ``most`` (either bound may be open);
+    ``what``, where given, names the value in the refusal."""
+    expected = {1: "a positive integer", 0: "a non-negative integer"}.get(
+        least, "an integer" if least is None else f"an integer of at least {least}")
+    if most is not None:
+        expected += f", at most {most}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip(), 10)
+        except ValueError:
+            value = None
+        if value is None or (least is not None and value < least) \
+                or (most is not None and value > most):
+            refusal = f"{what} must be {expected}" if what else f"expected {expected}"
+            raise argparse.ArgumentTypeError(f"{refusal}, got {text!r}")
+        return value
+    return _named(parse, "integer")
+
+
+def number(above: Optional[float] = None, least: Optional[float] = None,
+           most: Optional[float] = None) -> Callable[[str], float]:
+    """A finite number greater than ``above``, from ``least`` to ``most``."""
+    bounds = [f"more than {above:g}" if above is not None else "",
+              f"at least {least:g}" if least is not None else "",
+              f"at most {most:g}" if most is not None else ""]
+    expected = "a finite number" + "".join(f", {b}" for b in bounds if b)
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not math.isfinite(value) or (above is not None and value <= above) \
+                or (least is not None and value < least) or (most is not None and value > most):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+    return _named(parse, "number")
+
+
+def size(least: int = 1, most: int = MAX_BYTES) -> Callable[[str], int]:
+    """A size in bytes, with an optional K, M or G suffix (binary
+    multiples), from ``least`` to ``most``."""
+    from .bench import human, parse_size
+
+    def parse(text: str) -> int:
+        try:
+            value = parse_size(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(
+                f"expected a size in bytes such as 8, 64K, 16M or 1G, got {text!r}") from None
+        if not least <= value <= most:
+            raise argparse.ArgumentTypeError(
+                f"expected a size from {human(least)} to {human(most)} bytes, got {text!r}")
+        return value
+    return _named(parse, "size")
+
+
+def size_range(text: str) -> tuple[int, int]:
+    """``MIN:MAX`` (or one size, both ends) -> (first, last) in bytes."""
+    first, _, last = text.partition(":")
+    one = size()
+    lo, hi = one(first), one(last or first)
+    if lo > hi:
+        raise argparse.ArgumentTypeError(f"{first} is more than {last}: expected MIN:MAX "
+                                         f"with MIN <= MAX")
+    return lo, hi
+
+
+def check_sizes(error: Callable[[str], None], first: int, last: int, factor: float,
+                names: str = "-b/--minbytes, -e/--maxbytes and -f/--stepfactor") -> None:
+    """Refuse a range whose first size exceeds its last, or that gives more
+    than :data:`MAX_SIZES` sizes (counted without listing them)."""
+    from .bench import human
+
+    if first > last:
+        error(f"{names}: the smallest size {human(first)} is more than the largest "
+              f"{human(last)}")
+    steps = math.log(last / first) / math.log(factor)
+    if steps + 1 > MAX_SIZES:
+        error(f"{names}: {human(first)} to {human(last)} bytes by a factor of {factor:g} "
+              f"gives {int(steps) + 1} sizes; at most {MAX_SIZES}")
+
+
+def listed(item: Callable[[str], object], what: str = "values") -> Callable[[str], list]:
+    """A comma-separated list of one or more ``item`` values (each checked by
+    ``item``), duplicates dropped."""
+    def parse(text: str) -> list:
+        parts = [v.strip() for v in text.split(",") if v.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}")
+        return list(dict.fromkeys(item(v) for v in parts))
+    return _named(parse, "list")
+
+
+def one_of(choices: Iterable[str], what: str) -> Callable[[str], str]:
+    """One of ``choices`` (named ``what`` in the refusal)."""
+    choices = tuple(choices)
+
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {text!r}; choose one of: {', '.join(choices)}")
+        return text
+    return _named(parse, what)
+
+
+def algorithm(extra: Iterable[str] = (), exclude: Iterable[str] = ()) -> Callable[[str], str]:
+    """An algorithm's name (``extra``: other names the option takes, such
+    as ``auto``)."""
+    from ..registry import ALGORITHMS
+
+    exclude = tuple(exclude)
+    names = tuple(extra) + tuple(a for a in ALGORITHMS if a not in exclude)
+    known = one_of(names, "algorithm")
+
+    def parse(text: str) -> str:
+        if text == "auto" and text not in names:
+            raise argparse.ArgumentTypeError(
+                f"expected a named algorithm, not 'auto' (its choice depends on the machine); "
+                f"choose one of: {', '.join(names)}")
+        if text not in names and text in ALGORITHMS:
+            raise argparse.ArgumentTypeError(
+                f"algorithm {text!r} is not one this option takes; choose one of: "
+                f"{', '.join(names)}")
+        return known(text)
+    return _named(parse, "algorithm")
+
+
+def dtype(text: str) -> str:
+    """A dtype the library reduces with the predefined ops (numpy's name,
+    or an alias numpy knows, such as f4) -> numpy's name."""
+    import numpy as np
+
+    from ..ops import SUPPORTED_DTYPES
+
+    try:
+        name = np.dtype(text.strip()).name
+    except (TypeError, ValueError, SyntaxError):
+        name = None
+    if name not in SUPPORTED_DTYPES:
+        raise argparse.ArgumentTypeError(
+            f"unknown dtype {text!r}; choose one of: {', '.join(SUPPORTED_DTYPES)}")
+    return name
+
+
+def op(text: str) -> str:
+    """A reduction op's name (``sum``, ``max``, ``avg`` ...)."""
+    from ..ops import OPS
+
+    return one_of(OPS, "op")(text.strip().lower())
+
+
+def unwritable(path: str, directory: bool = False, make_parents: bool = False) -> Optional[str]:
+    """Why this process could not write ``path`` (None: it can).
+
+    A file: where it exists, a file this process may write; else its
+    directory must be one this process may write into (with
+    ``make_parents``, the nearest existing directory above it, from which
+    the missing ones are made).  ``directory``: ``path`` is a directory to
+    write into, made (with its parents) where it is missing."""
+    if not path:
+        return "the name is empty"
+    if os.path.exists(path):
+        if directory != os.path.isdir(path):
+            return "it is a directory" if not directory else "it is not a directory"
+        if not os.access(path, os.W_OK | (os.X_OK if directory else 0)):
+            return "permission denied"
+        return None
+    parent = os.path.dirname(os.path.abspath(path))
+    if directory or make_parents:
+        while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+            parent = os.path.dirname(parent)
+    if not os.path.exists(parent):
+        return f"no directory {parent}"
+    if not os.path.isdir(parent):
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot write into {parent}: permission denied"
+    return None
+
+
+def output_file(*suffixes: str, make_parents: bool = False) -> Callable[[str], str]:
+    """A file to write: writable now (:func:`unwritable`), named with one of
+    ``suffixes`` where they are given."""
+    def parse(text: str) -> str:
+        if suffixes and not text.lower().endswith(suffixes):
+            raise argparse.ArgumentTypeError(
+                f"expected a name ending in one of {', '.join(suffixes)}, got {text!r}")
+        why = unwritable(text, make_parents=make_parents)
+        if why:
+            raise argparse.ArgumentTypeError(f"cannot write {text!r}: {why}")
+        return text
+    return _named(parse, "output file")
+
+
+def image_file(text: str) -> str:
+    """A picture to write: writable, named with a suffix matplotlib writes."""
+    formats = ()
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats = tuple(f".{name}" for name in FigureCanvasBase.get_supported_filetypes())
+    except ImportError:  # the command says so when it draws
+        pass
+    return output_file(*formats)(text)
+
+
+def output_directory(text: str) -> str:
+    """A directory to write into (made later where it is missing)."""
+    why = unwritable(text, directory=True)
+    if why:
+        raise argparse.ArgumentTypeError(f"cannot write into {text!r}: {why}")
+    return text
+
+
+def input_file(text: str) -> str:
+    """A file this process can read."""
+    if not os.path.exists(text):
+        raise argparse.ArgumentTypeError(f"cannot read {text!r}: no such file")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"cannot read {text!r}: it is a directory")
+    if not os.access(text, os.R_OK):
+        raise argparse.ArgumentTypeError(f"cannot read {text!r}: permission denied")
+    return text
+
+
+def input_path(text: str) -> str:
+    """A file or a directory this process can read."""
+    if os.path.isdir(text):
+        if not os.access(text, os.R_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"cannot read {text!r}: permission denied")
+        return text
+    return input_file(text)
+
+
+def params_file(text: str) -> str:
+    """A ``model --json`` file: readable, with machine parameters the
+    simulator takes."""
+    from .model import Params, machine_of
+
+    input_file(text)
+    try:
+        with open(text) as f:
+            machine_of(Params(**json.load(f)["params"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a `model --json` file: {type(exc).__name__}: {exc}") from None
+    return text
