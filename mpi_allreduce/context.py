@@ -391,7 +391,8 @@ class Remembered:
         """Whether a call with these arguments is this kept call again: the
         very same objects, the receive buffer's dtype unchanged, the same
         optional arguments (``extra``; all None when it had none)."""
-        return (self.send == id(sendbuf) and self.op is op and self.comm is comm
+        return (self.send == id(sendbuf) and self.op is op
+                and (self.comm is comm or self.comm == comm)  # (another wrapper of it)
                 and self.algorithm == algorithm and recvbuf.dtype is self.dtype
                 and (self.in_place or sendbuf.dtype is self.dtype)
                 and (self.extra == extra if self.extra is not None
