@@ -9,14 +9,14 @@ stage done, the call is complete.  These are Open MPI libnbc's rounds
 (``NBC_Start_round`` and ``NBC_Progress``).  MPI's own requests (a
 set-up collective, an MPI call the torch backend makes) are operations too
 (:class:`MPIOperation`), so every wait of the library goes through
-:meth:`_Engine.wait`: watched by the watchdog, and in its ``raise`` mode
+``_Engine.wait``: watched by the watchdog, and in its ``raise`` mode
 polled against one deadline.  :func:`wait_for` is that wait for MPI
 requests the library posts itself (the set-up of a communicator, check
 mode's agreement, live selection's sync).
 
 This module knows nothing of requests as the caller sees them
 (:mod:`~mpi_allreduce.progress`) nor of communicators' contexts
-(:mod:`~mpi_allreduce.context`), which both build on it: an operation's
+(``mpi_allreduce.context``), which both build on it: an operation's
 ``context`` is any object with ``breaks(why)``.
 """
 

@@ -7,7 +7,7 @@ Who advances an operation:
 
 * **the progress thread**, one per process, where the MPI library was
   initialised with ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it by default)
-  and the call moves at least :data:`THREAD_MIN_BYTES`.  While operations
+  and the call moves at least :data:`~mpi_allreduce.engine.THREAD_MIN_BYTES`.  While operations
   are in flight it waits in ``MPI_Waitany`` over their current messages
   (and a wake-up receive from itself), so a stage follows the last within
   microseconds while the caller computes; with nothing in flight it sleeps
@@ -48,13 +48,14 @@ from .errors import RequestError, Stalled, failed
 from .executor import Bound, Stage
 from .watchdog import WATCH, settings
 
-__all__ = ["Operation", "MPIOperation", "Request", "PersistentRequest", "RequestError",
-           "waitall", "thread_progress", "blocking", "mpi_request", "THREAD_MIN_BYTES"]
+__all__ = ["Request", "PersistentRequest", "RequestError", "waitall", "guarded", "blocking",
+           "mpi_request", "restarter", "kept_scratch_back"]
+
 
 def mpi_request(requests, what: str, comm, statuses=None, cancel=False,
                 on_stall=None) -> "Request":
     """A :class:`Request` over MPI requests the caller posted on ``comm``
-    (see :class:`MPIOperation`): its ``wait()`` and ``test()`` are the
+    (see :class:`~mpi_allreduce.engine.MPIOperation`): its ``wait()`` and ``test()`` are the
     engine's, as for the library's own calls."""
     request = Request(MPIOperation(requests, what, comm, statuses, cancel, on_stall), None)
     request._state = "active"
@@ -422,7 +423,7 @@ def guarded(context, what: tuple, run):
     thread inside a call on this communicator: ConcurrentCall; a broken
     communicator: Broken at once -- and any exception (an interrupt too)
     that leaves ``run`` breaks the communicator, since messages may be in
-    flight (see :meth:`~mpi_allreduce.context.Context.breaks`).  A call
+    flight (see ``Context.breaks`` in ``mpi_allreduce.context``).  A call
     made of calls (a reproducible sum, live selection) is guarded as a
     whole; its inner calls re-enter on the same thread."""
     acquire, release = context.guard.acquire, context.guard.release
