@@ -33,7 +33,7 @@ from .engine import wait_for
 from .errors import Broken, ConcurrentCall, Stalled, TagsExhausted
 from .executor import mpi_tags
 from .selection import BUILT_IN_TABLE, DecisionTable, tuning_table
-from .topology import emulated_nodes, placement
+from .topology import emulated_nodes, where
 from .watchdog import WATCH
 
 __all__ = ["Context", "context_for", "release", "setup", "remember_call", "MAX_PLANS",
@@ -106,17 +106,25 @@ class Context:
     def set_up(self, comm: MPI.Intracomm) -> None:
         """The collective part, every MPI call of it watched: the private
         duplicate (``MPI_Comm_idup``), then where the ranks run
-        (:func:`~mpi_allreduce.topology.placement`).  A rank that never
-        comes is reported by the watchdog (and in its ``raise`` mode this
-        raises :class:`~mpi_allreduce.errors.Stalled`, the communicator
-        broken for the library on this rank)."""
+        (:func:`~mpi_allreduce.topology.where`) and which decision table
+        ``auto`` uses by default (:meth:`table`), agreed in one
+        ``MPI_Iallgather``.  A rank that never comes is reported by the
+        watchdog (and in its ``raise`` mode this raises
+        :class:`~mpi_allreduce.errors.Stalled`, the communicator broken for
+        the library on this rank)."""
         what = (f"the set-up of a communicator of {self.size} ranks (collective: "
                 "MPI_Comm_idup and where the ranks run; mpi_allreduce.setup(comm) does it "
                 "ahead)")
         dup, request = comm.Idup()
         wait_for([request], what, self)
         self.comm = dup
-        self.shared_nodes, self.oversubscribed = placement(dup, what, self)
+        table, error = _read_table(None)
+        mine = np.array([*where(dup, what, self), *_record(table, error)], dtype=np.int64)
+        everyone = np.empty((self.size, 4), dtype=np.int64)
+        wait_for([dup.Iallgather(mine, everyone)], what, self)
+        self.shared_nodes = tuple(int(n) for n in everyone[:, 0])
+        self.oversubscribed = bool(everyone[:, 1].any())
+        self.tables[None] = _decide(None, table, error, everyone[:, 2:])
         WATCH.watch(self)
 
     def breaks(self, cause: BaseException, what: str = "a call") -> None:
@@ -170,18 +178,26 @@ class Context:
         from ``MPI_ALLREDUCE_TUNING``, else the one ``tune`` measured, else
         the built-in; a str: that file; a :class:`DecisionTable`: itself).
         A table read from a file is rank-local state, so the ranks agree on
-        it the first time (a watched ``MPI_Iallgather`` of its digest): a
-        file some rank cannot read raises ValueError on every rank; where
-        ranks found different default tables (nodes of different sizes find
-        different measured tables), every rank takes the built-in one, with
-        a warning; different files named explicitly raise ValueError."""
+        it (the default at set-up, a named file the first time it is named:
+        a watched ``MPI_Iallgather`` of its digest): a file some rank cannot
+        read raises ValueError on every rank; where ranks found different
+        default tables (nodes of different sizes find different measured
+        tables), every rank takes the built-in one, with a warning;
+        different files named explicitly raise ValueError."""
         if isinstance(tuning, DecisionTable):
             return tuning
         table = self.tables.get(tuning)
         if table is None:
-            table = self.tables[tuning] = self._agree_table(tuning)
+            table, error = _read_table(tuning)
+            mine = np.array(_record(table, error), np.int64)
+            everyone = np.empty((self.size, 2), np.int64)
+            self.collective(lambda: self.comm.Iallgather(mine, everyone),
+                            "the agreement on auto's decision table")
+            table = self.tables[tuning] = _decide(tuning, table, error, everyone)
             while len(self.tables) > MAX_TABLES:
                 self.tables.popitem(last=False)
+        if isinstance(table, ValueError):  # (every rank has it)
+            raise ValueError(*table.args)
         return table
 
     def selector(self, shape: tuple, make: Callable[[], object]):
@@ -194,32 +210,6 @@ class Context:
         else:
             self.selectors.move_to_end(shape)
         return selector
-
-    def _agree_table(self, tuning) -> DecisionTable:
-        try:
-            table, error = tuning_table(tuning), None
-        except (OSError, ValueError) as exc:
-            table, error = None, exc
-        mine = np.array([0 if table is None else table.digest, error is not None], np.int64)
-        everyone = np.empty((self.size, 2), np.int64)
-        self.collective(lambda: self.comm.Iallgather(mine, everyone),
-                        "the agreement on auto's decision table")
-        unread = [r for r in range(self.size) if everyone[r, 1]]
-        if unread:
-            raise ValueError(f"auto's decision table cannot be read on rank(s) "
-                             f"{', '.join(map(str, unread))}"
-                             + (f": {error}" if error is not None else ""))
-        if len(set(everyone[:, 0].tolist())) == 1:
-            return table
-        if tuning is not None:
-            raise ValueError(f"the decision table {tuning} differs between ranks (digests "
-                             f"{', '.join(f'{d:x}' for d in everyone[:, 0])}): give every "
-                             "rank the same file")
-        if table is not BUILT_IN_TABLE:
-            warnings.warn("the ranks found different decision tables for auto (a measured "
-                          "table on some nodes only, or MPI_ALLREDUCE_TUNING set differently): "
-                          "every rank uses the built-in table", RuntimeWarning, stacklevel=2)
-        return BUILT_IN_TABLE
 
     def snapshot(self) -> tuple:
         """What the watchdog samples: (calls made, the one in progress, thread)."""
@@ -328,6 +318,41 @@ class Context:
             _CLOSING.append(self)
         else:
             _free_duplicate(self)
+
+
+def _read_table(tuning) -> tuple:
+    """(the decision table this rank reads for ``tuning``, None), or (None, the error)."""
+    try:
+        return tuning_table(tuning), None
+    except (OSError, ValueError) as exc:
+        return None, exc
+
+
+def _record(table, error) -> tuple:
+    """What a rank tells the others of its table: (digest, unreadable)."""
+    return (0 if table is None else table.digest), int(error is not None)
+
+
+def _decide(tuning, table, error, everyone) -> object:
+    """The table every rank uses, from every rank's :func:`_record`
+    (``everyone``: one row per rank), or the ValueError every rank raises
+    when ``auto`` needs it (see :meth:`Context.table`)."""
+    unread = [r for r in range(len(everyone)) if everyone[r, 1]]
+    if unread:
+        return ValueError(f"auto's decision table cannot be read on rank(s) "
+                          f"{', '.join(map(str, unread))}"
+                          + (f": {error}" if error is not None else ""))
+    if len(set(everyone[:, 0].tolist())) == 1:
+        return table
+    if tuning is not None:
+        return ValueError(f"the decision table {tuning} differs between ranks (digests "
+                          f"{', '.join(f'{d:x}' for d in everyone[:, 0])}): give every "
+                          "rank the same file")
+    if table is not BUILT_IN_TABLE:
+        warnings.warn("the ranks found different decision tables for auto (a measured table "
+                      "on some nodes only, or MPI_ALLREDUCE_TUNING set differently): every "
+                      "rank uses the built-in table", RuntimeWarning, stacklevel=2)
+    return BUILT_IN_TABLE
 
 
 #: contexts freed with calls in flight, their duplicates not yet freed
