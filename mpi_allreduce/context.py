@@ -18,6 +18,7 @@ completes pending operations on a freed communicator, and so do we).
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 import warnings
@@ -464,7 +465,10 @@ def remember_call(context: Context, run, sendbuf, recvbuf, op, comm, algorithm,
         kept.refs = [weakref.ref(b, forget) for b in buffers]
     except TypeError:  # an array type without weak references
         return False
-    kept.run, kept.op, kept.comm, kept.algorithm, kept.extra = run, op, comm, algorithm, extra
+    # (the options as they are now: a tuning dict changed in place later
+    # makes the next call a new one, never a repeat of this one)
+    kept.run, kept.op, kept.comm, kept.algorithm = run, op, comm, algorithm
+    kept.extra = None if extra is None else copy.deepcopy(extra)
     kept.release = release
     kept.dtype, kept.in_place, kept.send = recvbuf.dtype, call.send is None, id(sendbuf)
     #: references the bound call holds on each buffer (recv, send); live

@@ -434,10 +434,17 @@ class Fusion:
     def _launch(self, key) -> None:
         bucket = self._open.pop(key)
         (first, *more), backend = bucket.arrays, key[1]
-        if not more and backend.is_contiguous(first):
-            # one array alone (one larger than a bucket, say): reduced where
-            # it is, without packing
-            bucket.request = iallreduce(MPI.IN_PLACE, first, self.op, comm=self.comm,
+        if not more:
+            # one array alone (one larger than a bucket, say): reduced in a
+            # call of its own, whatever its layout on this rank (how an array
+            # lies in memory is each rank's own affair, never what decides
+            # the messages): where it is, or a strided one through a copy
+            target = first
+            if not backend.is_contiguous(first):
+                target = backend.empty(int(first.size), first.dtype)
+                backend.copy(target[0:first.size], first)
+                bucket.buffer, bucket.packed = target, [(first, 0, int(first.size))]
+            bucket.request = iallreduce(MPI.IN_PLACE, target, self.op, comm=self.comm,
                                         algorithm=self.algorithm)
             self._started.append(bucket)
             return

@@ -37,6 +37,7 @@ each waits against one deadline loop (``_Engine.wait``).
 from __future__ import annotations
 
 import time
+from time import sleep as _yield
 from typing import Optional
 
 from mpi4py import MPI
@@ -110,6 +111,10 @@ class Request:
                 if op.threaded:
                     if not op.event.is_set():
                         _ENGINE.overdue(op)
+                        # let the progress thread have the interpreter: a loop
+                        # of test() would hold it for the switch interval
+                        # (5 ms) between the thread's stages
+                        _yield(0)
                         return False
                 else:
                     _ENGINE._advance(op)
