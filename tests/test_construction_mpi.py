@@ -22,20 +22,11 @@ import mpi_allreduce as mar
 from mpi_allreduce import config
 from mpi_allreduce.context import context_for
 
+from .test_bad_input_mpi import raising_watchdog  # noqa: F401 - a fixture
+
 pytestmark = pytest.mark.mpi
 
 COUNT = 3000
-
-
-@pytest.fixture
-def raising_watchdog(monkeypatch):
-    """A watchdog that raises Stalled after half a second."""
-    monkeypatch.setenv(config.WATCHDOG_ENV, "0.5")
-    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
-    config.refresh()
-    yield
-    monkeypatch.undo()
-    config.refresh()
 
 
 def interrupting_sum(rank: int, at: int = 2):

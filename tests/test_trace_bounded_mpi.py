@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections import defaultdict
 
@@ -17,32 +15,15 @@ import pytest
 from mpi4py import MPI
 
 import mpi_allreduce as mar
-from mpi_allreduce import config, trace
+from mpi_allreduce import trace
 from mpi_allreduce.tools.traces import load, merge, validate
+
+from .test_trace_mpi import traced  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.mpi
 
 #: calls of the long run
 CALLS = 20000
-
-
-@pytest.fixture
-def traced(monkeypatch):
-    """Tracing on into a directory rank 0 makes and every rank names alike;
-    off and removed afterwards."""
-    comm = MPI.COMM_WORLD
-    directory = comm.bcast(tempfile.mkdtemp(prefix="mar-trace-") if comm.Get_rank() == 0
-                           else None)
-    monkeypatch.setenv(config.TRACE_ENV, directory)
-    config.refresh()
-    yield directory
-    if trace.tracer() is not None:
-        trace.tracer().take()
-    monkeypatch.undo()
-    config.refresh()
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _wait_quietly(comm) -> None:
