@@ -16,6 +16,7 @@ identity checks and the compiled steps.
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -222,7 +223,7 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.C
     if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, algorithm,
                                          (check, segment_size, ranks_per_node, inner, tuning)):
         request = kept.run()
-        if request is not None:  # (None: its last call is still in flight)
+        if request is not None:  # (None: its last call is in flight or not yet waited)
             return request
     request = _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
                        ranks_per_node, inner, tuning, persistent=False)
@@ -274,6 +275,9 @@ def _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_p
             context, restart, sendbuf, recvbuf, op, comm, algorithm, call, ours,
             None if extra == (None,) * len(extra) else extra, kind=_NONBLOCKING,
             release=progress.kept_scratch_back(operation, bound))
+        request = Request(operation, call.recv, (bound,))
+        restart.last[0] = weakref.ref(request)
+        return request
     return Request(operation, call.recv, (bound,))
 
 

@@ -37,6 +37,7 @@ each waits against one deadline loop (``_Engine.wait``).
 from __future__ import annotations
 
 import time
+import weakref
 from time import sleep as _yield
 from typing import Optional
 
@@ -399,14 +400,18 @@ def restarter(op: Operation, context, result):
     context (calls are numbered in the order they start, on every rank);
     None while its last start is still in flight."""
     fingerprint = op.plan.fingerprint
+    last = [None]  # the request of its last start, by weak reference
 
     def restart():
-        if not op.done:
-            return None
+        previous = last[0] and last[0]()
+        if not op.done or (previous is not None and previous._state == "active"):
+            return None  # in flight, or complete but not yet waited: a call of its own
         op.tag = context.reclaim(op, fingerprint)
         request = Request(op, result)
         request._begin()
+        last[0] = weakref.ref(request)
         return request
+    restart.last = last  # (the first request, made elsewhere, is put there too)
     return restart
 
 
