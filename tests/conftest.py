@@ -1,6 +1,6 @@
 """Shared fixtures.  MPI tests carry ``@pytest.mark.mpi`` and run under
 ``mpiexec -n N python -m pytest --with-mpi`` (``tests/test_launch.py`` does that
-for every world size); a plain ``pytest`` run skips them."""
+at the world sizes its docstring explains); a plain ``pytest`` run skips them."""
 
 from __future__ import annotations
 
@@ -13,6 +13,27 @@ import pytest
 os.environ["MPI_ALLREDUCE_TUNING_DIR"] = "off"
 
 SUBCOMM_KINDS = ("world", "reversed", "even", "minus1")
+
+#: Under mpiexec with this set to 1, only the MPI tests that do not take the
+#: ``comm`` fixture run (those on COMM_WORLD itself, or a duplicate or split of
+#: it): tests/test_launch.py runs them so at a world size whose communicator
+#: sizes the launches with every sub-communicator already cover.
+WORLD_ONLY_ENV = "MPI_ALLREDUCE_TEST_WORLD_ONLY"
+
+#: One algorithm (a label of tests/helpers.py's VARIANTS) per kind of round
+#: the executor compiles on host memory (mpi_allreduce/executor.py): "ring"
+#: one Sendrecv a round; "tree" a lone Send or Recv a round; "ring_pipelined"
+#: the overlapped rounds (every message posted, reductions run while they
+#: travel, then waited; the only host algorithm that has them);
+#: "recursive_doubling" rounds of local actions only and the fold's lone
+#: sends and receives (non-powers of two).  Matrices whose subject does not
+#: depend on the algorithm -- dtypes (wire type, ufunc), ops (ufunc, min/max's
+#: keyword form, avg's finalize), MPI.Op objects, pair types, np.matrix
+#: buffers, the non-blocking calls' dtypes and ops -- run on these (bad input
+#: and buffer kinds, read before any algorithm runs, on fewer: see their
+#: files); the fake-device backend (every round posted) and the algorithm x
+#: count, segment and in-place matrices keep every algorithm.
+PATH_VARIANTS = ("ring", "tree", "ring_pipelined", "recursive_doubling")
 
 
 def make_subcomm(kind: str):
@@ -110,13 +131,31 @@ def pytest_runtest_logreport(report):
 MPI_RUN_SUMMARIES: list = []
 
 
+def pytest_configure(config):
+    """Under mpiexec only rank 0 prints the slowest tests (``--durations``):
+    the ranks' lists would interleave."""
+    if config.getoption("--with-mpi", default=False) and getattr(config.option, "durations",
+                                                                   None):
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_rank() != 0:
+            config.option.durations = None
+
+
 def pytest_collection_modifyitems(config, items):
     """Outside mpiexec the MPI tests do not run here: test_launch.py runs them
-    under mpiexec at every world size.  Deselect them instead of skipping."""
+    under mpiexec.  Deselect them instead of skipping.  Under mpiexec with
+    WORLD_ONLY_ENV=1, deselect the tests that run on the ``comm`` fixture."""
     if config.getoption("--with-mpi", default=False):
-        return
-    keep = [item for item in items if item.get_closest_marker("mpi") is None]
-    dropped = [item for item in items if item.get_closest_marker("mpi") is not None]
+        if os.environ.get(WORLD_ONLY_ENV) != "1":
+            return
+        def dropped_if(item):
+            return "comm" in getattr(item, "fixturenames", ())
+    else:
+        def dropped_if(item):
+            return item.get_closest_marker("mpi") is not None
+    keep = [item for item in items if not dropped_if(item)]
+    dropped = [item for item in items if dropped_if(item)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep

@@ -2,7 +2,11 @@
 reduction computed locally from every rank's (deterministic) input.
 
 Run under mpiexec with ``--with-mpi``; tests/test_launch.py runs this file
-at world sizes 1, 2, 3, 4, 5, 7 and 8."""
+at the world sizes its docstring gives (communicators of 1 to 5, 7 and 8
+ranks).  Schedules, counts, segments, in place, bit-identity and message
+cutting run on every algorithm; the dtype, op and MPI.Op matrices, which
+do not depend on the algorithm, on one algorithm per kind of compiled
+round (conftest.PATH_VARIANTS)."""
 
 from __future__ import annotations
 
@@ -16,7 +20,13 @@ import mpi_allreduce as mar
 from mpi_allreduce import config
 from mpi_allreduce.ops import OPS, SUPPORTED_DTYPES
 
+from .conftest import PATH_VARIANTS
 from .helpers import VARIANT_IDS, VARIANTS, expected, mine
+
+#: the variants of conftest.PATH_VARIANTS: one per kind of compiled round
+PATHS = [v for v in VARIANTS if v[0] in PATH_VARIANTS]
+PATH_IDS = [v[0] for v in PATHS]
+assert len(PATHS) == len(PATH_VARIANTS)
 
 pytestmark = pytest.mark.mpi
 
@@ -63,19 +73,19 @@ def test_counts(comm, variant, count, in_place):
 
 
 @pytest.mark.parametrize("dtype", SUPPORTED_DTYPES)
-@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("variant", PATHS, ids=PATH_IDS)
 def test_dtypes(comm, variant, dtype):
     run(comm, variant, dtype, DTYPE_OP[dtype], 2 * comm.Get_size() + 3, in_place=False)
 
 
 @pytest.mark.parametrize("op", list(OP_DTYPE))
-@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("variant", PATHS, ids=PATH_IDS)
 def test_ops(comm, variant, op):
     run(comm, variant, OP_DTYPE[op], op, 3 * comm.Get_size() + 1, in_place=True)
 
 
 @pytest.mark.parametrize("op", ["sum", "max", "bor"])
-@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("variant", PATHS, ids=PATH_IDS)
 def test_mpi_op_objects(comm, variant, op):
     """A predefined MPI.Op works like its name."""
     _, algorithm, options = variant

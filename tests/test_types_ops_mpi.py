@@ -17,11 +17,18 @@ import mpi_allreduce as mar
 from mpi_allreduce import config, registry
 from mpi_allreduce.tools.verify import K, interval, interval_mpi
 
+from .conftest import PATH_VARIANTS
+
 pytestmark = pytest.mark.mpi
 
-#: the algorithms that combine in rank order, plus the ring (commutative ops only)
+#: the algorithms that combine in rank order (the non-commutative ops run on each)
 ORDERED = list(registry.ORDERED)
-SOME = ["auto", "ring", "recursive_doubling", "rabenseifner", "tree"]
+#: the dtype and pair-type matrices: one algorithm per kind of compiled round
+#: (conftest.PATH_VARIANTS; none of them takes options)
+PATHS = list(PATH_VARIANTS)
+#: buffer kinds are read into arrays before any algorithm runs: the default
+#: (auto) and one algorithm named
+BUFFER_ALGORITHMS = ["auto", "ring"]
 
 
 def vendor(comm, data, op=MPI.SUM, datatype=None):
@@ -76,7 +83,7 @@ def _buffer_kinds(values: np.ndarray):
 
 @pytest.mark.parametrize("in_place", [False, True], ids=["out", "in_place"])
 @pytest.mark.parametrize("count", ["0", "1", "p+1", "2p+3"])
-@pytest.mark.parametrize("algorithm", SOME)
+@pytest.mark.parametrize("algorithm", BUFFER_ALGORITHMS)
 def test_buffer_kinds(comm, algorithm, count, in_place):
     """Send and receive buffers of each kind; the result lands in the
     caller's receive object, equal to MPI.Allreduce of the same values."""
@@ -120,7 +127,7 @@ def test_overlapping_but_different_buffers_are_refused(comm):
 @pytest.mark.parametrize("dtype,datatype", [(np.longdouble, MPI.LONG_DOUBLE),
                                             (np.clongdouble, MPI.C_LONG_DOUBLE_COMPLEX)],
                          ids=["longdouble", "clongdouble"])
-@pytest.mark.parametrize("algorithm", SOME)
+@pytest.mark.parametrize("algorithm", PATHS)
 def test_long_double(comm, algorithm, dtype, datatype):
     """Small integers sum exactly in any order: equal to MPI's bit for bit;
     thirds round, so within a few units of long double's precision."""
@@ -135,7 +142,7 @@ def test_long_double(comm, algorithm, dtype, datatype):
                                atol=float(4 * comm.Get_size() * eps * 50))
 
 
-@pytest.mark.parametrize("algorithm", SOME)
+@pytest.mark.parametrize("algorithm", PATHS)
 def test_bfloat16(comm, algorithm):
     """bfloat16 (ml_dtypes) travels as raw bytes and is reduced by numpy;
     small integers sum exactly, so it equals MPI's float32 sum rounded."""
@@ -152,7 +159,7 @@ PAIRS = {"DOUBLE_INT": MPI.DOUBLE_INT, "FLOAT_INT": MPI.FLOAT_INT, "LONG_INT": M
 
 @pytest.mark.parametrize("op", ["MAXLOC", "MINLOC"])
 @pytest.mark.parametrize("pair", list(PAIRS))
-@pytest.mark.parametrize("algorithm", SOME)
+@pytest.mark.parametrize("algorithm", PATHS)
 def test_pair_types(comm, algorithm, pair, op):
     """Value and index pairs, with ties (the smaller index wins), as a
     structured array and as a spec [buf, MPI.DOUBLE_INT]; equal to MPI's."""
