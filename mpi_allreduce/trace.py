@@ -80,10 +80,6 @@ CHUNK_EVENTS = 4096
 #: once its calls pause (a rank killed by another's abort while waiting loses nothing)
 FLUSH_SECONDS = 1.0
 
-# the names mpi_allreduce.tools.traces has, still read from here (module __getattr__)
-_MOVED = ("load", "merge", "validate", "breakdown", "report", "last_call", "simulated")
-
-
 def _plain(value):
     """What JSON cannot hold, as it can (numpy's scalars as numbers, the rest
     as text): a write inside a call never fails on an argument."""
@@ -677,13 +673,3 @@ def _offset_to_root(comm) -> int:
                     best = (back - sent, theirs - (sent + back) // 2)
             offset = best[1]
     return offset
-
-
-def __getattr__(name: str):
-    """The reading side, moved to :mod:`mpi_allreduce.tools.traces`, still
-    found here (imported only when asked for)."""
-    if name in _MOVED:
-        from .tools import traces
-
-        return getattr(traces, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

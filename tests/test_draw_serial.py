@@ -154,14 +154,14 @@ def test_simulate_refuses_what_does_not_fit(monkeypatch, capsys):
 def test_simulated_trace(tmp_path, algorithm, capsys):
     """The prediction in the real traces' format: valid, every message on
     both ranks, every rank's call ending at the simulator's finish time."""
-    from mpi_allreduce import trace
     from mpi_allreduce.simulate import Machine, simulate
+    from mpi_allreduce.tools import traces
 
     machine = Machine(alpha=2e-6, beta=1e-9, gamma=5e-10, overhead=3e-7)
     options = options_for(algorithm, 5)
-    events = trace.simulated(algorithm, 5, 1001, "float32", machine, 128, options)
+    events = traces.simulated(algorithm, 5, 1001, "float32", machine, 128, options)
     doc = {"traceEvents": events}
-    counts = trace.validate(doc)
+    counts = traces.validate(doc)
     out = simulate(algorithm, 5, 1001, segment_size=128, options=options, machine=machine,
                    data=False)
     assert counts["messages"] == sum(out.messages)
@@ -170,14 +170,14 @@ def test_simulated_trace(tmp_path, algorithm, capsys):
     finish = sorted(f * 1e6 for f in out.finish)
     assert ends == pytest.approx([f - min(e["ts"] for e in events if "ts" in e) for f in finish],
                                  abs=1e-3)
-    rows = trace.breakdown(doc)
+    rows = traces.breakdown(doc)
     assert rows and all(r["algorithm"] == algorithm for r in rows)
     assert sum(r["reduce_us"] for r in rows) == pytest.approx(
         sum(out.bytes_reduced) * 5e-10 * 1e6, rel=1e-6)
     path = tmp_path / "p.json"
     assert main(["simulate", "-a", algorithm, "-p", "5", "--count", "1001", "--trace",
                  str(path)]) == 0
-    trace.validate(trace.load(str(path)))
+    traces.validate(traces.load(str(path)))
     assert main(["report", str(path), "-o", str(tmp_path / "p.png")]) == 0
     assert algorithm in capsys.readouterr().out
     assert (tmp_path / "p.png").stat().st_size > 1000
@@ -200,9 +200,10 @@ def test_trace_commands_refuse_what_is_not_a_trace(tmp_path):
 
 def test_validate_catches_a_lonely_message():
     from mpi_allreduce import trace
+    from mpi_allreduce.tools import traces
 
-    events = trace.simulated("ring", 3, 7, "float64", __import__(
+    events = traces.simulated("ring", 3, 7, "float64", __import__(
         "mpi_allreduce.simulate", fromlist=["Machine"]).Machine(alpha=1e-6), 8)
     recv = next(i for i, e in enumerate(events) if e.get("name") == "recv" and e["ph"] == "X")
     with pytest.raises(trace.TraceError, match="without their other side"):
-        trace.validate({"traceEvents": events[:recv] + events[recv + 1:]})
+        traces.validate({"traceEvents": events[:recv] + events[recv + 1:]})

@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 import mpi_allreduce as mar
 from mpi_allreduce import config, trace
+from mpi_allreduce.tools import traces
 
 pytestmark = pytest.mark.mpi
 
@@ -88,8 +89,8 @@ def test_every_kind_of_call_is_traced(traced):
     half.Free()
     if rank != 0:
         return
-    doc = trace.load(path)
-    counts = trace.validate(doc)
+    doc = traces.load(path)
+    counts = traces.validate(doc)
     assert counts["messages"] > 0 and counts["flows"] == 2 * counts["messages"]
     for algorithm in ("ring", "recursive_doubling", "driver"):
         assert len(_calls(doc, algorithm=algorithm, kind="blocking", ranks=size)) >= size
@@ -131,12 +132,12 @@ def test_rank_files_at_exit_merge_into_one(traced):
     comm.Barrier()
     if comm.Get_rank() == 0:
         out = os.path.join(traced, "merged.json")
-        trace.merge([traced], out)
-        doc = trace.load(out)
-        counts = trace.validate(doc)
+        traces.merge([traced], out)
+        doc = traces.load(out)
+        counts = traces.validate(doc)
         assert counts["call"] == 3 * comm.Get_size()
         assert sorted(doc["otherData"]["ranks"]) == list(range(comm.Get_size()))
-        rows = trace.breakdown(doc)
+        rows = traces.breakdown(doc)
         assert {r["algorithm"] for r in rows} == {"ring"}
         assert all(r["time_us"] >= r["wait_us"] + r["reduce_us"] - 1e-6 for r in rows)
     comm.Barrier()
