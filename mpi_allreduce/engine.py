@@ -327,9 +327,14 @@ class _Engine:
         held = [other for other in caller if other.lock.acquire(False)]
         try:
             requests = [r for other in held for r in other.requests()]
-            if requests:
+            if requests and not any(p.statuses is not None for other in held
+                                    for p in other.pending if isinstance(p, _Started)):
                 MPI.Request.Waitany(requests)
-            else:  # another thread is advancing them right now
+            else:
+                # another thread is advancing them right now; or a receive
+                # whose status its caller reads (a receive from any source)
+                # is among them: a Waitany that completed it would drop its
+                # status, so it completes in its own Testall, polled
                 time.sleep(20e-6)
         finally:
             for other in held:
