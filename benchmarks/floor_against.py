@@ -66,6 +66,11 @@ def main() -> None:
     print(f"# {'call':>20} " + " ".join(f"{'base':>6} {'head':>6}" for _ in runs["base"])
           + f"   {'median base':>11} {'median head':>11} {'head/base':>9}")
     for call in calls:
+        if call not in runs["base"][0]:  # a call the base does not time
+            pairs = " ".join(f"{'-':>6} {h[call]:6.2f}" for h in runs["head"])
+            mh = median(h[call] for h in runs["head"])
+            print(f"  {call:>20} {pairs}   {'-':>11} {mh:11.2f} {'-':>9}")
+            continue
         pairs = " ".join(f"{b[call]:6.2f} {h[call]:6.2f}" for b, h in zip(runs["base"],
                                                                         runs["head"]))
         mb = median(b[call] for b in runs["base"])

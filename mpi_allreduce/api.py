@@ -101,9 +101,16 @@ def allreduce(
         logical and bitwise ops) run as usual; a float ``prod`` or a
         user-defined op is refused.
     """
-    kept = CALLS.get(id(recvbuf))  # a repeat with the very same objects (see Remembered)
-    if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, algorithm, (
-            check, segment_size, ranks_per_node, inner, tuning, selection, reproducible)):
+    kept = CALLS.get(id(recvbuf))  # a repeat with the very same objects: Remembered.repeats,
+    if (kept is not None and kept.send == id(sendbuf) and kept.op is op  # inline (the
+            and (kept.comm is comm or kept.comm == comm)  # latency-critical path)
+            and kept.algorithm == algorithm and recvbuf.dtype is kept.dtype
+            and (kept.in_place or sendbuf.dtype is kept.dtype)
+            and (kept.extra is None
+                 and check is segment_size is ranks_per_node is inner is tuning is selection
+                 is reproducible is None
+                 or kept.extra == (check, segment_size, ranks_per_node, inner, tuning, selection,
+                                   reproducible))):
         try:
             kept.run()
         except Exception as exc:  # noqa: BLE001 - after messages started

@@ -279,8 +279,12 @@ class _OneRound(PersistentRequest):
         if self._state != "complete":
             super().start()  # raises
         context = self._context
-        context.enter(_STARTING)
+        if not context.guard.acquire(False):  # (Context.enter, inline: the short cut's cost)
+            raise context.concurrent()
         try:
+            if context.broken is not None:
+                raise context.refusal()
+            context.what = _STARTING
             if self._limit:
                 self._op.deadline = time.monotonic() + self._limit
             for function, args in self._before:
@@ -294,7 +298,8 @@ class _OneRound(PersistentRequest):
             context.breaks(exc, self._op.kind)
             raise
         finally:
-            context.leave()
+            context.what = None
+            context.guard.release()
 
     def wait(self):
         if self._state != "active":
