@@ -3,13 +3,15 @@
 A :class:`Context` is cached as an attribute of the caller's communicator
 and owns everything the library keeps for it: its own duplicate of the
 communicator (so a caller's pending receives never match library
-messages), the node map and oversubscription flag, the plans (a schedule
-with its scratch, per call shape), the one cache of bound calls (a plan on
-the caller's arrays, found again by the identity of those arrays: every
-kind of call keeps its bound calls here), the live selectors, the tags of
-the calls in flight (:meth:`Context.claim`), and the call in progress
-(:attr:`Context.what`: the re-entry guard, and what the watchdog
-samples).  :meth:`Context.free` drops all of it; it runs when the caller
+messages), the node map, oversubscription flag and default decision table
+(all three agreed by every rank at set-up, :meth:`Context.set_up`), the
+plans (a schedule with its scratch, per call shape), the one cache of
+bound calls (a plan on the caller's arrays, found again by the identity of
+those arrays: blocking and non-blocking calls keep theirs here), the live
+selectors, the tags of the calls in flight (:meth:`Context.claim`), the
+re-entry guard (:attr:`Context.guard`), the call in progress
+(:attr:`Context.what`: what the watchdog samples), and whether an earlier
+call broke the communicator on this rank (:meth:`Context.breaks`).  :meth:`Context.free` drops all of it; it runs when the caller
 frees the communicator, on :func:`release`, and (the caches only) on
 :func:`mpi_allreduce.config.refresh`.  A communicator freed while
 calls are in flight on it keeps its duplicate until they complete (MPI
