@@ -11,7 +11,8 @@ those arrays: blocking and non-blocking calls keep theirs here), the live
 selectors, the tags of the calls in flight (:meth:`Context.claim`), the
 re-entry guard (:attr:`Context.guard`), the call in progress
 (:attr:`Context.what`: what the watchdog samples), and whether an earlier
-call broke the communicator on this rank (:meth:`Context.breaks`).  :meth:`Context.free` drops all of it; it runs when the caller
+call broke the communicator on this rank (:meth:`Context.breaks`).
+:meth:`Context.free` drops all of it; it runs when the caller
 frees the communicator, on :func:`release`, and (the caches only) on
 :func:`mpi_allreduce.config.refresh`.  A communicator freed while
 calls are in flight on it keeps its duplicate until they complete (MPI
@@ -189,30 +190,24 @@ class Context:
         different files named explicitly raise ValueError."""
         if isinstance(tuning, DecisionTable):
             return tuning
-        table = self.tables.get(tuning)
-        if table is None:
-            table, error = _read_table(tuning)
-            mine = np.array(_record(table, error), np.int64)
-            everyone = np.empty((self.size, 2), np.int64)
-            self.collective(lambda: self.comm.Iallgather(mine, everyone),
-                            "the agreement on auto's decision table")
-            table = self.tables[tuning] = _decide(tuning, table, error, everyone)
-            while len(self.tables) > MAX_TABLES:
-                self.tables.popitem(last=False)
+        table = _kept(self.tables, tuning, lambda: self._agree_table(tuning), MAX_TABLES)
         if isinstance(table, ValueError):  # (every rank has it)
             raise ValueError(*table.args)
         return table
 
+    def _agree_table(self, tuning):
+        """The table of ``tuning`` every rank uses (or the error every rank
+        raises), agreed in one watched ``MPI_Iallgather``."""
+        table, error = _read_table(tuning)
+        mine = np.array(_record(table, error), np.int64)
+        everyone = np.empty((self.size, 2), np.int64)
+        self.collective(lambda: self.comm.Iallgather(mine, everyone),
+                        "the agreement on auto's decision table")
+        return _decide(tuning, table, error, everyone)
+
     def selector(self, shape: tuple, make: Callable[[], object]):
         """The live selector of ``shape``, made on first use (see :attr:`selectors`)."""
-        selector = self.selectors.get(shape)
-        if selector is None:
-            selector = self.selectors[shape] = make()
-            while len(self.selectors) > MAX_SELECTORS:
-                self.selectors.popitem(last=False)
-        else:
-            self.selectors.move_to_end(shape)
-        return selector
+        return _kept(self.selectors, shape, make, MAX_SELECTORS)
 
     def snapshot(self) -> tuple:
         """What the watchdog samples: (calls made, the one in progress, thread)."""
@@ -271,14 +266,7 @@ class Context:
 
     def plan(self, key: tuple, build: Callable[[], object]):
         """The plan for ``key``, built on first use; least recently used go first."""
-        plan = self.plans.get(key)
-        if plan is None:
-            plan = self.plans[key] = build()
-            while len(self.plans) > MAX_PLANS:
-                self.plans.popitem(last=False)
-        else:
-            self.plans.move_to_end(key)
-        return plan
+        return _kept(self.plans, key, build, MAX_PLANS)
 
     def remember(self, key: tuple, call) -> None:
         """Keep a bound call in :data:`CALLS` (and know it is this context's)."""
@@ -321,6 +309,20 @@ class Context:
             _CLOSING.append(self)
         else:
             _free_duplicate(self)
+
+
+def _kept(cache: OrderedDict, key, make: Callable[[], object], most: int):
+    """``cache[key]``, made by ``make()`` on first use; at most ``most``
+    entries, the least recently used dropped first (alike on every rank,
+    which makes the same calls in the same order)."""
+    value = cache.get(key)
+    if value is None:
+        value = cache[key] = make()
+        while len(cache) > most:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    return value
 
 
 def _read_table(tuning) -> tuple:

@@ -92,7 +92,6 @@ def runner(context: Context, call: Call):
     shape = (recv.size, dtype_label(recv.dtype), call.op.identity, call.backend, call.segment_size)
     candidates = registry.FLAT_ALGORITHMS if call.op.commutative \
         else tuple(a for a in registry.FLAT_ALGORITHMS if a in registry.ORDERED)
-
     table_choice = name
 
     def make():

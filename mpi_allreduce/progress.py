@@ -172,9 +172,7 @@ class Request:
             failed(getattr(op, "comm", MPI.COMM_WORLD), error, "a non-blocking call")
         if self.__class__ is Request and (op is None or not op.kept):  # scratch: the next call's
             for bound in self._keep:  # (not after an error: messages may still land)
-                if bound.scratch is not None:
-                    bound.plan.give_back(bound.scratch)
-                    bound.scratch = None
+                _scratch_back(bound)
 
     def _check_active(self, what: str) -> None:
         if self._state == "active":
@@ -393,10 +391,16 @@ def kept_scratch_back(op: Operation, bound: Bound):
     """What gives a kept non-blocking call's scratch back to its plan when
     the call is dropped (not while it is in flight: messages may land)."""
     def release():
-        if op.done and op.error is None and bound.scratch is not None:
-            bound.plan.give_back(bound.scratch)
-            bound.scratch = None
+        if op.done and op.error is None:
+            _scratch_back(bound)
     return release
+
+
+def _scratch_back(bound: Bound) -> None:
+    """A completed call's scratch back to its plan, for the plan's next calls."""
+    if bound.scratch is not None:
+        bound.plan.give_back(bound.scratch)
+        bound.scratch = None
 
 
 def restarter(op: Operation, context, result):

@@ -2,8 +2,8 @@
 
 :func:`placement` finds both at once, collectively and watched (the
 :class:`~mpi_allreduce.context.Context` finds them where a communicator is
-set up, with :func:`where` and an exchange of its own); :func:`emulated_nodes` is the pure arithmetic of emulated
-nodes.  The answers are plain data that schedule builders and the
+set up, with :func:`where` and an exchange of its own);
+:func:`emulated_nodes` is the pure arithmetic of emulated nodes.  The answers are plain data that schedule builders and the
 selection read without MPI, agreed by every rank: no rank decides from
 what it alone sees.
 """
@@ -11,14 +11,13 @@ what it alone sees.
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import numpy as np
 from mpi4py import MPI
 
 from .engine import wait_for
 
-__all__ = ["placement", "where", "emulated_nodes", "node_map", "oversubscribed", "LOCAL_SIZE_ENV"]
+__all__ = ["placement", "where", "emulated_nodes", "oversubscribed", "LOCAL_SIZE_ENV"]
 
 #: set by launchers to the number of the job's ranks on this node (Open MPI, MPICH's Hydra)
 LOCAL_SIZE_ENV = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
@@ -65,15 +64,6 @@ def placement(comm: MPI.Intracomm, what: str = "where the ranks run", context=No
     everyone = np.empty((comm.Get_size(), 2), dtype=np.int64)
     wait_for([comm.Iallgather(record, everyone)], what, context)
     return tuple(int(n) for n in everyone[:, 0]), bool(everyone[:, 1].any())
-
-
-def node_map(comm: MPI.Intracomm, ranks_per_node: Optional[int] = None) -> tuple:
-    """The node of every rank of ``comm`` (a tuple of length p): emulated
-    nodes of ``ranks_per_node`` where given (no message), else
-    :func:`placement`'s (collective)."""
-    if ranks_per_node is not None:
-        return emulated_nodes(comm.Get_size(), ranks_per_node)
-    return placement(comm)[0]
 
 
 def oversubscribed(comm: MPI.Intracomm) -> bool:
