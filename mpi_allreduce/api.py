@@ -30,7 +30,8 @@ from .ops import dtype_label
 from .planner import choice, plan_for, resolved, runner
 from .progress import PersistentRequest, Request
 from .selection import DecisionTable
-from .validate import DEFAULT_SEGMENT_BYTES, Call, agree, arguments, check_enabled
+from .options import DEFAULT_SEGMENT_BYTES, Options, options
+from .validate import Call, agree, arguments
 
 __all__ = ["allreduce", "iallreduce", "allreduce_init", "setup", "ArgumentMismatch",
            "DEFAULT_SEGMENT_BYTES"]
@@ -117,9 +118,11 @@ def allreduce(
             failed(kept.comm, exc, kept.algorithm)
         return recvbuf
 
-    call, checking = _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
-                            ranks_per_node, inner, tuning, selection)
-    exact = bool(reproducible) and _order_matters(call)
+    opts = options(algorithm=algorithm, check=check, segment_size=segment_size,
+                   ranks_per_node=ranks_per_node, inner=inner, tuning=tuning, selection=selection,
+                   reproducible=reproducible)
+    call = _setup(sendbuf, recvbuf, op, comm, opts)
+    exact = opts.reproducible and _order_matters(call)
     if call.recv.size == 0:
         setup(comm)  # the set-up is collective: every rank takes part, whatever its count
         return call.recv
@@ -130,9 +133,8 @@ def allreduce(
         return call.recv
     context = context_for(comm)
     held = refcounts(call)
-    run = _reproducible(comm, call, check, ranks_per_node, inner, tuning, selection) if exact \
-        else runner(context, call)
-    if not checking:
+    run = _reproducible(comm, call) if exact else runner(context, call)
+    if not opts.check:
         extra = (check, segment_size, ranks_per_node, inner, tuning, selection, reproducible)
         # counted first: arguments already pushed for a call would count too
         ours = [after - before for before, after in zip(held, refcounts(call))]
@@ -162,7 +164,7 @@ def _order_matters(call: Call) -> bool:
     return True
 
 
-def _reproducible(comm, call: Call, check, ranks_per_node, inner, tuning, selection):
+def _reproducible(comm, call: Call):
     """What runs ``allreduce(..., reproducible=True)`` of a validated call
     (see :mod:`~mpi_allreduce.reproducible`), kept for repeats as the other
     calls are; its two all-reduces are bound once per shape, with the
@@ -175,21 +177,20 @@ def _reproducible(comm, call: Call, check, ranks_per_node, inner, tuning, select
     kept = context_for(comm).work
     # (the table by its content: an id could be a dead dict's, reused)
     table = call.tuning.digest if isinstance(call.tuning, DecisionTable) else call.tuning
-    options = (call.algorithm, ranks_per_node, inner, table, selection, salt)
+    inner_options = call.options.but(segment_size=None, reproducible=False)
+    key = (inner_options.but(tuning=table), salt)
     # (no reference to ``call`` is kept: the kept call's references to the
     # buffers are counted, see remember_call)
     send, recv, backend, finalize = call.send, call.recv, call.backend, call.op.finalize
-    algorithm, size = call.algorithm, comm.Get_size()
+    size = comm.Get_size()
 
     def bind(send, recv, name):
-        inner_call, _ = _setup(send, recv, name, comm, algorithm, check, None,
-                               ranks_per_node, inner, tuning, selection, salt)
-        return runner(context_for(comm), inner_call)
+        return runner(context_for(comm), _setup(send, recv, name, comm, inner_options, salt))
 
     fused = kernels_for(backend)
 
     def run():
-        reproducible.allreduce(send, recv, comm, backend, bind, options, kept, fused)
+        reproducible.allreduce(send, recv, comm, backend, bind, key, kept, fused)
         if finalize is not None:
             backend.ufunc(finalize)(recv, size, out=recv)
     # guarded as a whole: its work arrays are shared by its calls of one
@@ -219,21 +220,25 @@ def kernels_for(backend):
 def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
                algorithm: str = "auto", check: Optional[bool] = None,
                segment_size: Optional[int] = None, ranks_per_node: Optional[int] = None,
-               inner: Optional[str] = None, tuning=None) -> Request:
+               inner: Optional[str] = None, tuning=None, selection: Optional[str] = None,
+               reproducible: Optional[bool] = None) -> Request:
     """Start an all-reduce and return at once: a :class:`~.progress.Request`
     whose ``wait()`` returns ``recvbuf`` once the result is there (``test()``
-    asks without waiting).  Arguments as :func:`allreduce`; ``auto`` uses the
-    decision table.  The buffers must not be touched until the request is
-    complete.  Many calls may be in flight on one communicator; every rank
-    starts them in the same order and may wait for them in any order."""
+    asks without waiting).  Arguments as :func:`allreduce`, but ``auto``
+    chooses by the decision table whatever ``selection`` says (live
+    selection times blocking calls), and ``reproducible=True`` is refused
+    where it would change the result (a float sum: use the blocking
+    :func:`allreduce`).  The buffers must not be touched until the request
+    is complete.  Many calls may be in flight on one communicator; every
+    rank starts them in the same order and may wait for them in any order."""
+    extra = (check, segment_size, ranks_per_node, inner, tuning, selection, reproducible)
     kept = CALLS.get((_NONBLOCKING, id(recvbuf)))  # a repeat with the very same objects
-    if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, algorithm,
-                                         (check, segment_size, ranks_per_node, inner, tuning)):
+    if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, algorithm, extra):
         request = kept.run()
         if request is not None:  # (None: its last call is in flight or not yet waited)
             return request
-    request = _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
-                       ranks_per_node, inner, tuning, persistent=False)
+    request = _request(sendbuf, recvbuf, op, comm, _request_options(algorithm, *extra),
+                       persistent=False, extra=extra)
     request._begin()
     return request
 
@@ -241,27 +246,39 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.C
 def allreduce_init(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
                    algorithm: str = "auto", check: Optional[bool] = None,
                    segment_size: Optional[int] = None, ranks_per_node: Optional[int] = None,
-                   inner: Optional[str] = None, tuning=None) -> PersistentRequest:
+                   inner: Optional[str] = None, tuning=None, selection: Optional[str] = None,
+                   reproducible: Optional[bool] = None) -> PersistentRequest:
     """Set up an all-reduce of these buffers once (MPI-4's
     ``MPI_Allreduce_init``): ``start()`` it, ``wait()`` for it, as often as
     needed, then ``free()`` it.  Each start reduces the buffers' contents at
     that moment.  The schedule, its compiled stages, its scratch and (for
     host buffers) MPI persistent requests are made here once; this is the
-    fastest way to repeat a call."""
-    return _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
-                    ranks_per_node, inner, tuning, persistent=True)
+    fastest way to repeat a call.  Arguments as :func:`iallreduce`."""
+    opts = _request_options(algorithm, check, segment_size, ranks_per_node, inner, tuning,
+                            selection, reproducible)
+    return _request(sendbuf, recvbuf, op, comm, opts, persistent=True)
+
+
+def _request_options(algorithm, check, segment_size, ranks_per_node, inner, tuning, selection,
+                     reproducible):
+    return options("request", algorithm=algorithm, check=check, segment_size=segment_size,
+                   ranks_per_node=ranks_per_node, inner=inner, tuning=tuning,
+                   selection=selection, reproducible=reproducible)
 
 
 #: the kind of a kept non-blocking call in :data:`~mpi_allreduce.context.CALLS`
 _NONBLOCKING = "iallreduce"
 
 
-def _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_per_node, inner,
-             tuning, persistent: bool, salt: str = "") -> Request:
+def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: str = "",
+             extra: Optional[tuple] = None) -> Request:
     """A non-blocking or (``persistent``) persistent call, not started
-    (``salt``: what else its spec must carry, see CallSpec)."""
-    call, checking = _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size,
-                            ranks_per_node, inner, tuning, "table", salt)
+    (``salt``: what else its spec must carry, see CallSpec; ``extra``: the
+    keywords it was given, kept with a non-blocking call for its repeats)."""
+    call = _setup(sendbuf, recvbuf, op, comm, opts, salt)
+    if opts.reproducible and _order_matters(call):
+        raise ValueError("reproducible=True makes a float sum a blocking call: use "
+                         "allreduce(..., reproducible=True)")
     kind = PersistentRequest if persistent else Request
     if call.recv.size == 0 or comm.Get_size() == 1:
         setup(comm)
@@ -273,13 +290,12 @@ def _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_p
     operation = progress.operation(bound, context, call.recv.nbytes, persistent)
     if persistent:
         return progress.persistent_request(operation, call.recv, (bound,))
-    if not checking:  # kept for repeats: its bound call, scratch and operation
+    if not opts.check and extra is not None:  # kept: its bound call, scratch and operation
         restart = progress.restarter(operation, context, call.recv)
         ours = [after - before for before, after in zip(held, refcounts(call))]
-        extra = (check, segment_size, ranks_per_node, inner, tuning)
         # (kept, its scratch stays with the call until the call is dropped)
         operation.kept = remember_call(
-            context, restart, sendbuf, recvbuf, op, comm, algorithm, call, ours,
+            context, restart, sendbuf, recvbuf, op, comm, opts.algorithm, call, ours,
             None if extra == (None,) * len(extra) else extra, kind=_NONBLOCKING,
             release=progress.kept_scratch_back(operation, bound))
         request = Request(operation, call.recv, (bound,))
@@ -288,25 +304,21 @@ def _request(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_p
     return Request(operation, call.recv, (bound,))
 
 
-def _setup(sendbuf, recvbuf, op, comm, algorithm, check, segment_size, ranks_per_node, inner,
-           tuning, selection, salt: str = ""):
+def _setup(sendbuf, recvbuf, op, comm, opts: Options, salt: str = "") -> Call:
     """Validate a call (the same checks on every rank, before any message);
-    in check mode, also agree with the other ranks on its whole spec.
-    (call, checking)."""
-    checking = check_enabled(check)
+    in check mode, also agree with the other ranks on its whole spec."""
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"comm must be an MPI intra-communicator, got {comm!r}")
     try:
-        call = _validate.validate(sendbuf, recvbuf, op, algorithm, segment_size,
-                                  ranks_per_node, inner, tuning, selection)._replace(salt=salt)
+        call = _validate.validate(sendbuf, recvbuf, op, opts)._replace(salt=salt)
         error = None
     except (TypeError, ValueError) as exc:
-        if not checking or comm.Get_size() == 1:
+        if not opts.check or comm.Get_size() == 1:
             raise
         call, error = None, exc
-    if checking and comm.Get_size() > 1:
+    if opts.check and comm.Get_size() > 1:
         context = context_for(comm)
         agree(comm, arguments(call), error, "allreduce")
         # then what the call will run (collective where the node map is made)
         agree(comm, resolved(context, call), None, "allreduce")
-    return call, checking
+    return call

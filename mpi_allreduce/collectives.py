@@ -12,8 +12,7 @@ share its segments, staging and device handling.
 from __future__ import annotations
 
 import functools
-import weakref
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -22,12 +21,13 @@ from .algorithms.ring import build_allgather, build_reduce_scatter
 from . import progress
 from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
-from .context import cached_context, context_for, setup
+from .context import CALLS, context_for, refcounts, remember_call, setup
 from .errors import failed
 from .executor import Plan
 from .ops import check_dtype, dtype_label, resolve_op
 from .spec import CallSpec
-from .validate import agree, check_enabled, segment_elements
+from .options import Options, options
+from .validate import agree
 
 __all__ = ["reduce_scatter", "allgather"]
 
@@ -44,10 +44,12 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
     (``MPI_Reduce_scatter_block``).  With ``sendbuf=MPI.IN_PLACE`` the input
     is the whole of ``recvbuf`` and the result lands at its start.  ``op`` as
     for :func:`~mpi_allreduce.allreduce`."""
-    repeat = _repeat(comm, "reduce_scatter", sendbuf, recvbuf, (op, counts, check, segment_size))
-    if repeat is not None:
-        return repeat
-    user = (sendbuf, recvbuf, (op, counts, check, segment_size))
+    extra = (None if counts is None else tuple(counts), check, segment_size)
+    kept = CALLS.get(("reduce_scatter", id(recvbuf)))  # a repeat with the very same objects
+    if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, "ring", extra):
+        return _again(kept, recvbuf)
+    opts = options("halves", check=check, segment_size=segment_size)
+    user = (sendbuf, recvbuf, op, extra)
     op = resolve_op(op)
     size, rank = comm.Get_size(), comm.Get_rank()
 
@@ -73,9 +75,9 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
         return send, recv, blocks, datatype
 
     send, recv, blocks, datatype = _validated(
-        validate, comm, check, "reduce_scatter", segment_size,
+        validate, comm, opts, "reduce_scatter",
         lambda v: {"counts": v[2], "dtype": dtype_label(v[1].dtype), "op": op.stable})
-    return _run(comm, "reduce_scatter", send, recv, blocks, op, segment_size, datatype, user)
+    return _run(comm, "reduce_scatter", send, recv, blocks, op, opts, datatype, user)
 
 
 def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
@@ -89,10 +91,12 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
     gives ``counts[r]`` elements (``MPI_Allgatherv``).  With
     ``sendbuf=MPI.IN_PLACE`` this rank's block is already in place in
     ``recvbuf``."""
-    repeat = _repeat(comm, "allgather", sendbuf, recvbuf, (None, counts, check, segment_size))
-    if repeat is not None:
-        return repeat
-    user = (sendbuf, recvbuf, (None, counts, check, segment_size))
+    extra = (None if counts is None else tuple(counts), check, segment_size)
+    kept = CALLS.get(("allgather", id(recvbuf)))  # a repeat with the very same objects
+    if kept is not None and kept.repeats(sendbuf, recvbuf, None, comm, "ring", extra):
+        return _again(kept, recvbuf)
+    opts = options("halves", check=check, segment_size=segment_size)
+    user = (sendbuf, recvbuf, None, extra)
     size, rank = comm.Get_size(), comm.Get_rank()
 
     def validate():
@@ -109,10 +113,9 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
         _check_pair(send, recv)
         return send, recv, blocks
 
-    send, recv, blocks = _validated(validate, comm, check, "allgather", segment_size,
+    send, recv, blocks = _validated(validate, comm, opts, "allgather",
                                     lambda v: {"counts": v[2], "dtype": dtype_label(v[1].dtype)})
-    return _run(comm, "allgather", send, recv, blocks, resolve_op(MPI.SUM), segment_size,
-                user=user)
+    return _run(comm, "allgather", send, recv, blocks, resolve_op(MPI.SUM), opts, user=user)
 
 
 # --- shared by both ---------------------------------------------------------
@@ -153,15 +156,15 @@ def _check_pair(send, recv) -> None:
         raise ValueError("sendbuf and recvbuf overlap; use MPI.IN_PLACE for in-place")
 
 
-def _validated(validate, comm, check, what: str, segment_size, fingerprint):
+def _validated(validate, comm, opts: Options, what: str, fingerprint):
     """``validate()`` on every rank; in check mode the ranks also agree
     (on the counts of every rank, the dtype, the op and the segment)."""
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"comm must be an MPI intra-communicator, got {comm!r}")
-    checking = check_enabled(check) and comm.Get_size() > 1
+    checking = opts.check and comm.Get_size() > 1
     try:
         values, error = validate(), None
-        segment = segment_elements(segment_size, values[1].dtype)
+        segment = opts.segment(values[1].dtype)
     except (TypeError, ValueError) as exc:
         if not checking:
             raise
@@ -179,51 +182,29 @@ def _schedule(what: str, rank: int, size: int, blocks: tuple, segment: int, in_p
     return build_allgather(rank, size, blocks, segment, in_place)
 
 
-def _repeat(comm, what: str, sendbuf, recvbuf, args: tuple):
-    """A repeat of a call made before with these very arrays and arguments
-    on this communicator: run again by the bound call kept for it (through
-    the same engine and watchdog), with no validation, spec or plan look-up
-    -- as :func:`~mpi_allreduce.allreduce` repeats its kept calls.  The
-    result, or None when this is no such repeat (or check mode is on)."""
-    context = cached_context(comm)
-    if context is None or recvbuf is None or sendbuf is None:
-        return None
-    send = None if sendbuf is MPI.IN_PLACE else sendbuf
-    key = (what, id(send), id(recvbuf))
-    entry = context.halves.get(key)
-    if entry is None or entry[4] is None:
-        return None
-    _, run, send_ref, recv_ref, (kept_op, kept_counts, kept_check, kept_segment, dtype) = entry
-    op, counts, check, segment_size = args
-    if recv_ref() is not recvbuf or send_ref() is not send or op is not kept_op \
-            or check is not kept_check or segment_size != kept_segment \
-            or recvbuf.dtype != dtype or (counts is None) != (kept_counts is None) \
-            or (counts is not None and tuple(counts) != kept_counts) or check_enabled(check):
-        return None
-    context.halves.move_to_end(key)
+def _again(kept, recvbuf):
+    """Run a kept call again (see :class:`~mpi_allreduce.context.Remembered`):
+    no validation, spec or plan look-up, as :func:`~mpi_allreduce.allreduce`
+    repeats its kept calls."""
     try:
-        run()
+        kept.run()
     except Exception as exc:  # noqa: BLE001 - after messages started
-        failed(context.comm, exc, what)
+        failed(kept.comm, exc, kept.algorithm)
     return recvbuf
 
 
-def _repeat_arguments(send, recv, user) -> Optional[tuple]:
-    """What a repeat must match to run the kept call again, where the
-    caller's arguments are the arrays the call runs on (not converted on
-    the way in); else None (no repeat without validation)."""
-    if user is None:
-        return None
-    sendbuf, recvbuf, (op, counts, check, segment_size) = user
-    if recvbuf is not recv or not (sendbuf is send or (send is None and sendbuf is MPI.IN_PLACE)):
-        return None
-    return op, None if counts is None else tuple(counts), check, segment_size, recvbuf.dtype
+class _Kept(NamedTuple):
+    """What :func:`~mpi_allreduce.context.remember_call` reads of a call."""
+    send: object
+    recv: object
+    algorithm: str = "ring"
+    selection: str = "table"
 
 
-def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size, datatype=None,
+def _run(comm, what: str, send, recv, blocks: tuple, op, opts: Options, datatype=None,
          user=None):
     backend, dtype = backend_for(recv), recv.dtype
-    segment = segment_elements(segment_size, dtype)
+    segment = opts.segment(dtype)
     if sum(blocks) == 0:
         setup(comm)  # collective the first time: every rank takes part
         return recv
@@ -238,26 +219,22 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, segment_size, datatype=
                     segment, blocks=blocks)
     key = (spec, op.identity, backend, send is None,
            None if datatype is None else datatype.py2f())
-    # one entry per (send, recv) pair: its bound call, and what a repeat
-    # with the caller's very arguments must match to skip validation
-    bound_key = (what, id(send), id(recv))
-    kept = context.halves.get(bound_key)
-    if kept is not None and kept[0] == key and kept[2]() is send and kept[3]() is recv:
-        run, refs = kept[1], kept[2:4]
-    else:
-        def build():
-            schedule = _schedule(what, context.comm.Get_rank(), context.size, blocks, segment,
-                                 send is None)
-            return Plan(context.comm, schedule, dtype, op, backend, spec, datatype=datatype)
-        bound = context.plan(key, build).bind(send, recv)
-        run = progress.blocking(bound, context, what)
-        try:
-            refs = (weakref.ref(send) if send is not None else lambda: None, weakref.ref(recv))
-        except TypeError:  # an array type without weak references: not kept
-            refs = None
-    if refs is not None:
-        repeat = _repeat_arguments(send, recv, user) if datatype is None else None
-        context.keep_half(bound_key, (key, run) + tuple(refs) + (repeat,))
+
+    def build():
+        schedule = _schedule(what, context.comm.Get_rank(), context.size, blocks, segment,
+                             send is None)
+        return Plan(context.comm, schedule, dtype, op, backend, spec, datatype=datatype)
+    call = _Kept(send, recv)
+    held = refcounts(call)
+    bound = context.plan(key, build).bind(send, recv)
+    run = progress.blocking(bound, context, what)
+    # (counted first: references taken below would count too)
+    ours = [after - before for before, after in zip(held, refcounts(call))]
+    if user is not None and not opts.check and datatype is None:
+        # kept for repeats with the caller's very objects, as allreduce's are
+        sendbuf, recvbuf, user_op, extra = user
+        remember_call(context, run, sendbuf, recvbuf, user_op, comm, "ring", call, ours,
+                      None if extra == (None,) * len(extra) else extra, kind=what)
     try:
         run()
     except Exception as exc:  # noqa: BLE001 - after messages started

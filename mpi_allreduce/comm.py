@@ -46,19 +46,14 @@ from typing import NamedTuple, Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import api, collectives, progress, registry
+from . import api, collectives, progress
 from .backend import backend_for
 from .buffers import message, names_memory
 from .errors import ArgumentMismatch
 from .ops import check_dtype, resolve_op
+from .options import keywords_for, options as resolve_options
 
 __all__ = ["Comm"]
-
-#: the keyword arguments of allreduce() a Comm passes on
-_OPTIONS = ("check", "segment_size", "ranks_per_node", "inner", "tuning", "selection",
-            "reproducible")
-#: the subset the non-blocking and persistent calls take
-_REQUEST_OPTIONS = ("check", "segment_size", "ranks_per_node", "inner", "tuning")
 
 _ndarray = np.ndarray
 _IN_PLACE = MPI.IN_PLACE
@@ -138,7 +133,12 @@ class Comm(MPI.Intracomm):
     ``Comm(comm, algorithm="auto", **options)``: ``options`` are
     :func:`~mpi_allreduce.allreduce`'s keyword arguments (``check``,
     ``segment_size``, ``ranks_per_node``, ``inner``, ``tuning``,
-    ``selection``, ``reproducible`` -- the last for ``Allreduce`` only).  ``Comm()`` is the null communicator, as
+    ``selection``, ``reproducible``), checked here by the one function every
+    call's are (:func:`~mpi_allreduce.options.options`).  Each call is given
+    those that apply to it (:data:`~mpi_allreduce.options.APPLIES`): the
+    reduce-scatter and allgather take ``check`` and ``segment_size``;
+    ``Iallreduce`` and ``Allreduce_init`` refuse ``reproducible`` where it
+    would change a float sum.  ``Comm()`` is the null communicator, as
     ``MPI.Intracomm()`` is."""
 
     def __new__(cls, comm=None, algorithm: str = "auto", **options):
@@ -146,12 +146,10 @@ class Comm(MPI.Intracomm):
             comm = None  # the null communicator, as MPI.Intracomm(MPI.COMM_NULL) is
         if comm is not None and not isinstance(comm, MPI.Intracomm):
             raise TypeError(f"Comm wraps an MPI.Intracomm, got {type(comm).__name__}")
-        unknown = set(options) - set(_OPTIONS)
-        if unknown:
-            raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}; "
-                            f"expected {', '.join(_OPTIONS)}")
+        # checked here, once (the same check as every call's)
+        algorithm = resolve_options(algorithm=algorithm, **options).algorithm
         self = super().__new__(cls, comm)
-        self.algorithm = registry.check_name(algorithm)
+        self.algorithm = algorithm
         self.options = dict(options)
         return self
 
@@ -169,7 +167,7 @@ class Comm(MPI.Intracomm):
         return Comm(comm, self.algorithm, **self.options)
 
     def _request_options(self) -> dict:
-        return {k: v for k, v in self.options.items() if k in _REQUEST_OPTIONS}
+        return keywords_for(self.options, "request")
 
     # --- the calls that run our algorithms ---------------------------------
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM) -> None:  # noqa: N802
@@ -279,7 +277,7 @@ class Comm(MPI.Intracomm):
         return counts.tolist()
 
     def _halves_options(self) -> dict:
-        return {k: v for k, v in self.options.items() if k in ("check", "segment_size")}
+        return keywords_for(self.options, "halves")
 
     # --- buffers as mpi4py reads them ---------------------------------------
     def _call(self, kind: str, sendbuf, recvbuf, op, counts, refused, ours, theirs):

@@ -53,9 +53,6 @@ MAX_CALLS = 256
 #: live selectors (one per call shape) and decision tables kept per communicator
 MAX_SELECTORS = 64
 MAX_TABLES = 8
-#: bound reduce_scatter/allgather calls kept per communicator (they hold
-#: views of their arrays: the fewer, the sooner a dropped array is freed)
-MAX_HALVES = 16
 
 
 class Context:
@@ -80,9 +77,6 @@ class Context:
         #: recently used go first: the same on every rank, which makes the
         #: same calls in the same order)
         self.selectors: "OrderedDict[tuple, object]" = OrderedDict()
-        #: reduce_scatter/allgather calls bound to arrays, by (kind, ids):
-        #: the arrays by weak reference (checked on every hit), at most MAX_HALVES
-        self.halves: "OrderedDict[tuple, tuple]" = OrderedDict()
         #: reproducible sums' work arrays and bound inner calls, per shape
         self.work: "OrderedDict[tuple, object]" = OrderedDict()
         #: handles of the caller's comm objects that lead here (see _LIVE)
@@ -276,12 +270,6 @@ class Context:
             oldest = next(iter(self.calls))
             self.forget(oldest, self.calls[oldest])
 
-    def keep_half(self, key: tuple, entry: tuple) -> None:
-        self.halves[key] = entry
-        self.halves.move_to_end(key)
-        while len(self.halves) > MAX_HALVES:
-            self.halves.popitem(last=False)
-
     def forget(self, key: tuple, call) -> None:
         if call is not None and self.calls.get(key) is call:
             del self.calls[key]
@@ -297,7 +285,6 @@ class Context:
         self.plans.clear()
         self.tables.clear()
         self.selectors.clear()
-        self.halves.clear()
         self.work.clear()
 
     def free(self) -> None:

@@ -67,6 +67,7 @@ from .api import _request, iallreduce
 from .backend import as_array, backend_for
 from .errors import RequestError
 from .ops import dtype_label
+from .options import Options, options
 
 __all__ = ["Fusion", "bucket_bounds", "DEFAULT_BUCKET_BYTES"]
 
@@ -129,10 +130,9 @@ def _identity(what: str, sizes: tuple) -> str:
     return f"fusion {what}: {len(sizes)} arrays, sizes {zlib.crc32(repr(sizes).encode()):08x}"
 
 
-def _persistent(buffer, op, comm, algorithm, salt: str):
+def _persistent(buffer, op, comm, opts: Options, salt: str):
     """``allreduce_init(MPI.IN_PLACE, buffer, op, ...)`` with ``salt`` in its spec."""
-    return _request(MPI.IN_PLACE, buffer, op, comm, algorithm, None, None, None, None, None,
-                    persistent=True, salt=salt)
+    return _request(MPI.IN_PLACE, buffer, op, comm, opts, persistent=True, salt=salt)
 
 
 def _release(request) -> None:
@@ -188,15 +188,19 @@ class Fusion:
     ...     fusion.add(grad)
     >>> fusion.wait()                          # every grad now holds the average
 
-    ``op``, ``algorithm`` and ``comm`` as for :func:`~mpi_allreduce.allreduce`
-    (``auto`` takes the decision table's choice for the bucket's size).
+    ``op``, ``comm``, ``algorithm`` and the other options as for
+    :func:`~mpi_allreduce.iallreduce` (``auto`` takes the decision table's
+    choice for the bucket's size), checked here, once.
     """
 
     def __init__(self, comm: MPI.Intracomm = MPI.COMM_WORLD, op="sum",
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, algorithm: str = "auto"):
-        if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, algorithm: str = "auto", **keywords):
+        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) \
+                or bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
-        self.comm, self.op, self.algorithm = comm, op, algorithm
+        self.options = options("request", algorithm=algorithm, **keywords)
+        self._keywords = dict(keywords, algorithm=algorithm)
+        self.comm, self.op, self.algorithm = comm, op, self.options.algorithm
         self.bucket_bytes = bucket_bytes
         self._open: dict = {}  # (dtype, backend) -> the bucket being filled
         self._started: list = []  # buckets in flight, in the order started
@@ -280,7 +284,7 @@ class Fusion:
         """Make the home of these views, and its persistent request (now:
         every rank makes it at this point, so its tag is the same everywhere)."""
         number = self._made
-        request = _persistent(buffer, self.op, self.comm, self.algorithm,
+        request = _persistent(buffer, self.op, self.comm, self.options,
                               _identity(f"home {number}", sizes))
         self._made += 1
         where, dead, left = self._where, self._dead, [len(views)]
@@ -445,7 +449,7 @@ class Fusion:
                 backend.copy(target[0:first.size], first)
                 bucket.buffer, bucket.packed = target, [(first, 0, int(first.size))]
             bucket.request = iallreduce(MPI.IN_PLACE, target, self.op, comm=self.comm,
-                                        algorithm=self.algorithm)
+                                        **self._keywords)
             self._started.append(bucket)
             return
         home, rebound = self._home_for(key, bucket.arrays) if more else (None, ())
@@ -477,7 +481,7 @@ class Fusion:
         entry = self._kept.pop(identity, None)
         if entry is None:
             buffer = backend_for(arrays[0]).empty(sum(sizes), arrays[0].dtype)
-            entry = (buffer, _persistent(buffer, self.op, self.comm, self.algorithm,
+            entry = (buffer, _persistent(buffer, self.op, self.comm, self.options,
                                          _identity(f"bucket {occurrence}", sizes)))
         self._kept[identity] = entry  # most recently used last
         self._packed += 1

@@ -11,31 +11,21 @@ differ or any rank rejected its input.
 
 from __future__ import annotations
 
-import os
 import pickle
 from typing import NamedTuple, Optional
 
 import numpy as np
 from mpi4py import MPI
 
-from . import registry, selection as _selection
+from . import registry
 from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
-from .config import environment
 from .context import context_for
 from .errors import ArgumentMismatch
 from .ops import Op, check_dtype, dtype_label, resolve_op
+from .options import Options
 
-__all__ = ["Call", "validate", "check_enabled", "arguments", "agree", "segment_elements",
-           "DEFAULT_SEGMENT_BYTES", "SELECTIONS"]
-
-#: default segment: the most one message carries when its data is to be
-#: reduced, and so the scratch of every algorithm
-DEFAULT_SEGMENT_BYTES = 1 << 20
-
-
-#: the ways ``auto`` chooses (``selection=``, ``MPI_ALLREDUCE_SELECTION``)
-SELECTIONS = ("table", "live")
+__all__ = ["Call", "validate", "arguments", "agree"]
 
 
 class Call(NamedTuple):
@@ -44,7 +34,7 @@ class Call(NamedTuple):
     op: Op
     algorithm: str
     backend: object
-    segment_size: int
+    segment_size: int  # elements, for this call's dtype
     ranks_per_node: Optional[int]
     inner: Optional[str]
     tuning: object  # None, a file's path or a DecisionTable (auto, hierarchical only)
@@ -52,24 +42,14 @@ class Call(NamedTuple):
     datatype: object = None  # the caller's MPI datatype (a message spec), else None
     #: what a call made on behalf of another adds to its spec (reproducible sums)
     salt: str = ""
+    options: Optional[Options] = None  # what the call was made with
 
 
-def check_enabled(check: Optional[bool]) -> bool:
-    return environment().check if check is None else bool(check)
-
-
-def validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inner,
-              tuning, selection) -> Call:
+def validate(sendbuf, recvbuf, op, opts: Options) -> Call:
+    """The call of these arrays and op with options ``opts`` (resolved by
+    :func:`~mpi_allreduce.options.options`), checked the same way on every
+    rank."""
     op = resolve_op(op)
-    algorithm = registry.check_name(algorithm)
-    tuning = _tuning_argument(tuning) if algorithm in ("auto", "hierarchical") else None
-    if algorithm == "hierarchical":
-        inner = _selection.inner_setting(inner)
-        ranks_per_node = ranks_per_node_setting(ranks_per_node)
-    selection = selection or environment().selection or "table"
-    if selection not in SELECTIONS:
-        raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
-
     send, recv, datatype = arrays_and_datatype(*messages(sendbuf, recvbuf, op.reduce_local))
 
     backend = backend_for(send if send is not None else recv)
@@ -83,7 +63,7 @@ def validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inne
     if backend.device and not op.device:
         raise TypeError(f"op {op.name!r} runs on host memory only (MPI_Reduce_local); for "
                         "device arrays pass a Python callable (mpi_allreduce.user_op)")
-    _check_order(op, algorithm)
+    _check_order(op, opts.algorithm)
 
     dtype = recv.dtype
     if not dtype.isnative:
@@ -101,36 +81,9 @@ def validate(sendbuf, recvbuf, op, algorithm, segment_size, ranks_per_node, inne
     if not backend.is_writeable(recv):
         raise ValueError("recvbuf is read-only")
 
-    return Call(send, recv, op, algorithm, backend, segment_elements(segment_size, dtype),
-                ranks_per_node, inner, tuning, selection, datatype)
-
-
-def _tuning_argument(tuning):
-    """``tuning`` as the planner takes it: None (the default table), a
-    file's absolute path (both read and agreed by the ranks on first use:
-    :meth:`~mpi_allreduce.context.Context.table`), or a checked
-    :class:`~mpi_allreduce.selection.DecisionTable` (a dict the caller
-    passes: what it makes ``auto`` choose is in the call's fingerprint)."""
-    if tuning is None or isinstance(tuning, _selection.DecisionTable):
-        return tuning
-    if isinstance(tuning, dict):
-        return _selection.DecisionTable(tuning)
-    if isinstance(tuning, (str, os.PathLike)):
-        return os.path.abspath(os.fspath(tuning))
-    raise TypeError(f"tuning must be a dict, a DecisionTable or a file's path, got "
-                    f"{type(tuning).__name__}")
-
-
-def segment_elements(segment_size, dtype) -> int:
-    """Elements per message at most: the argument, else
-    ``MPI_ALLREDUCE_SEGMENT_BYTES`` (or the default) in elements of ``dtype``."""
-    if segment_size is None:
-        segment_bytes = environment().segment_bytes or DEFAULT_SEGMENT_BYTES
-        return max(1, segment_bytes // dtype.itemsize)
-    if isinstance(segment_size, bool) or not isinstance(segment_size, (int, np.integer)) \
-            or segment_size < 1:
-        raise ValueError(f"segment_size must be a positive integer, got {segment_size!r}")
-    return int(segment_size)
+    return Call(send, recv, op, opts.algorithm, backend, opts.segment(dtype),
+                opts.ranks_per_node, opts.inner, opts.tuning, opts.selection, datatype,
+                options=opts)
 
 
 def _check_order(op: Op, algorithm: str) -> None:
@@ -139,15 +92,6 @@ def _check_order(op: Op, algorithm: str) -> None:
         raise ValueError(
             f"algorithm {algorithm!r} needs a commutative op and {op.name!r} is not; "
             f"choose one that combines in rank order: {', '.join(registry.ORDERED)}")
-
-
-def ranks_per_node_setting(value):
-    """The node-size override: the argument, else the environment, else None."""
-    if value is None:
-        value = environment().ranks_per_node
-    if value is not None and (not isinstance(value, int) or value < 1):
-        raise ValueError(f"ranks_per_node must be a positive integer, got {value!r}")
-    return value
 
 
 def arguments(call: Optional[Call]):

@@ -1,0 +1,186 @@
+"""A call's options: one frozen value, checked and resolved once.
+
+Every entry point -- ``allreduce``, ``iallreduce``, ``allreduce_init``,
+``reduce_scatter`` and ``allgather`` (blocking and not), the drop-in
+``Comm``, ``Fusion`` and the torch backend's ``configure`` -- takes the same
+keywords and turns them into an :class:`Options` by the one function
+:func:`options`: unknown names raise ``TypeError``, bad values
+``ValueError``/``TypeError``, and what is left unset is read from the
+environment (:mod:`~mpi_allreduce.config`) there and then.  A call made
+from an ``Options`` never reads a keyword or a setting again; kept calls,
+``Comm``, ``Fusion`` and the torch backend hold theirs.
+
+Which options a kind of call uses is said here too (:data:`APPLIES`): an
+option given to a call it does not apply to is an error, never silently
+dropped; ``Comm`` and the torch backend pass each call the ones that apply
+to it (:meth:`Options.keywords`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Any, Optional
+
+import numpy as np
+
+from . import registry, selection as _selection
+from .config import environment
+
+__all__ = ["Options", "options", "NAMES", "APPLIES", "SELECTIONS", "DEFAULT_SEGMENT_BYTES"]
+
+#: default segment: the most one message carries when its data is to be
+#: reduced, and so the scratch of every algorithm
+DEFAULT_SEGMENT_BYTES = 1 << 20
+
+#: the ways ``auto`` chooses (``selection=``, ``MPI_ALLREDUCE_SELECTION``)
+SELECTIONS = ("table", "live")
+
+#: the algorithms whose choice a decision table (``tuning=``) shapes
+_TABLE_USERS = ("auto", "hierarchical")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Every option of a call, resolved (see :func:`options` for each one's
+    meaning and default).
+
+    ============== =========================================================
+    algorithm      ``auto`` or a registered name
+    check          exchange the call's spec first (``check=True``)
+    segment_size   elements per message at most, as given (None: by bytes)
+    segment_bytes  the environment's segment in bytes (when not given)
+    ranks_per_node hierarchical: emulated node size (None: shared memory)
+    inner          hierarchical: the leaders' algorithm (None otherwise)
+    tuning         None, a table file's absolute path, or a DecisionTable
+                   (auto and hierarchical only; None otherwise)
+    selection      ``table`` or ``live``
+    reproducible   reproducible float sums
+    ============== =========================================================
+    """
+
+    algorithm: str = "auto"
+    check: bool = False
+    segment_size: Optional[int] = None
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    ranks_per_node: Optional[int] = None
+    inner: Optional[str] = None
+    tuning: Any = None
+    selection: str = "table"
+    reproducible: bool = False
+
+    def segment(self, dtype) -> int:
+        """Elements per message at most for elements of ``dtype``."""
+        if self.segment_size is not None:
+            return self.segment_size
+        return max(1, self.segment_bytes // np.dtype(dtype).itemsize)
+
+    def but(self, **changes) -> "Options":
+        """These options with some replaced (already resolved values)."""
+        return replace(self, **changes)
+
+
+#: every keyword an entry point takes, in the order of allreduce's signature
+NAMES = ("algorithm", "check", "segment_size", "ranks_per_node", "inner", "tuning",
+         "selection", "reproducible")
+
+#: the options each kind of call uses ("request": non-blocking and
+#: persistent all-reduces, which choose by the decision table and take
+#: ``reproducible`` only where it changes nothing, see
+#: :func:`~mpi_allreduce.api.iallreduce`; "halves": reduce_scatter and
+#: allgather, which run the ring's halves)
+APPLIES = {
+    "allreduce": NAMES,
+    "request": NAMES,
+    "halves": ("check", "segment_size"),
+}
+
+#: values of an option that ask for nothing a kind of call could miss
+_NEUTRAL = {"algorithm": ("auto", "ring"), "reproducible": (False,), "selection": ("table",)}
+
+assert {f.name for f in fields(Options)} == set(NAMES) | {"segment_bytes"}
+
+
+def options(kind: str = "allreduce", **keywords) -> Options:
+    """The :class:`Options` of a call of ``kind`` (a key of :data:`APPLIES`)
+    from its keywords; None or absent: the environment's setting.
+
+    ``TypeError`` for a name no call takes, or one that does not apply to
+    ``kind`` (say which kinds it applies to); ``ValueError``/``TypeError``
+    for a bad value -- the same on every rank, before any message."""
+    unknown = [name for name in keywords if name not in NAMES]
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}; the options are "
+                        f"{', '.join(NAMES)}")
+    allowed = APPLIES[kind]
+    misplaced = [name for name, value in keywords.items()
+                 if name not in allowed and value is not None
+                 and not any(value is v or value == v for v in _NEUTRAL.get(name, ()))]
+    if misplaced:
+        raise TypeError(f"reduce_scatter and allgather take no {', '.join(misplaced)} option "
+                        f"(they run the ring's halves and take {', '.join(allowed)})")
+    env = environment()
+    algorithm = registry.check_name(keywords.get("algorithm") or "auto")
+    check = keywords.get("check")
+    segment_size = _segment_size(keywords.get("segment_size"))
+    inner, ranks_per_node = keywords.get("inner"), keywords.get("ranks_per_node")
+    try:
+        if algorithm == "hierarchical" or inner is not None:
+            inner = _selection.inner_setting(inner)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"inner: {exc}") from None
+    if algorithm == "hierarchical" or ranks_per_node is not None:
+        ranks_per_node = ranks_per_node_setting(ranks_per_node)
+    if algorithm != "hierarchical":  # (checked; no part of a call that does not use them)
+        inner = ranks_per_node = None
+    tuning = _tuning_argument(keywords.get("tuning"))
+    if algorithm not in _TABLE_USERS:
+        tuning = None
+    selection = keywords.get("selection") or env.selection or "table"
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
+    if kind == "request":
+        selection = "table"  # (live selection times blocking calls)
+    return Options(algorithm, env.check if check is None else bool(check), segment_size,
+                   env.segment_bytes or DEFAULT_SEGMENT_BYTES, ranks_per_node, inner, tuning,
+                   selection, bool(keywords.get("reproducible")))
+
+
+def keywords_for(given: dict, kind: str) -> dict:
+    """Of the keywords ``given`` once (to ``Comm``, ``configure``), those
+    that apply to calls of ``kind``: what such a wrapper passes each call."""
+    return {name: value for name, value in given.items() if name in APPLIES[kind]}
+
+
+def _segment_size(value) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"segment_size must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def ranks_per_node_setting(value):
+    """The node-size override: the argument, else the environment, else None."""
+    if value is None:
+        value = environment().ranks_per_node
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise ValueError(f"ranks_per_node must be a positive integer, got {value!r}")
+    return value
+
+
+def _tuning_argument(tuning):
+    """``tuning`` as the planner takes it: None (the default table), a
+    file's absolute path (both read and agreed by the ranks on first use:
+    :meth:`~mpi_allreduce.context.Context.table`), or a checked
+    :class:`~mpi_allreduce.selection.DecisionTable` (a dict the caller
+    passes: what it makes ``auto`` choose is in the call's fingerprint)."""
+    if tuning is None or isinstance(tuning, _selection.DecisionTable):
+        return tuning
+    if isinstance(tuning, dict):
+        return _selection.DecisionTable(tuning)
+    if isinstance(tuning, (str, os.PathLike)):
+        return os.path.abspath(os.fspath(tuning))
+    raise TypeError(f"tuning must be a dict, a DecisionTable or a file's path, got "
+                    f"{type(tuning).__name__}")

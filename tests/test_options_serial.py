@@ -1,0 +1,107 @@
+"""One options value for every entry point: the same names, checked by the
+same function, at the same moment (the call, or the wrapper's construction),
+with the same errors; what a kind of call cannot use is refused, never
+dropped; and the environment is read once, where the value is made."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpi_allreduce as mar
+from mpi_allreduce import config
+from mpi_allreduce.fusion import Fusion
+from mpi_allreduce.options import APPLIES, NAMES, Options, options
+
+SELF = MPI.COMM_SELF
+
+
+def _torch_configure(**keywords):
+    torch_backend = pytest.importorskip("mpi_allreduce.torch")
+    try:
+        torch_backend.configure(**keywords)
+    finally:
+        torch_backend.configure()
+
+
+#: every entry point, called with extra keywords (one rank: no message)
+ENTRY_POINTS = {
+    "allreduce": lambda **k: mar.allreduce(np.ones(3), comm=SELF, **k),
+    "iallreduce": lambda **k: mar.iallreduce(np.ones(3), comm=SELF, **k).wait(),
+    "allreduce_init": lambda **k: mar.allreduce_init(np.ones(3), comm=SELF, **k).free(),
+    "Comm": lambda **k: mar.Comm(SELF, **k),
+    "Fusion": lambda **k: Fusion(SELF, **k),
+    "torch configure": _torch_configure,
+}
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_an_unknown_option_is_a_type_error_naming_it(entry):
+    with pytest.raises(TypeError, match="bogus"):
+        ENTRY_POINTS[entry](bogus=1)
+
+
+BAD_VALUES = [("segment_size", 0), ("segment_size", 2.5), ("segment_size", True),
+              ("algorithm", "fastest"), ("selection", "random"), ("tuning", 42),
+              ("inner", "nonesuch"), ("ranks_per_node", -1)]
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize("name,value", BAD_VALUES, ids=[f"{n}={v}" for n, v in BAD_VALUES])
+def test_a_bad_value_is_refused_where_it_is_given(entry, name, value):
+    """The wrappers (Comm, Fusion, configure) check at construction, not at
+    their first call, and with the calls' own errors."""
+    with pytest.raises((TypeError, ValueError), match=name if name != "algorithm" else
+                       "fastest"):
+        ENTRY_POINTS[entry](**{name: value})
+
+
+def test_the_halves_refuse_what_they_cannot_use_and_take_what_they_can():
+    with pytest.raises(TypeError, match="algorithm"):
+        options("halves", algorithm="tree")
+    with pytest.raises(TypeError, match="reproducible"):
+        options("halves", reproducible=True)
+    assert options("halves", algorithm="ring", reproducible=False).algorithm == "ring"
+    got = mar.reduce_scatter(np.arange(4.0), None, comm=SELF, segment_size=1, check=False)
+    np.testing.assert_array_equal(got, np.arange(4.0))
+
+
+def test_requests_take_every_option_and_refuse_a_reproducible_float_sum():
+    """``selection`` and ``reproducible`` are accepted by the non-blocking
+    and persistent calls: requests choose by the table, and reproducible
+    ints are exact anyway; a reproducible float sum is a blocking call."""
+    ints = np.arange(5)
+    assert mar.iallreduce(ints, comm=SELF, selection="live", reproducible=True).wait() \
+        .tolist() == ints.tolist()
+    assert options("request", selection="live").selection == "table"
+    with pytest.raises(ValueError, match="blocking"):
+        mar.iallreduce(np.ones(3), comm=MPI.COMM_WORLD if MPI.COMM_WORLD.size > 1 else SELF,
+                       reproducible=True)
+
+
+def test_options_are_frozen_hashable_and_carry_every_name():
+    opts = options(algorithm="ring", segment_size=4, tuning="no/such/table.json")
+    assert opts.tuning is None  # (ring uses no table: not in its fingerprint)
+    assert {opts, opts.but(check=True)} == {opts, opts.but(check=True)}
+    with pytest.raises(AttributeError):
+        opts.algorithm = "tree"
+    assert set(APPLIES["allreduce"]) == set(NAMES)
+    assert all(set(names) <= set(NAMES) for names in APPLIES.values())
+    assert isinstance(options(), Options)
+
+
+def test_the_environment_is_read_when_the_value_is_made(monkeypatch):
+    monkeypatch.setenv("MPI_ALLREDUCE_SEGMENT_BYTES", "64")
+    monkeypatch.setenv("MPI_ALLREDUCE_CHECK", "1")
+    config.refresh()
+    try:
+        opts = options()
+        assert opts.check and opts.segment(np.float64) == 8 and opts.segment(np.int8) == 64
+        assert options(check=False, segment_size=3).segment(np.float64) == 3
+        monkeypatch.setenv("MPI_ALLREDUCE_SEGMENT_BYTES", "128")
+        config.refresh()
+        assert opts.segment(np.float64) == 8, "a made value changed with the environment"
+    finally:
+        monkeypatch.undo()
+        config.refresh()
