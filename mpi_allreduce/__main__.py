@@ -490,23 +490,21 @@ def _selection_line() -> str:
 
 def cmd_predict(args) -> int:
     import dataclasses
-    import json
 
     from .api import DEFAULT_SEGMENT_BYTES
-    from .tools.model import Params
+    from .simulate import Machine
     from .tools.scale import report
 
-    with open(args.params) as f:
-        # the closed forms give every rank a core of its own, every send a
-        # matching receive and full-duplex network links: the fitted core
-        # count (oversubscribed here), eager sends and half-duplex ranks
-        # are the simulator's alone
-        prm = dataclasses.replace(Params(**json.load(f)["params"]), cores=None, eager_bytes=None,
-                                  half_duplex=False)
+    # the closed forms give every rank a core of its own, every send a
+    # matching receive and full-duplex network links: the fitted core
+    # count (oversubscribed here), eager sends and half-duplex ranks are
+    # the simulator's alone
+    prm = dataclasses.replace(Machine.load(args.params), cores=None, eager_bytes=None,
+                              half_duplex=False)
     ranks = args.ranks
     rpn = args.ranks_per_node or 1
     header = (f"$ python -m mpi_allreduce {' '.join(sys.argv[1:])}\n# machine: {args.params}: "
-              + ", ".join(f"{k} = {v:.3g}" for k, v in prm.as_dict().items()
+              + ", ".join(f"{k} = {v:.3g}" for k, v in prm.parameters().items()
                           if isinstance(v, float)) + "; measured message-time curves: "
               + ", ".join(k for k in ("curve", "curve_inter") if getattr(prm, k)))
     report(prm, ranks, _size_range(args), rpn, args.segment_bytes or DEFAULT_SEGMENT_BYTES,
@@ -515,22 +513,18 @@ def cmd_predict(args) -> int:
 
 
 def cmd_simulate(args) -> int:
-    import json
-
     if args.predict:
         return cmd_predict(args)
 
-    from .tools.model import Params, machine_of
     from .registry import ALGORITHMS
-    from .simulate import SimulationError, simulate
+    from .simulate import Machine, SimulationError, simulate
 
     algorithms = list(ALGORITHMS) if args.algorithms == ["all"] else args.algorithms
     segment = max(1, (args.segment_bytes or (1 << 20)) // __import__("numpy").dtype(
         args.dtype).itemsize)
     machine = None
     if args.params:
-        with open(args.params) as f:
-            machine = machine_of(Params(**json.load(f)["params"]))
+        machine = Machine.load(args.params)
     if args.trace:
         return _simulated_trace(args, algorithms, segment, machine)
     print(f"# simulated: p={args.size}, count={args.count}, {args.dtype} {args.op}, "
@@ -601,15 +595,13 @@ def cmd_info(args) -> int:
     from . import ALGORITHMS
     from .backend import cuda_aware_support
     from .selection import describe_choices, table_source
-    from .topology import oversubscribed
+    from .topology import on_node, oversubscribed
     from .tools.verify import mpi_library
 
     comm = MPI.COMM_WORLD
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     hosts = comm.gather(MPI.Get_processor_name(), root=0)
-    local_sizes = comm.gather(node.Get_size(), root=0)
+    local_sizes = comm.gather(on_node(comm, "info: where the ranks run")[1], root=0)
     slurm_nodes = comm.gather(os.environ.get("SLURMD_NODENAME"), root=0)
-    node.Free()
     from .backend import select_device
 
     aware, why = cuda_aware_support()

@@ -10,6 +10,7 @@ reaches MPI.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -277,6 +278,7 @@ _HOST = HostBackend()
 _cupy_backends: dict[bool, Backend] = {}
 
 
+@functools.lru_cache(maxsize=1)
 def _cupy():
     try:
         import cupy  # noqa: WPS433 - the one place cupy is imported
@@ -497,15 +499,6 @@ def backend_for(array) -> Backend:
 
 # --- device selection and data placement (verify, bench, info) -------------
 
-def local_rank(comm) -> int:
-    """This rank's index among the ranks on its node."""
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    try:
-        return node.Get_rank()
-    finally:
-        node.Free()
-
-
 def select_device(comm, device: str) -> str:
     """Make ``device`` ('cpu' or 'cuda') current for this rank and describe the choice.
 
@@ -522,7 +515,9 @@ def select_device(comm, device: str) -> str:
     count = cp.cuda.runtime.getDeviceCount()
     if count < 1:
         raise RuntimeError("--device cuda: no GPU is visible")
-    index = local_rank(comm) % count
+    from .topology import on_node
+
+    index = on_node(comm, "choosing a GPU: where the ranks run")[0] % count
     cp.cuda.Device(index).use()
     aware, why = cuda_aware_support()
     return (f"cuda:{index} of {count} visible; "
@@ -542,3 +537,32 @@ def to_device(array: np.ndarray, device: str):
 def to_host(array) -> np.ndarray:
     """``array`` as a numpy array (a copy for device arrays)."""
     return backend_for(array).to_host(array)
+
+
+# --- device tensors of other frameworks (the torch backend) -----------------
+
+def has_device_arrays() -> bool:
+    """Whether device arrays are reduced where they live here (cupy is
+    installed); where not, a framework's device tensors go through host
+    copies instead."""
+    return _cupy() is not None
+
+
+def device_view(tensor):
+    """A cupy array over the memory of ``tensor``, a CUDA DLPack exporter
+    (a torch CUDA tensor): no copy, so results land in the tensor."""
+    return _cupy_for(tensor).from_dlpack(tensor)
+
+
+@contextlib.contextmanager
+def on_stream(device: int, stream: int):
+    """Device work in the ``with`` block on CUDA device ``device`` and the
+    stream whose ``cudaStream_t`` is ``stream`` (a framework's current
+    stream, such as torch's ``current_stream(device).cuda_stream``): the
+    library's kernels, and the synchronizing before MPI reads a buffer,
+    follow the caller's work on that stream."""
+    cp = _cupy()
+    if cp is None:
+        raise RuntimeError("device streams need cupy: pip install 'mpi_allreduce[gpu]'")
+    with cp.cuda.Device(device), cp.cuda.ExternalStream(stream, device):
+        yield

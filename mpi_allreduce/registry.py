@@ -1,8 +1,10 @@
 """Algorithm names -> schedule builders.
 
-Adding an algorithm: one module in ``algorithms/`` and one line in
-``_ALGORITHMS``; tests, the simulator, ``verify`` and the benchmark loop
-over this table.
+Adding an algorithm: one module in ``algorithms/`` and its line in
+``algorithms.FLAT``; tests, the simulator, the cost model, ``verify`` and
+the benchmark loop over this table.  What sets an algorithm apart from
+the others is said here too, by name (:data:`NOT_CANDIDATES`,
+:data:`INNER_CANDIDATES`); everything else derives its list from these.
 """
 
 from __future__ import annotations
@@ -12,11 +14,23 @@ import functools
 from .algorithms import FLAT, hierarchical
 from .schedule import Schedule
 
-__all__ = ["ALGORITHMS", "FLAT_ALGORITHMS", "ORDERED", "in_rank_order", "get", "builder", "check_name", "schedule"]
+__all__ = ["ALGORITHMS", "FLAT_ALGORITHMS", "NOT_CANDIDATES", "INNER_CANDIDATES", "ORDERED",
+           "in_rank_order", "get", "builder", "check_name", "schedule"]
 
 #: the flat algorithms, with hierarchical (composed above them) after the first three
 _ALGORITHMS = dict(list(FLAT.items())[:3] + [(hierarchical.NAME, hierarchical)]
                    + list(FLAT.items())[3:])
+
+
+def _flat(*names: str) -> tuple:
+    """``names``, each a registered flat algorithm (a list here naming
+    another fails at import, not where the list is used)."""
+    unknown = [name for name in names if name not in FLAT]
+    if unknown:
+        raise ValueError(f"unknown flat algorithm(s) {', '.join(map(repr, unknown))}; the flat "
+                         f"ones are {', '.join(FLAT)}")
+    return names
+
 
 #: algorithms run by name only, not candidates of ``auto``, ``tune`` or live
 #: selection: the O(p^2) baseline, and the double binary tree, which the
@@ -25,7 +39,15 @@ _ALGORITHMS = dict(list(FLAT.items())[:3] + [(hierarchical.NAME, hierarchical)]
 #: fastest for short vectors on thousands of ranks with many a node, where
 #: recursive doubling's steps across nodes queue every rank of a node on
 #: its port; ``tune`` measures it, and a table it writes may choose it.
-NOT_CANDIDATES = ("naive", "double_binary_tree")
+NOT_CANDIDATES = _flat("naive", "double_binary_tree")
+
+#: the leaders' algorithms the cost model weighs for ``hierarchical`` when
+#: no ``inner`` is named (``tools/model.py``'s ``best_flat``,
+#: ``tools/scale.py``'s hierarchical form): one of each pattern -- the ring,
+#: exchanges at doubling distances, halving then doubling -- as the
+#: leaders are one a node, every message across.  A live call's leaders
+#: run the decision table's choice instead (``selection.hierarchical_options``).
+INNER_CANDIDATES = _flat("ring", "recursive_doubling", "rabenseifner")
 
 #: the names ``algorithm=`` accepts besides "auto"
 ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)
@@ -33,7 +55,7 @@ ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)
 #: the flat algorithms: what ``auto`` may choose and ``tune`` measures;
 #: ``hierarchical`` is chosen by name, for its node layout
 FLAT_ALGORITHMS: tuple[str, ...] = tuple(a for a in ALGORITHMS
-                                         if a not in ("hierarchical",) + NOT_CANDIDATES)
+                                         if a not in (hierarchical.NAME,) + NOT_CANDIDATES)
 
 
 #: the algorithms that combine operands in rank order: a non-commutative op

@@ -42,8 +42,9 @@ reduced along the critical path.
 from __future__ import annotations
 
 import heapq
+import json
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Optional
 
 import numpy as np
@@ -62,27 +63,38 @@ class SimulationError(RuntimeError):
 
 @dataclass(frozen=True)
 class Machine:
-    """Costs in seconds: per message posted (each side: the software's
-    overhead), per local action (a ufunc call's fixed cost), per message on
-    the wire, per byte on the wire, per byte reduced (and copied).  With
-    ``nodes`` (the node of every rank), messages between nodes cost
+    """The one model of the machine: what the simulator times schedules
+    on, what ``python -m mpi_allreduce model`` fits (the ``params`` of its
+    JSON: :meth:`Machine.load`, :meth:`Machine.parameters`) and what the
+    closed forms of ``tools/scale.py`` read.
+
+    Costs in seconds: per message on the wire, per byte on the wire, per
+    byte reduced (and copied), per message posted (each side: the
+    software's overhead), per local action (a ufunc call's fixed cost).
+    With ``nodes`` (the node of every rank), messages between nodes cost
     ``alpha_inter`` and ``beta_inter`` instead, and the bytes of one node's
     messages to other nodes share its one port (``beta_inter`` is the
-    port's time per byte)."""
+    port's time per byte).  The fields are in the order of the fitted
+    file's ``params``; ``nodes``, where the ranks are placed, is no fitted
+    parameter and comes last."""
 
-    overhead: float = 0.0
     alpha: float = 0.0
     beta: float = 0.0
     gamma: float = 0.0
-    op_overhead: float = 0.0
+    #: across nodes (None: the same link as inside)
     alpha_inter: Optional[float] = None
     beta_inter: Optional[float] = None
-    nodes: Optional[tuple] = None
+    overhead: float = 0.0
+    op_overhead: float = 0.0
     #: measured time of a message against its size, ``((bytes, seconds), ...)``,
     #: inside a node and across: when given, it replaces ``alpha + n beta``
     #: (PLogP: MPI's protocols make that time no straight line)
     curve: Optional[tuple] = None
     curve_inter: Optional[tuple] = None
+    #: the cores of a node; with more ranks busy on a node than it has cores,
+    #: their software, reductions and copies inside the node run slower by
+    #: that ratio (processor sharing; ranks waiting for a peer yield)
+    cores: Optional[int] = None
     #: inside a node, the time of a message its sender wrote during the
     #: call (a reduced or received block, not the untouched input): Open
     #: MPI's single-copy path can make such messages several times slower
@@ -98,10 +110,36 @@ class Machine:
     #: (where its CPU runs the network stack for both directions), instead
     #: of one each way at once
     half_duplex: bool = False
-    #: the cores of a node; with more ranks busy on a node than it has cores,
-    #: their software, reductions and copies inside the node run slower by
-    #: that ratio (processor sharing; ranks waiting for a peer yield)
-    cores: Optional[int] = None
+    #: the node of every rank (None: all on one node)
+    nodes: Optional[tuple] = None
+
+    def __post_init__(self):
+        # from JSON the curves and nodes are lists: kept as tuples, so that
+        # a machine is hashable (the model's predictions are cached by it)
+        for name in ("curve", "curve_inter", "curve_fresh"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(tuple(map(float, pt)) for pt in value))
+        if self.nodes is not None:
+            object.__setattr__(self, "nodes", tuple(self.nodes))
+
+    @classmethod
+    def load(cls, path) -> "Machine":
+        """The machine a ``model --json`` file describes (its ``params``;
+        a field missing from an older file takes its default).  An unknown
+        field is a TypeError, a malformed file a ValueError or KeyError."""
+        with open(path) as f:
+            return cls(**json.load(f)["params"])
+
+    def parameters(self) -> dict:
+        """The fitted parameters, every field but ``nodes``: the ``params``
+        object of a ``model --json`` file, which :meth:`Machine.load` reads back."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "nodes"}
+
+    def placed(self, nodes: Optional[tuple]) -> "Machine":
+        """This machine with its ranks on ``nodes`` (the node of every
+        rank; None: all on one node)."""
+        return replace(self, nodes=nodes)
 
     def across(self, src: int, dst: int) -> bool:
         return self.nodes is not None and self.nodes[src] != self.nodes[dst]

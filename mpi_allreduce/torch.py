@@ -67,8 +67,10 @@ from torch.futures import Future
 
 from . import collectives
 from .api import allreduce, iallreduce
+from .backend import device_view, has_device_arrays, on_stream
 from .errors import Stalled
 from .progress import mpi_request
+from .topology import on_node
 
 __all__ = ["BACKEND", "ASYNC", "MPIAllreduceGroup", "configure"]
 
@@ -318,7 +320,7 @@ def _array(tensor: torch.Tensor):
         if tensor.dtype == torch.bfloat16:
             raise TypeError(f"the {BACKEND} backend's all-reduces on CUDA tensors run on "
                             "cupy, which has no bfloat16: reduce them as float32")
-        view = _cupy().from_dlpack(tensor)
+        view = device_view(tensor)
     elif tensor.device.type != "cpu":
         raise ValueError(f"the {BACKEND} backend takes CPU and CUDA tensors; got one on "
                          f"{tensor.device}")
@@ -336,16 +338,6 @@ def _array(tensor: torch.Tensor):
 
 
 # --- CUDA tensors ---------------------------------------------------------------------
-
-@functools.lru_cache(maxsize=1)
-def _cupy():
-    """cupy, or None where it is not installed."""
-    try:
-        import cupy
-    except ImportError:
-        return None
-    return cupy
-
 
 def _is_device(tensor: torch.Tensor) -> bool:
     """Whether a tensor lives in device memory (a CUDA tensor)."""
@@ -384,11 +376,9 @@ def _on_device(ours: bool):
             device = _device_of(args)
             if device is None:
                 return method(self, *args, **kwargs)
-            cupy = _cupy() if ours else None
-            if cupy is None:
+            if not (ours and has_device_arrays()):
                 return _staged(method, self, args, kwargs)
-            with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(
-                    torch.cuda.current_stream(device).cuda_stream, device.index):
+            with on_stream(device.index, torch.cuda.current_stream(device).cuda_stream):
                 work = method(self, *args, **kwargs)
                 work.wait()
             return work
@@ -772,9 +762,7 @@ def _fill_environment() -> None:
             probe.bind(("", 0))
             address = (socket.gethostname(), probe.getsockname()[1])
     host, port = world.bcast(address, root=0)
-    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
-    local = node.Get_rank()
-    node.Free()
+    local = on_node(world, "filling in the torch environment: where the ranks run")[0]
     os.environ.update({"RANK": str(world.Get_rank()), "WORLD_SIZE": str(world.Get_size()),
                        "LOCAL_RANK": str(local), "MASTER_ADDR": host,
                        "MASTER_PORT": str(port)})

@@ -32,7 +32,8 @@ WORLD_ONLY_ENV = "MPI_ALLREDUCE_TEST_WORLD_ONLY"
 #: buffers, the non-blocking calls' dtypes and ops -- run on these (bad input
 #: and buffer kinds, read before any algorithm runs, on fewer: see their
 #: files); the fake-device backend (every round posted) and the algorithm x
-#: count, segment and in-place matrices keep every algorithm.
+#: count, segment and in-place matrices keep every algorithm.  A subset of
+#: the registry's algorithms, checked in tests/test_registry_serial.py.
 PATH_VARIANTS = ("ring", "tree", "ring_pipelined", "recursive_doubling")
 
 

@@ -5,23 +5,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpi_allreduce import registry
 from mpi_allreduce.ops import resolve_op
 from mpi_allreduce.tools.verify import make_data
 
-#: (label, algorithm, options): the hierarchical variants emulate nodes of 2 and 3 ranks
-VARIANTS = [
-    ("driver", "driver", {}),
-    ("ring", "ring", {}),
-    ("recursive_doubling", "recursive_doubling", {}),
-    ("hierarchical", "hierarchical", {}),
-    ("hierarchical-rpn2", "hierarchical", {"ranks_per_node": 2}),
-    ("hierarchical-rpn3-ring", "hierarchical", {"ranks_per_node": 3, "inner": "ring"}),
-    ("ring_pipelined", "ring_pipelined", {}),
-    ("rabenseifner", "rabenseifner", {}),
-    ("naive", "naive", {}),
-    ("tree", "tree", {}),
-    ("double_binary_tree", "double_binary_tree", {}),
-]
+#: variants with options, after an algorithm's plain one: (label, options);
+#: the hierarchical ones emulate nodes of 2 and 3 ranks
+WITH_OPTIONS = {
+    "hierarchical": [("hierarchical-rpn2", {"ranks_per_node": 2}),
+                     ("hierarchical-rpn3-ring", {"ranks_per_node": 3, "inner": "ring"})],
+}
+
+#: (label, algorithm, options): every algorithm of the registry, in its
+#: order, as it is (labelled by its name), then its variants with options
+VARIANTS = [variant for name in registry.ALGORITHMS
+            for variant in [(name, name, {})]
+            + [(label, name, options) for label, options in WITH_OPTIONS.get(name, [])]]
 VARIANT_IDS = [v[0] for v in VARIANTS]
 
 

@@ -182,15 +182,15 @@ GOOD = [
 @pytest.fixture
 def places(tmp_path):
     """{tmp}, {file} and {params} of :data:`BAD` and :data:`GOOD`."""
-    from mpi_allreduce.tools.model import Params
+    from mpi_allreduce.simulate import Machine
 
     empty = tmp_path / "empty"
     empty.mkdir()
     plain = tmp_path / "plain.txt"
     plain.write_text("neither a trace nor a decision table\n")
     params = tmp_path / "model.json"
-    params.write_text(json.dumps({"params": Params(alpha=2e-6, beta=1e-9,
-                                                   gamma=5e-10).as_dict()}))
+    params.write_text(json.dumps({"params": Machine(alpha=2e-6, beta=1e-9,
+                                                    gamma=5e-10).parameters()}))
     return {"tmp": str(empty), "file": str(plain), "params": str(params)}
 
 

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from mpi_allreduce.simulate import simulate
-from mpi_allreduce.tools.model import Params, machine_of
+from mpi_allreduce.simulate import Machine, simulate
 from mpi_allreduce.tools.scale import ALGORITHMS, seconds
 
 #: a machine with every term of the model at a realistic size: 0.1 us per
 #: message posted, 0.7 us per local action, 1 us and 5 GB/s inside a node,
 #: 15 us and 1.25 GB/s across, 33 GB/s reduction
-PRM = Params(alpha=1e-6, beta=2e-10, gamma=3e-11, alpha_inter=15e-6, beta_inter=8e-10,
-             overhead=1e-7, op_overhead=7e-7)
+PRM = Machine(alpha=1e-6, beta=2e-10, gamma=3e-11, alpha_inter=15e-6, beta_inter=8e-10,
+              overhead=1e-7, op_overhead=7e-7)
 SEGMENT = 4096  # bytes: several segments per block at the larger sizes
 SIZES = (8, 4096, 98304)  # bytes: one element; one segment; many
 
@@ -29,7 +28,7 @@ def simulated(algorithm, nbytes, p, q):
     if algorithm == "hierarchical":
         options = {"nodes": tuple((r // q) * q for r in range(p)), "inner": "rabenseifner"}
     return simulate(algorithm, p, count, "float32", segment_size=SEGMENT // 4, options=options,
-                    machine=machine_of(PRM, nodes), data=False).seconds
+                    machine=PRM.placed(nodes), data=False).seconds
 
 
 def form(algorithm, nbytes, p, q):
@@ -80,10 +79,10 @@ def test_symmetric_forms_are_exact_on_one_node():
 
 #: a machine whose message time is a measured curve (eager up to 4 KiB,
 #: then a protocol change: +4 us, and a different slope), inside and across
-CURVED = Params(alpha=1e-6, beta=2e-10, gamma=3e-11, alpha_inter=15e-6, beta_inter=8e-10,
-                overhead=1e-7, op_overhead=7e-7,
-                curve=[(8, 2e-6), (4096, 3e-6), (4097, 7e-6), (1 << 20, 1.1e-4)],
-                curve_inter=[(8, 15e-6), (65536, 70e-6), (1 << 20, 9e-4)])
+CURVED = Machine(alpha=1e-6, beta=2e-10, gamma=3e-11, alpha_inter=15e-6, beta_inter=8e-10,
+                 overhead=1e-7, op_overhead=7e-7,
+                 curve=[(8, 2e-6), (4096, 3e-6), (4097, 7e-6), (1 << 20, 1.1e-4)],
+                 curve_inter=[(8, 15e-6), (65536, 70e-6), (1 << 20, 9e-4)])
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -98,7 +97,7 @@ def test_closed_form_follows_a_measured_curve(algorithm):
             if algorithm == "hierarchical":
                 options = {"nodes": tuple((r // q) * q for r in range(p)), "inner": "rabenseifner"}
             expected = simulate(algorithm, p, nbytes // 4, "float32", segment_size=SEGMENT // 4,
-                                options=options, machine=machine_of(CURVED, nodes),
+                                options=options, machine=CURVED.placed(nodes),
                                 data=False).seconds
             got = seconds(algorithm, nbytes, p, CURVED, q, SEGMENT, inner="rabenseifner")
             assert got == pytest.approx(expected, rel=0.03), (p, q, nbytes)
@@ -135,7 +134,7 @@ def test_predict_command(tmp_path):
     import sys
 
     params = tmp_path / "machine.json"
-    params.write_text(json.dumps({"params": CURVED.as_dict()}))
+    params.write_text(json.dumps({"params": CURVED.parameters()}))
     png, rows = tmp_path / "scale.png", tmp_path / "scale.json"
     out = subprocess.run(
         [sys.executable, "-m", "mpi_allreduce", "simulate", "--predict", "--params", str(params),

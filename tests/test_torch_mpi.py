@@ -253,7 +253,7 @@ def test_device_tensors_go_through_host_copies_written_back(group, monkeypatch):
     real = backend._staged
     monkeypatch.setattr(backend, "_is_device", lambda tensor: True)
     monkeypatch.setattr(backend, "_device_of", lambda args: torch.device("cpu"))
-    monkeypatch.setattr(backend, "_cupy", lambda: None)
+    monkeypatch.setattr(backend, "has_device_arrays", lambda: False)
     monkeypatch.setattr(backend, "_staged", lambda method, *args: staged.append(
         method.__name__) or real(method, *args))
     p, r = dist.get_world_size(), dist.get_rank()

@@ -9,7 +9,8 @@ import pytest
 
 from mpi_allreduce import config
 from mpi_allreduce import selection
-from mpi_allreduce.tools.model import Params, best_flat, fit_line, predict
+from mpi_allreduce.simulate import Machine
+from mpi_allreduce.tools.model import best_flat, fit_line, predict
 from mpi_allreduce.tools.tune import decision_rows, pick_winners
 
 TABLE = {
@@ -158,7 +159,7 @@ def test_decision_rows_merge_neighbours():
                     {"max_bytes": None, "algorithm": "rab"}]
 
 
-PRM = Params(alpha=2e-6, beta=1e-10, gamma=2e-10)
+PRM = Machine(alpha=2e-6, beta=1e-10, gamma=2e-10)
 
 
 def test_model_prefers_latency_algorithms_for_short_and_bandwidth_for_long():
@@ -196,8 +197,8 @@ def test_model_counts_a_message_per_segment():
 
 
 def test_hierarchical_model_uses_the_slow_link_only_across_nodes():
-    slow = Params(alpha=2e-6, beta=1e-10, gamma=2e-10, alpha_inter=50e-6, beta_inter=8e-10)
-    flat = predict("ring", 1 << 24, 8, Params(50e-6, 8e-10, 2e-10))
+    slow = Machine(alpha=2e-6, beta=1e-10, gamma=2e-10, alpha_inter=50e-6, beta_inter=8e-10)
+    flat = predict("ring", 1 << 24, 8, Machine(alpha=50e-6, beta=8e-10, gamma=2e-10))
     assert predict("hierarchical", 1 << 24, 8, slow, ranks_per_node=4) < flat
 
 
@@ -234,7 +235,7 @@ def test_pick_winners_makes_the_fewest_rows_within_the_tolerance():
 def test_model_charges_the_software_overhead_per_message_and_action():
     """Recursive doubling on 4 ranks: 2 rounds of one send and one receive
     (4 messages posted) and 2 reductions on the critical path."""
-    base = Params(alpha=2e-6, beta=0.0, gamma=0.0)
-    costly = Params(alpha=2e-6, beta=0.0, gamma=0.0, overhead=1e-6, op_overhead=5e-7)
+    base = Machine(alpha=2e-6, beta=0.0, gamma=0.0)
+    costly = Machine(alpha=2e-6, beta=0.0, gamma=0.0, overhead=1e-6, op_overhead=5e-7)
     extra = predict("recursive_doubling", 8, 4, costly) - predict("recursive_doubling", 8, 4, base)
     assert extra == pytest.approx(4 * 1e-6 + 2 * 5e-7)

@@ -17,7 +17,6 @@ paths, so every rank refuses them alike and none waits for another.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -304,12 +303,11 @@ def input_path(text: str) -> str:
 def params_file(text: str) -> str:
     """A ``model --json`` file: readable, with machine parameters the
     simulator takes."""
-    from .model import Params, machine_of
+    from ..simulate import Machine
 
     input_file(text)
     try:
-        with open(text) as f:
-            machine_of(Params(**json.load(f)["params"]))
+        Machine.load(text)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a `model --json` file: {type(exc).__name__}: {exc}") from None

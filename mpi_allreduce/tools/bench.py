@@ -34,6 +34,7 @@ from ..ops import dtype_label, resolve_op
 from ..context import context_for
 from ..executor import wire_type
 from ..selection import choose
+from ..topology import on_node
 from .verify import make_data, mpi_library, reference
 
 VENDOR = "mpi"
@@ -359,9 +360,7 @@ _WIDTHS = (11, 10, 9, 6, 20, 8, 11, 11, 11, 12, 12, 8, 7)
 
 
 def metadata(comm, args_line: str, iters: int, warmup: int, repeats: int) -> dict:
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    local = node.Get_size()
-    node.Free()
+    local = on_node(comm, "the benchmark's metadata: where the ranks run")[1]
     hosts = comm.allgather(MPI.Get_processor_name())
     locals_ = comm.allgather(local)
     slurm_nodes = comm.allgather(os.environ.get("SLURMD_NODENAME"))

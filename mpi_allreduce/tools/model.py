@@ -31,66 +31,25 @@ hierarchical        4(q-1) a_i + 4 n (q-1)/q b_i + n (q-1)/q g + T_inner(m, a_e,
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
 from typing import Optional
 
 import numpy as np
 
+from .. import registry
 from ..simulate import Machine, simulate
-
-
-@dataclass(frozen=True)
-class Params:
-    alpha: float  # seconds per message on the wire
-    beta: float  # seconds per byte on the wire
-    gamma: float  # seconds per byte reduced
-    #: across nodes, for hierarchical (defaults to the same link)
-    alpha_inter: Optional[float] = None
-    beta_inter: Optional[float] = None
-    #: software: seconds per message posted (each side), per local action
-    overhead: float = 0.0
-    op_overhead: float = 0.0
-    #: a message's measured time against its size, inside a node and across
-    #: (``((bytes, seconds), ...)``): when given, used instead of alpha + n beta
-    curve: Optional[tuple] = None
-    curve_inter: Optional[tuple] = None
-    #: cores of a node, where ranks may outnumber them (see Machine.cores)
-    cores: Optional[int] = None
-    #: inside a node, a message its sender has just written (see Machine)
-    curve_fresh: Optional[tuple] = None
-    #: the longest message the MPI sends eagerly (see Machine)
-    eager_bytes: Optional[int] = None
-    #: software of one call outside its rounds (checks, plan lookup)
-    call_overhead: float = 0.0
-    #: across nodes a rank moves one message at a time (see Machine)
-    half_duplex: bool = False
-
-    def __post_init__(self):
-        # from JSON the curves are lists: kept as tuples (hashable, for the caches)
-        for name in ("curve", "curve_inter", "curve_fresh"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, tuple(tuple(map(float, pt)) for pt in value))
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def machine_of(prm: Params, nodes: Optional[tuple] = None) -> Machine:
-    """The simulator's machine: every fitted parameter (each has a
-    :class:`Machine` field of the same name), placed on ``nodes``."""
-    return Machine(nodes=nodes, **asdict(prm))
+from ..topology import placement
 
 
 @functools.lru_cache(maxsize=4096)
-def predict(algorithm: str, n: float, p: int, prm: Params, segment_bytes: Optional[int] = None,
+def predict(algorithm: str, n: float, p: int, prm: Machine, segment_bytes: Optional[int] = None,
             ranks_per_node: Optional[int] = None, itemsize: int = 4,
             nodes: Optional[tuple] = None) -> float:
     """Predicted seconds for an ``n``-byte all-reduce on ``p`` ranks: the
-    schedules of all ranks timed on ``prm`` (float32 elements by default).
-    ``nodes`` (the node of every rank) or ``ranks_per_node`` (blocks of
-    consecutive ranks) place the ranks on nodes: messages between nodes
-    take the inter-node link and share their node's port."""
+    schedules of all ranks timed on the machine ``prm`` (float32 elements
+    by default).  ``nodes`` (the node of every rank) or ``ranks_per_node``
+    (blocks of consecutive ranks) place the ranks on nodes, in place of
+    ``prm``'s own: messages between nodes take the inter-node link and
+    share their node's port."""
     if p <= 1 or n <= 0:
         return 0.0
     count = max(1, int(n) // itemsize)
@@ -107,22 +66,20 @@ def predict(algorithm: str, n: float, p: int, prm: Params, segment_bytes: Option
     if nodes is not None and len(set(nodes)) == 1:
         nodes = None
     return simulate(algorithm, p, count, dtype, "sum", segment_size=segment, options=options,
-                    machine=machine_of(prm, nodes), data=False).seconds
+                    machine=prm.placed(nodes), data=False).seconds
 
 
-FLAT = ("ring", "recursive_doubling", "rabenseifner")
-
-
-def best_flat(n: float, p: int, prm: Params, segment_bytes: Optional[int] = None):
-    """(name, seconds) of the cheapest flat algorithm by the model (across
-    nodes: the inter-node link)."""
+def best_flat(n: float, p: int, prm: Machine, segment_bytes: Optional[int] = None):
+    """(name, seconds) of the cheapest of the registry's
+    ``INNER_CANDIDATES`` by the model, on ``p`` ranks one a node (the
+    inter-node link)."""
     if p <= 1:
         return "none", 0.0
-    outer = Params(prm.alpha if prm.alpha_inter is None else prm.alpha_inter,
-                   prm.beta if prm.beta_inter is None else prm.beta_inter, prm.gamma,
-                   overhead=prm.overhead, op_overhead=prm.op_overhead)
-    return min(((name, predict(name, n, p, outer, segment_bytes)) for name in FLAT),
-               key=lambda t: t[1])
+    alpha, beta = prm.link(True)
+    outer = Machine(alpha=alpha, beta=beta, gamma=prm.gamma, overhead=prm.overhead,
+                    op_overhead=prm.op_overhead)
+    return min(((name, predict(name, n, p, outer, segment_bytes))
+                for name in registry.INNER_CANDIDATES), key=lambda t: t[1])
 
 
 def fit_line(sizes, times) -> tuple[float, float]:
@@ -239,16 +196,6 @@ def measure_reduction(sizes, dtype=np.float32, iters: int = 20) -> list[float]:
     return out
 
 
-def node_layout(comm) -> tuple:
-    """The node of every rank, as the lowest rank on it (``MPI_COMM_TYPE_SHARED``)."""
-    from mpi4py import MPI
-
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    first = node.allreduce(comm.Get_rank(), op=MPI.MIN)
-    node.Free()
-    return tuple(comm.allgather(first))
-
-
 def node_cores(comm, nodes: tuple) -> int:
     """The cores rank 0's node's ranks may run on: the union of their CPU
     affinities (each rank may be bound to one)."""
@@ -264,7 +211,7 @@ def node_cores(comm, nodes: tuple) -> int:
     return max(1, len(cores))
 
 
-def fit(comm, two_level: bool = False) -> Params:
+def fit(comm, two_level: bool = False) -> Machine:
     """The machine's parameters, each measured with nothing else running
     (the simulator adds the sharing: of a node's port, and of its cores
     when its ranks outnumber them).
@@ -290,7 +237,8 @@ def fit(comm, two_level: bool = False) -> Params:
         raise ValueError("fitting alpha and beta needs at least 2 ranks")
     sizes = [8 << k for k in range(0, 20)]  # 8 B .. 4 MiB
     p = comm.Get_size()
-    nodes = node_layout(comm) if two_level else (0,) * p
+    nodes = placement(comm, "the model's fit: where the ranks run")[0] if two_level \
+        else (0,) * p
     cores = node_cores(comm, nodes)
     overhead = op_overhead = gamma = 0.0
     if comm.Get_rank() == 0:
@@ -325,9 +273,11 @@ def fit(comm, two_level: bool = False) -> Params:
     else:  # one rank a node: the only link is across
         alpha, beta, curve, curve_fresh = alpha_inter, beta_inter, curve_inter, None
     call = measure_call(comm, (0, members[1] if len(members) > 1 else other))
-    return comm.bcast(Params(alpha, beta, gamma, alpha_inter, beta_inter, overhead,
-                             op_overhead, curve, curve_inter, cores, curve_fresh,
-                             eager_limit(curve), call, half_duplex), root=0)
+    return comm.bcast(Machine(alpha=alpha, beta=beta, gamma=gamma, alpha_inter=alpha_inter,
+                              beta_inter=beta_inter, overhead=overhead, op_overhead=op_overhead,
+                              curve=curve, curve_inter=curve_inter, cores=cores,
+                              curve_fresh=curve_fresh, eager_bytes=eager_limit(curve),
+                              call_overhead=call, half_duplex=half_duplex), root=0)
 
 
 def measure_call(comm, pair, iters: int = 2000) -> float:
@@ -423,7 +373,7 @@ def report(comm, sizes, iters: int = 20, json_path: Optional[str] = None,
 
     params = fit(comm, two_level)
     p = comm.Get_size()
-    nodes = node_layout(comm) if two_level else None
+    nodes = placement(comm, "the model's report: where the ranks run")[0] if two_level else None
     layout = nodes or (0,) * p
     local = layout.count(layout[0])  # ranks on rank 0's node
     results = bench(comm, sizes, list(ALGORITHMS), iters=iters, warmup=2, repeats=repeats,
@@ -464,7 +414,7 @@ def report(comm, sizes, iters: int = 20, json_path: Optional[str] = None,
     print(f"# the model picks the measured fastest algorithm at {agree} of {len(by_size)} sizes")
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"params": params.as_dict(), "ranks": p, "nodes": nodes, "rows": rows,
+            json.dump({"params": params.parameters(), "ranks": p, "nodes": nodes, "rows": rows,
                        "within": hits / len(rows), "picked": agree, "sizes": len(by_size)},
                       f, indent=1)
     return 0

@@ -36,16 +36,18 @@ import collections
 import functools
 from typing import Optional
 
+from .. import registry
+from ..algorithms import hierarchical
 from ..partition import real_rank
+from ..simulate import Machine
 from .bench import human
-from .model import Params, machine_of
 
 __all__ = ["ALGORITHMS", "seconds", "Links"]
 
-#: the algorithms with a closed form (hierarchical takes the best flat
-#: algorithm among the node leaders)
-ALGORITHMS = ("driver", "naive", "ring", "ring_pipelined", "recursive_doubling",
-              "rabenseifner", "tree", "double_binary_tree", "hierarchical")
+#: every algorithm of the registry, in its order: each flat one has its
+#: form in ``_FORMS``; hierarchical takes the best of the registry's
+#: ``INNER_CANDIDATES`` among the node leaders
+ALGORITHMS = registry.ALGORITHMS
 
 
 #: recursive doubling and Rabenseifner across nodes with p not a power of
@@ -57,9 +59,9 @@ class Links:
     """The machine as the forms need it: software costs, the two links,
     gamma and the node size."""
 
-    def __init__(self, prm: Params, ranks_per_node: int, itemsize: int):
+    def __init__(self, prm: Machine, ranks_per_node: int, itemsize: int):
         self.prm = prm
-        self.machine = machine_of(prm)  # its links: what a message costs
+        self.machine = prm.placed(None)  # its links: what a message costs
         self.o, self.o_op, self.w = prm.overhead, prm.op_overhead, itemsize
         self.g = prm.gamma * itemsize  # per element
         self.q = ranks_per_node
@@ -91,7 +93,7 @@ def _segments(length: int, s: int) -> int:
     return max(1, -(-length // s))
 
 
-def seconds(algorithm: str, nbytes: int, p: int, prm: Params, ranks_per_node: Optional[int] = None,
+def seconds(algorithm: str, nbytes: int, p: int, prm: Machine, ranks_per_node: Optional[int] = None,
             segment_bytes: Optional[int] = None, itemsize: int = 4,
             inner: Optional[str] = None) -> float:
     """Predicted seconds of an ``nbytes`` all-reduce on ``p`` ranks,
@@ -103,7 +105,7 @@ def seconds(algorithm: str, nbytes: int, p: int, prm: Params, ranks_per_node: Op
     q = min(ranks_per_node or p, p)
     s = max(1, (segment_bytes or (1 << 62)) // itemsize)
     m = Links(prm, q, itemsize)
-    if algorithm == "hierarchical":
+    if algorithm == hierarchical.NAME:
         return prm.call_overhead + _hierarchical(m, p, count, s, inner)
     try:
         form = _FORMS[algorithm]
@@ -306,7 +308,7 @@ def _simulated(algorithm: str, p: int, count: int, s: int, m: "Links") -> float:
     nodes = tuple(r // m.q for r in range(p)) if p > m.q else None
     dtype = {1: "u1", 2: "u2", 4: "float32", 8: "float64"}[m.w]
     return simulate(algorithm, p, count, dtype, segment_size=s,
-                    machine=machine_of(m.prm, nodes), data=False).seconds
+                    machine=m.prm.placed(nodes), data=False).seconds
 
 
 def _hierarchical(m: Links, p: int, c: int, s: int, inner: Optional[str]) -> float:
@@ -323,7 +325,7 @@ def _hierarchical(m: Links, p: int, c: int, s: int, inner: Optional[str]) -> flo
     if nodes == 1:
         return inside if q > 1 else 0.0
     leaders = Links(m.prm, 1, m.w)  # one rank a node: every message across, no port shared
-    names = (inner,) if inner else ("ring", "recursive_doubling", "rabenseifner")
+    names = (inner,) if inner else registry.INNER_CANDIDATES
     return inside + min(_FORMS[name](leaders, nodes, c, s) for name in names)
 
 
@@ -332,7 +334,7 @@ _FORMS = {"driver": _driver, "naive": _naive, "ring": _ring, "ring_pipelined": _
           "tree": _tree, "double_binary_tree": _double_binary_tree}
 
 
-def table(prm: Params, ranks: list, sizes: list, ranks_per_node: int,
+def table(prm: Machine, ranks: list, sizes: list, ranks_per_node: int,
           segment_bytes: int, algorithms=ALGORITHMS) -> list:
     """Rows ``{"p", "size", "algorithm", "seconds"}`` for every point."""
     rows = []
@@ -366,7 +368,7 @@ def crossovers(winners: dict) -> dict:
     return out
 
 
-def report(prm: Params, ranks: list, sizes: list, ranks_per_node: int, segment_bytes: int,
+def report(prm: Machine, ranks: list, sizes: list, ranks_per_node: int, segment_bytes: int,
            png: Optional[str] = None, json_path: Optional[str] = None, header: str = "") -> None:
     """Print the predicted times (us) per p and size, the fastest marked,
     then the crossovers; optionally the PNG and the rows as JSON."""
@@ -394,7 +396,7 @@ def report(prm: Params, ranks: list, sizes: list, ranks_per_node: int, segment_b
         print(f"{p:>6}: " + "; ".join(f"{name} from {human(size)}" for size, name in runs))
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"params": prm.as_dict(), "ranks_per_node": ranks_per_node,
+            json.dump({"params": prm.parameters(), "ranks_per_node": ranks_per_node,
                        "segment_bytes": segment_bytes, "rows": rows}, f, indent=1)
     if png:
         from .plot import plot_scale
