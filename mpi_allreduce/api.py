@@ -289,7 +289,7 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
     bound = plan.bind(call.send, call.recv, request=True)
     operation = progress.operation(bound, context, call.recv.nbytes, persistent)
     if persistent:
-        return progress.persistent_request(operation, call.recv, (bound,))
+        return PersistentRequest(operation, call.recv, (bound,))
     if not opts.check and extra is not None:  # kept: its bound call, scratch and operation
         restart = progress.restarter(operation, context, call.recv)
         ours = [after - before for before, after in zip(held, refcounts(call))]

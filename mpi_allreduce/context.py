@@ -155,22 +155,6 @@ class Context:
         """The error a call on a broken communicator raises (a fresh one each time)."""
         return type(self.broken)(*self.broken.args)
 
-    def enter(self, what: tuple) -> None:
-        """Start a call on this thread: take the guard, refuse on a broken
-        communicator, say what runs (for the watchdog).  Pair with
-        :meth:`leave`."""
-        if not self.guard.acquire(False):
-            raise self.concurrent()
-        if self.broken is not None:
-            self.guard.release()
-            raise self.refusal()
-        self.what = what
-        self.count += 1
-
-    def leave(self) -> None:
-        self.what = None
-        self.guard.release()
-
     def table(self, tuning) -> DecisionTable:
         """``auto``'s decision table for ``tuning`` (None: the default one,
         from ``MPI_ALLREDUCE_TUNING``, else the one ``tune`` measured, else

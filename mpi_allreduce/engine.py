@@ -51,7 +51,7 @@ class Operation:
     __slots__ = ("stages", "plan", "comm", "mpitype", "post", "tag", "slot", "index", "pending",
                  "done", "error", "event", "threaded", "persistent", "kind", "starts",
                  "limit", "deadline", "reserved", "context", "lock", "owner", "kept",
-                 "__weakref__")
+                 "round", "__weakref__")
 
     def __init__(self, stages: list, plan, tag: int, slot: str, threaded: bool,
                  kind: str = "non-blocking call", context=None, reserved: bool = False):
@@ -80,8 +80,31 @@ class Operation:
         #: the watchdog's raise mode: seconds a start may wait (else 0)
         self.limit = seconds if action == "raise" else 0.0
         self.deadline = 0.0
+        #: the one-round fast path (see :meth:`one_round`), or None
+        self.round = None
         if plan is not None and seconds > 0:
             WATCH.watch(self)
+
+    def one_round(self) -> None:
+        """Take the fast path where every message travels in one round and
+        MPI persistent requests carry them (host buffers, progressed by the
+        caller: 2 ranks, short vectors): :meth:`begin` runs the local steps
+        before that round, starts its requests and the steps that overlap
+        them, with no loop over stages; :meth:`finish` waits for them and
+        runs the rest.  Nothing needs advancing in between, so the caller
+        waits in MPI without the engine's bookkeeping, unless a deadline
+        (the watchdog's raise mode) makes it poll in the one wait loop."""
+        persistent = self.persistent
+        if persistent is None or self.threaded or sum(1 for r in persistent if r) != 1:
+            return
+        (index,) = [i for i, requests in enumerate(persistent) if requests]
+        stages = self.stages
+        before = [s for stage in stages[:index] for s in stage.before + stage.overlap]
+        before += stages[index].before
+        after_wait = [s for stage in stages[index + 1:] for s in stage.before + stage.overlap]
+        requests = persistent[index]
+        self.round = (index, before, requests, list(stages[index].overlap), after_wait,
+                      [_Started(requests)])
 
     def snapshot(self) -> tuple:
         """What the watchdog samples: (starts, (kind, plan) while in flight, thread)."""
@@ -99,7 +122,30 @@ class Operation:
             self.deadline = time.monotonic() + self.limit
         if self.event is not None:
             self.event.clear()
-        self._next()
+        if self.round is None:
+            self._next()
+            return
+        self.index, before, requests, overlap, _, self.pending = self.round
+        for function, args in before:
+            function(*args)
+        _startall(requests)
+        for function, args in overlap:
+            function(*args)
+
+    def finish(self, block: bool = True) -> bool:
+        """The one-round fast path's end (see :meth:`one_round`): wait for
+        (``block``) or test its requests, then run the steps after them;
+        whether the call is complete."""
+        requests = self.round[2]
+        if block:
+            _waitall(requests)
+        elif not _testall(requests):
+            return False
+        self.pending = []
+        for function, args in self.round[4]:
+            function(*args)
+        self.index, self.done = len(self.stages), True
+        return True
 
     def _next(self) -> None:
         stages, persistent = self.stages, self.persistent
@@ -178,6 +224,9 @@ class Operation:
     def requests(self) -> list:
         """The MPI requests of the current stage."""
         return [r for p in self.pending for r in p.requests]
+
+
+_startall, _waitall, _testall = MPI.Prequest.Startall, MPI.Request.Waitall, MPI.Request.Testall
 
 
 class _Started:

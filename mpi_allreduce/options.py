@@ -13,7 +13,7 @@ from an ``Options`` never reads a keyword or a setting again; kept calls,
 Which options a kind of call uses is said here too (:data:`APPLIES`): an
 option given to a call it does not apply to is an error, never silently
 dropped; ``Comm`` and the torch backend pass each call the ones that apply
-to it (:meth:`Options.keywords`).
+to it (:func:`keywords_for`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import numpy as np
 from . import registry, selection as _selection
 from .config import environment
 
-__all__ = ["Options", "options", "NAMES", "APPLIES", "SELECTIONS", "DEFAULT_SEGMENT_BYTES"]
+__all__ = ["Options", "options", "keywords_for", "NAMES", "APPLIES", "SELECTIONS",
+           "DEFAULT_SEGMENT_BYTES"]
 
 #: default segment: the most one message carries when its data is to be
 #: reduced, and so the scratch of every algorithm
@@ -87,7 +88,7 @@ NAMES = ("algorithm", "check", "segment_size", "ranks_per_node", "inner", "tunin
 #: the options each kind of call uses ("request": non-blocking and
 #: persistent all-reduces, which choose by the decision table and take
 #: ``reproducible`` only where it changes nothing, see
-#: :func:`~mpi_allreduce.api.iallreduce`; "halves": reduce_scatter and
+#: :func:`~mpi_allreduce.iallreduce`; "halves": reduce_scatter and
 #: allgather, which run the ring's halves)
 APPLIES = {
     "allreduce": NAMES,

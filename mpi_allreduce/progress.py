@@ -36,7 +36,6 @@ each waits against one deadline loop (``_Engine.wait``).
 
 from __future__ import annotations
 
-import time
 import weakref
 from time import sleep as _yield
 from typing import Optional
@@ -45,10 +44,10 @@ from mpi4py import MPI
 
 from .context import _CLOSING, reap
 from .engine import (_ENGINE, _PRUNE, ABANDONED, THREAD_MIN_BYTES, MPIOperation,  # noqa: F401
-                     Operation, _Started, thread_progress)
+                     Operation, thread_progress)
 from .errors import RequestError, Stalled, failed
 from .executor import Bound, Stage
-from .watchdog import WATCH, settings
+from .watchdog import settings
 
 __all__ = ["Request", "PersistentRequest", "RequestError", "waitall", "guarded", "blocking",
            "mpi_request", "restarter", "kept_scratch_back"]
@@ -69,12 +68,14 @@ class Request:
     """A non-blocking call: ``test()``, ``wait()``; persistent ones also
     ``start()`` and ``free()`` (MPI-4's persistent collectives)."""
 
-    __slots__ = ("_op", "_result", "_state", "_keep", "__weakref__")
+    __slots__ = ("_op", "_result", "_state", "_keep", "_start", "__weakref__")
 
     # states: "active" (started, not yet waited), "complete" (waited; a
     # persistent request may start again), "freed"
-    def __init__(self, op: Optional[Operation], result, keep=()):
+    def __init__(self, op: Optional[Operation], result, keep=(), start=None):
         self._op, self._result, self._keep = op, result, keep
+        #: what starts the call (see starter); made once for a call started often
+        self._start = start if start is not None or op is None else starter(op)
         self._state = "complete"
 
     def _begin(self) -> None:
@@ -82,21 +83,10 @@ class Request:
         if op is None:  # nothing to send: complete at once
             self._state = "active"
             return
-        context = op.context
-        if context is not None:
-            context.enter(_STARTING)
-        try:
-            op.begin()
-            self._state = "active"
-        except BaseException as exc:
-            if context is not None:  # its first messages may be posted
-                context.breaks(exc, op.kind)
-            raise
-        finally:
-            if context is not None:
-                context.leave()
-        if op.done:
-            return
+        self._start()
+        self._state = "active"
+        if op.done or op.round is not None and not op.limit:
+            return  # (the one-round fast path: its wait or test finishes it)
         if op.threaded:
             _ENGINE.start_threaded(op)
         else:
@@ -109,7 +99,10 @@ class Request:
         op = self._op
         if op is not None and not op.done:
             try:
-                if op.threaded:
+                if op.round is not None and not op.limit:
+                    if not op.finish(False):
+                        return False
+                elif op.threaded:
                     if not op.event.is_set():
                         _ENGINE.overdue(op)
                         # let the progress thread have the interpreter: a loop
@@ -134,7 +127,10 @@ class Request:
         op = self._op
         if op is not None and not op.done:
             try:
-                _ENGINE.wait(op)
+                if op.round is not None and not op.limit:
+                    op.finish()
+                else:
+                    _ENGINE.wait(op)
             except BaseException as exc:
                 self._given_up(exc)
                 raise
@@ -226,7 +222,7 @@ class PersistentRequest(Request):
                         if r != MPI.REQUEST_NULL:  # (an abandoned stage's are freed)
                             r.Free()
             op.persistent = None
-        self._state, self._op, self._keep = "freed", None, ()
+        self._state, self._op, self._keep, self._start = "freed", None, (), None
 
     def __enter__(self):
         return self
@@ -240,120 +236,6 @@ class PersistentRequest(Request):
     def __del__(self):
         if self._state != "active" and self._state != "freed":
             self._release()
-
-
-class _OneRound(PersistentRequest):
-    """A persistent call whose messages all travel in one round (2 ranks,
-    short vectors): ``start()`` runs the local steps before that round and
-    starts its MPI persistent requests, ``wait()`` waits for them and runs
-    the rest.  With one round nothing needs advancing in between, so the
-    call needs no more Python than that; it is still watched by the
-    watchdog (this request is the watched item), holds its tag, sets its
-    communicator's call slot while it starts, and in raise mode waits
-    against its deadline."""
-
-    __slots__ = ("_before", "_requests", "_after", "_after_wait", "_context", "_limit",
-                 "_starts")
-
-    def __init__(self, op: Operation, result, keep=()):
-        super().__init__(op, result, keep)
-        (index,) = [i for i, requests in enumerate(op.persistent) if requests]
-        stages = op.stages
-        self._before = [s for stage in stages[:index] for s in stage.before + stage.overlap]
-        self._before += stages[index].before
-        self._requests = op.persistent[index]
-        self._after = list(stages[index].overlap)  # runs before the wait: it overlaps
-        self._after_wait = [s for stage in stages[index + 1:] for s in stage.before + stage.overlap]
-        self._context, self._limit, self._starts = op.context, op.limit, 0
-        if settings()[0] > 0:
-            WATCH.watch(self)
-
-    def snapshot(self) -> tuple:
-        op = self._op
-        active = self._state == "active" and op is not None
-        return self._starts, (op.kind, op.plan) if active else None, "any"
-
-    def start(self) -> None:
-        if self._state != "complete":
-            super().start()  # raises
-        context = self._context
-        if not context.guard.acquire(False):  # (Context.enter, inline: the short cut's cost)
-            raise context.concurrent()
-        try:
-            if context.broken is not None:
-                raise context.refusal()
-            context.what = _STARTING
-            if self._limit:
-                self._op.deadline = time.monotonic() + self._limit
-            for function, args in self._before:
-                function(*args)
-            _startall(self._requests)
-            for function, args in self._after:
-                function(*args)
-            self._starts += 1
-            self._state = "active"
-        except BaseException as exc:
-            context.breaks(exc, self._op.kind)
-            raise
-        finally:
-            context.what = None
-            context.guard.release()
-
-    def wait(self):
-        if self._state != "active":
-            self._check_active("wait")
-        try:
-            if self._limit:  # the engine's one wait loop, against the deadline
-                op = self._pending()
-                _ENGINE.start_caller(op)
-                _ENGINE.wait(op)
-                if op.error is not None:  # (an MPI error, raised as the wait below raises it)
-                    error, op.error = op.error, None
-                    raise error
-            else:
-                _waitall(self._requests)
-            for function, args in self._after_wait:
-                function(*args)
-        except BaseException as exc:
-            self._context.breaks(exc, self._op.kind)
-            self._state = "complete"
-            raise
-        self._state = "complete"
-        return self._result
-
-    def test(self) -> bool:
-        if self._state != "active":
-            self._check_active("test")
-        if not _testall(self._requests):
-            if self._limit and time.monotonic() > self._op.deadline:
-                raise self._stalled()
-            return False
-        self.wait()
-        return True
-
-    def _pending(self) -> Operation:
-        """The operation, in flight with this start's requests as its last
-        stage's (what the engine waits for, and a report describes)."""
-        op = self._op
-        op.pending, op.index, op.done = [_Started(self._requests)], len(op.stages) - 1, False
-        op.starts = self._starts
-        return op
-
-    def _stalled(self) -> Stalled:
-        self._state = "complete"
-        return self._pending().stalled()
-
-
-_startall, _waitall, _testall = MPI.Prequest.Startall, MPI.Request.Waitall, MPI.Request.Testall
-
-
-def persistent_request(op: Operation, result, keep=()) -> PersistentRequest:
-    """The persistent request for ``op``: the one-round short cut where it
-    applies (host buffers, progressed by the caller, one round of messages)."""
-    if op.persistent is not None and not op.threaded and \
-            sum(1 for requests in op.persistent if requests) == 1:
-        return _OneRound(op, result, keep)
-    return PersistentRequest(op, result, keep)
 
 
 def persistent_requests(bound: Bound, tag: int) -> list:
@@ -384,7 +266,18 @@ def operation(bound: Bound, context, nbytes: int, persistent: bool) -> Operation
     op.tag = context.claim(op, bound.plan.fingerprint, persistent)
     if persistent and not bound.plan.backend.device:
         op.persistent = persistent_requests(bound, op.tag)
+        op.one_round()
     return op
+
+
+def starter(op: Operation):
+    """What starts ``op``: its :meth:`~mpi_allreduce.engine.Operation.begin`
+    under its communicator's guard (:func:`guarded`: a start is a call of
+    its own on the communicator, and an exception in it breaks the
+    communicator), or as it is for a call with no communicator."""
+    if op.context is None:
+        return op.begin
+    return guarded(op.context, ("start of a " + op.kind, op.plan), op.begin)
 
 
 def kept_scratch_back(op: Operation, bound: Bound):
@@ -408,7 +301,7 @@ def restarter(op: Operation, context, result):
     new :class:`Request` over the same operation, with a new tag from the
     context (calls are numbered in the order they start, on every rank);
     None while its last start is still in flight."""
-    fingerprint = op.plan.fingerprint
+    fingerprint, start = op.plan.fingerprint, starter(op)
     last = [None]  # the request of its last start, by weak reference
 
     def restart():
@@ -416,7 +309,7 @@ def restarter(op: Operation, context, result):
         if not op.done or (previous is not None and previous._state == "active"):
             return None  # in flight, or complete but not yet waited: a call of its own
         op.tag = context.reclaim(op, fingerprint)
-        request = Request(op, result)
+        request = Request(op, result, start=start)
         request._begin()
         last[0] = weakref.ref(request)
         return request
@@ -430,10 +323,6 @@ def local_operation(backend, send, recv) -> Operation:
     if send is not None and recv.size:
         steps = [(backend.device_synchronize, ()), (backend.copy, (recv, send))]
     return Operation([Stage(tuple(steps), (), ())], None, 0, "", False)
-
-
-#: what a communicator's call slot holds while a non-blocking call starts
-_STARTING = ("start of a non-blocking call", None)
 
 
 def guarded(context, what: tuple, run):

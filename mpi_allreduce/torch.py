@@ -69,6 +69,7 @@ from . import collectives
 from .api import allreduce, iallreduce
 from .backend import device_view, has_device_arrays, on_stream
 from .errors import Stalled
+from .options import keywords_for, options as resolve_options
 from .progress import mpi_request
 from .topology import on_node
 
@@ -89,9 +90,17 @@ _OPTIONS: dict = {}
 
 def configure(**options) -> None:
     """Options of :func:`mpi_allreduce.allreduce` (``algorithm``,
-    ``reproducible``, ``segment_size``, ...) for the backend's all-reduces."""
+    ``reproducible``, ``segment_size``, ...) for the backend's all-reduces,
+    checked here (an unknown name raises ``TypeError``, a bad value
+    ``ValueError``) by the function every call's options go through."""
+    resolve_options(**options)
     _OPTIONS.clear()
     _OPTIONS.update(options)
+
+
+def _halves() -> dict:
+    """The configured options that the reduce-scatter and allgather take."""
+    return keywords_for(_OPTIONS, "halves")
 
 
 def _reduction(opts) -> tuple:
@@ -499,7 +508,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         if factor is not None:
             for tensor in tensors:
                 tensor.mul_(factor)
-        if not _overlaps(opts) or "reproducible" in _OPTIONS:  # (iallreduce does not take it)
+        if not _overlaps(opts) or _OPTIONS.get("reproducible"):  # (a blocking sum)
             for tensor in tensors:
                 _in_place(tensor, lambda t: allreduce(MPI.IN_PLACE, t, op, comm=self.comm,
                                                       **_OPTIONS))
@@ -522,14 +531,14 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         for output, parts in zip(outputs, inputs):
             whole = _array(_scaled(torch.cat([p.reshape(-1) for p in parts]), factor))
             _in_place(output, lambda t: collectives.reduce_scatter(
-                whole, t, op, [p.numel() for p in parts], comm=self.comm))
+                whole, t, op, [p.numel() for p in parts], comm=self.comm, **_halves()))
         return _Done(outputs)
 
     @_on_device(ours=True)
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002 - torch's name
         op, factor = _reduction(opts)
         _in_place(output, lambda t: collectives.reduce_scatter(
-            _array(_scaled(input.contiguous(), factor)), t, op, comm=self.comm))
+            _array(_scaled(input.contiguous(), factor)), t, op, comm=self.comm, **_halves()))
         return _Done(output)
 
     _reduce_scatter_base = reduce_scatter_single
@@ -540,7 +549,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
             counts = [o.numel() for o in output_list]
             whole = torch.empty(sum(counts), dtype=tensor.dtype, device=tensor.device)
             collectives.allgather(_array(tensor.contiguous()), _array(whole), counts,
-                                  comm=self.comm)
+                                  comm=self.comm, **_halves())
             for piece, out in zip(torch.split(whole, counts), output_list):
                 out.copy_(piece.reshape(out.shape))
         return _Done(outputs)
@@ -557,7 +566,8 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         else:
             overlaps = input.untyped_storage().data_ptr() == output.untyped_storage().data_ptr()
             send = _array(input.clone() if overlaps else input.contiguous())
-        _in_place(output, lambda t: collectives.allgather(send, t, comm=self.comm))
+        _in_place(output, lambda t: collectives.allgather(send, t, comm=self.comm,
+                                                           **_halves()))
         return _Done(output)
 
     _allgather_base = all_gather_single

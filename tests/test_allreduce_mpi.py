@@ -19,6 +19,7 @@ from mpi4py import MPI
 import mpi_allreduce as mar
 from mpi_allreduce import config
 from mpi_allreduce.ops import OPS, SUPPORTED_DTYPES
+from mpi_allreduce.options import options
 
 from .conftest import PATH_VARIANTS
 from .helpers import VARIANT_IDS, VARIANTS, expected, mine
@@ -131,7 +132,8 @@ def test_scratch_is_bounded_by_a_segment(comm, algorithm, segment_size):
     out = mar.allreduce(send, comm=comm, algorithm=algorithm, segment_size=segment_size)
     np.testing.assert_array_equal(out, send * p)
     # the cached runner of that call
-    call = validate.validate(send, None, "sum", algorithm, segment_size, None, None, None, None)
+    call = validate.validate(send, None, "sum", options(algorithm=algorithm,
+                                                        segment_size=segment_size))
     held = planner.plan_for(context_for(comm), call, algorithm).scratch_bytes // send.itemsize
     bound = max(1, SCRATCH_BOUND[algorithm](n, p, segment_size))
     assert held <= bound, f"{algorithm} holds {held} elements of scratch, bound {bound}"
