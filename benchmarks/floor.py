@@ -7,6 +7,9 @@ repeat, the same on every rank), on the same buffers:
   numpy add per call -- what a 2-rank all-reduce cannot do without
   (on more ranks, the peer is rank XOR 1 and the floor is one such step);
 * ``mpi``: the vendor's ``MPI.Allreduce``;
+* ``nb_floor``: the floor's exchange as a non-blocking call would make it
+  (``Irecv``, ``Isend``, ``Waitall``, the add): the least a repeated
+  ``iallreduce`` + ``wait`` can cost in Python, whatever the library does;
 * every algorithm of ours named in ``-a`` (default: recursive doubling and
   the reproducible ``auto``);
 * ``persistent``: ``allreduce_init`` once, then ``start()`` and ``wait()``
@@ -64,7 +67,13 @@ def main() -> None:
     def vendor():
         comm.Allreduce([send, f32], [recv, f32], MPI.SUM)
 
-    calls = {"floor": floor, "mpi": vendor}
+    irecv, isend, waitall = comm.Irecv, comm.Isend, MPI.Request.Waitall
+
+    def nb_floor():
+        waitall([irecv([incoming, f32], peer, 0), isend([send, f32], peer, 0)])
+        add(send, incoming, recv)
+
+    calls = {"floor": floor, "mpi": vendor, "nb_floor": nb_floor}
     for name in args.algorithms.split(","):
         calls[name] = (lambda name: lambda: mar.allreduce(send, recv, MPI.SUM, comm=comm,
                                                           algorithm=name))(name)
@@ -104,6 +113,10 @@ def main() -> None:
             ratio, q1, q3 = paired_ratios(per_repeat["iallreduce"], per_repeat["auto"])
             print(f"# iallreduce + wait / blocking auto: {ratio:.2f} (per repeat q1-q3 "
                   f"{q1:.2f} - {q3:.2f})")
+            ratio, q1, q3 = paired_ratios(per_repeat["nb_floor"], per_repeat["floor"])
+            print(f"# non-blocking floor / floor: {ratio:.2f} (per repeat q1-q3 "
+                  f"{q1:.2f} - {q3:.2f}); iallreduce + wait / non-blocking floor: "
+                  f"{paired_ratios(per_repeat['iallreduce'], per_repeat['nb_floor'])[0]:.2f}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"command": "mpiexec -n %d python benchmarks/floor.py" % size,

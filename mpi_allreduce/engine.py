@@ -88,12 +88,16 @@ class Operation:
     def one_round(self) -> None:
         """Take the fast path where every message travels in one round and
         MPI persistent requests carry them (host buffers, progressed by the
-        caller: 2 ranks, short vectors): :meth:`begin` runs the local steps
-        before that round, starts its requests and the steps that overlap
-        them, with no loop over stages; :meth:`finish` waits for them and
-        runs the rest.  Nothing needs advancing in between, so the caller
-        waits in MPI without the engine's bookkeeping, unless a deadline
-        (the watchdog's raise mode) makes it poll in the one wait loop."""
+        caller: 2 ranks, short vectors).  Nothing needs advancing between
+        the start and the wait, so neither goes through the stages: a start
+        runs :meth:`round_steps` (the local steps before the round, the
+        start of its requests, the steps that overlap them) and a wait
+        (``PersistentRequest.wait``) waits for the requests in MPI and runs
+        ``self.round[3]``, the steps after them, with none of the engine's
+        bookkeeping -- unless a deadline (the watchdog's raise mode) makes
+        the call poll in the one wait loop, through the stages.
+        ``self.round``: (the round's requests, the steps before them, those
+        that overlap them, those after them)."""
         persistent = self.persistent
         if persistent is None or self.threaded or sum(1 for r in persistent if r) != 1:
             return
@@ -101,10 +105,16 @@ class Operation:
         stages = self.stages
         before = [s for stage in stages[:index] for s in stage.before + stage.overlap]
         before += stages[index].before
-        after_wait = [s for stage in stages[index + 1:] for s in stage.before + stage.overlap]
+        after = [s for stage in stages[index + 1:] for s in stage.before + stage.overlap]
         requests = persistent[index]
-        self.round = (index, before, requests, list(stages[index].overlap), after_wait,
-                      [_Started(requests)])
+        self.round = (requests, before, list(stages[index].overlap), after)
+        # (what an abandoned call cancels, and a report names)
+        self.pending, self.index = [_Started(requests)], index
+
+    def round_steps(self) -> list:
+        """A one-round start as compiled steps (see :meth:`one_round`)."""
+        requests, before, overlap, _ = self.round
+        return [*before, (_startall, (requests,)), *overlap]
 
     def snapshot(self) -> tuple:
         """What the watchdog samples: (starts, (kind, plan) while in flight, thread)."""
@@ -122,30 +132,7 @@ class Operation:
             self.deadline = time.monotonic() + self.limit
         if self.event is not None:
             self.event.clear()
-        if self.round is None:
-            self._next()
-            return
-        self.index, before, requests, overlap, _, self.pending = self.round
-        for function, args in before:
-            function(*args)
-        _startall(requests)
-        for function, args in overlap:
-            function(*args)
-
-    def finish(self, block: bool = True) -> bool:
-        """The one-round fast path's end (see :meth:`one_round`): wait for
-        (``block``) or test its requests, then run the steps after them;
-        whether the call is complete."""
-        requests = self.round[2]
-        if block:
-            _waitall(requests)
-        elif not _testall(requests):
-            return False
-        self.pending = []
-        for function, args in self.round[4]:
-            function(*args)
-        self.index, self.done = len(self.stages), True
-        return True
+        self._next()
 
     def _next(self) -> None:
         stages, persistent = self.stages, self.persistent
@@ -226,7 +213,7 @@ class Operation:
         return [r for p in self.pending for r in p.requests]
 
 
-_startall, _waitall, _testall = MPI.Prequest.Startall, MPI.Request.Waitall, MPI.Request.Testall
+_startall = MPI.Prequest.Startall
 
 
 class _Started:

@@ -48,7 +48,7 @@ from .schedule import Recv, Reduce, Schedule, Send
 from .spec import CallSpec, TagLayout, tag_layout
 from .trace import instrument, tracer
 
-__all__ = ["Plan", "Bound", "Stage", "wire_type", "element_type", "mpi_tags"]
+__all__ = ["Plan", "Bound", "Stage", "wire_type", "element_type", "mpi_tags", "runner"]
 
 #: derive every blocking call's tag from the call's spec (see :mod:`.spec`);
 #: False: one fixed tag (what the guard costs is measured against that)
@@ -207,13 +207,13 @@ class Bound:
             stages = instrument(plan, stages, blocking, recorder)
         self.stages = stages
         self.steps = _compile(plan, stages) if blocking else None
-        self.run = _runner(self.steps) if blocking else None
+        self.run = runner(self.steps) if blocking else None
 
     def __call__(self) -> None:
         self.run()
 
 
-def _runner(steps: list) -> Callable[[], None]:
+def runner(steps: list) -> Callable[[], None]:
     """The call itself: the steps in order (one or two steps without a loop)."""
     if len(steps) == 1:
         (f0, a0), = steps

@@ -46,8 +46,10 @@ from .context import _CLOSING, reap
 from .engine import (_ENGINE, _PRUNE, ABANDONED, THREAD_MIN_BYTES, MPIOperation,  # noqa: F401
                      Operation, thread_progress)
 from .errors import RequestError, Stalled, failed
-from .executor import Bound, Stage
+from .executor import Bound, Stage, runner
 from .watchdog import settings
+
+_waitall, _testall = MPI.Request.Waitall, MPI.Request.Testall
 
 __all__ = ["Request", "PersistentRequest", "RequestError", "waitall", "guarded", "blocking",
            "mpi_request", "restarter", "kept_scratch_back"]
@@ -68,7 +70,7 @@ class Request:
     """A non-blocking call: ``test()``, ``wait()``; persistent ones also
     ``start()`` and ``free()`` (MPI-4's persistent collectives)."""
 
-    __slots__ = ("_op", "_result", "_state", "_keep", "_start", "__weakref__")
+    __slots__ = ("_op", "_result", "_state", "_keep", "_start", "_round", "__weakref__")
 
     # states: "active" (started, not yet waited), "complete" (waited; a
     # persistent request may start again), "freed"
@@ -76,6 +78,9 @@ class Request:
         self._op, self._result, self._keep = op, result, keep
         #: what starts the call (see starter); made once for a call started often
         self._start = start if start is not None or op is None else starter(op)
+        #: the operation's one-round fast path, where it takes it (no
+        #: deadline: see Operation.one_round), else None
+        self._round = op.round if op is not None and not op.limit else None
         self._state = "complete"
 
     def _begin(self) -> None:
@@ -85,7 +90,7 @@ class Request:
             return
         self._start()
         self._state = "active"
-        if op.done or op.round is not None and not op.limit:
+        if op.done or self._round is not None:
             return  # (the one-round fast path: its wait or test finishes it)
         if op.threaded:
             _ENGINE.start_threaded(op)
@@ -97,12 +102,18 @@ class Request:
         request, as ``wait()`` would)."""
         self._check_active("test")
         op = self._op
+        if self._round is not None and not op.done:  # (the one-round fast path)
+            try:
+                done = _testall(self._round[0])
+            except BaseException as exc:
+                self._given_up(exc)
+                raise
+            if done:
+                self.wait()  # (the steps after the round)
+            return done
         if op is not None and not op.done:
             try:
-                if op.round is not None and not op.limit:
-                    if not op.finish(False):
-                        return False
-                elif op.threaded:
+                if op.threaded:
                     if not op.event.is_set():
                         _ENGINE.overdue(op)
                         # let the progress thread have the interpreter: a loop
@@ -123,18 +134,19 @@ class Request:
 
     def wait(self):
         """Wait until the call is complete; return the result buffer."""
-        self._check_active("wait")
+        if self._state != "active":
+            self._check_active("wait")
         op = self._op
         if op is not None and not op.done:
             try:
-                if op.round is not None and not op.limit:
-                    op.finish()
-                else:
-                    _ENGINE.wait(op)
+                _ENGINE.wait(op)
             except BaseException as exc:
                 self._given_up(exc)
                 raise
-        self._complete()
+        if _CLOSING or self.__class__ is Request or op is not None and op.error is not None:
+            self._complete()
+        else:  # (a persistent call's wait: nothing more to do)
+            self._state = "complete"
         return self._result
 
     def _given_up(self, exc: BaseException) -> None:
@@ -192,12 +204,36 @@ class PersistentRequest(Request):
 
     def start(self) -> None:
         """Start the call (the buffers' current contents are reduced)."""
-        if self._state == "active":
-            raise RequestError("start() on a persistent request that is still active "
-                               "(wait() for it first)")
-        if self._state == "freed":
+        if self._state != "complete":
+            if self._state == "active":
+                raise RequestError("start() on a persistent request that is still active "
+                                   "(wait() for it first)")
             raise RequestError("start() on a freed request")
+        if self._round is not None:  # the one-round fast path: _begin, inline
+            self._start()
+            op = self._op
+            op.done = False
+            op.starts += 1
+            self._state = "active"
+            return
         self._begin()
+
+    def wait(self):
+        round_ = self._round
+        if round_ is None or self._state != "active":
+            return Request.wait(self)
+        try:  # the one-round fast path: the rest of the call, in this frame
+            _waitall(round_[0])
+            for function, args in round_[3]:
+                function(*args)
+        except BaseException as exc:
+            self._given_up(exc)
+            raise
+        self._op.done = True
+        self._state = "complete"
+        if _CLOSING:
+            reap()
+        return self._result
 
     def Start(self) -> None:  # noqa: N802
         self.start()
@@ -222,7 +258,8 @@ class PersistentRequest(Request):
                         if r != MPI.REQUEST_NULL:  # (an abandoned stage's are freed)
                             r.Free()
             op.persistent = None
-        self._state, self._op, self._keep, self._start = "freed", None, (), None
+        self._state, self._op, self._keep, self._start, self._round = "freed", None, (), None, \
+            None
 
     def __enter__(self):
         return self
@@ -277,7 +314,10 @@ def starter(op: Operation):
     communicator), or as it is for a call with no communicator."""
     if op.context is None:
         return op.begin
-    return guarded(op.context, ("start of a " + op.kind, op.plan), op.begin)
+    what = ("start of a " + op.kind, op.plan)
+    if op.round is not None and not op.limit:  # (see Operation.one_round)
+        return guarded(op.context, what, runner(op.round_steps()))
+    return guarded(op.context, what, op.begin)
 
 
 def kept_scratch_back(op: Operation, bound: Bound):
