@@ -16,7 +16,6 @@ identity checks and the compiled steps.
 
 from __future__ import annotations
 
-import weakref
 from typing import Optional
 
 import numpy as np
@@ -231,12 +230,20 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.C
     :func:`allreduce`).  The buffers must not be touched until the request
     is complete.  Many calls may be in flight on one communicator; every
     rank starts them in the same order and may wait for them in any order."""
-    extra = (check, segment_size, ranks_per_node, inner, tuning, selection, reproducible)
-    kept = CALLS.get((_NONBLOCKING, id(recvbuf)))  # a repeat with the very same objects
-    if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, algorithm, extra):
+    kept = CALLS.get((_NONBLOCKING, id(recvbuf)))  # a repeat with the very same objects:
+    if (kept is not None and kept.send == id(sendbuf) and kept.op is op  # Remembered.repeats,
+            and (kept.comm is comm or kept.comm == comm)  # inline (the latency-critical path)
+            and kept.algorithm == algorithm and recvbuf.dtype is kept.dtype
+            and (kept.in_place or sendbuf.dtype is kept.dtype)
+            and (kept.extra is None
+                 and check is segment_size is ranks_per_node is inner is tuning is selection
+                 is reproducible is None
+                 or kept.extra == (check, segment_size, ranks_per_node, inner, tuning, selection,
+                                   reproducible))):
         request = kept.run()
         if request is not None:  # (None: its last call is in flight or not yet waited)
             return request
+    extra = (check, segment_size, ranks_per_node, inner, tuning, selection, reproducible)
     request = _request(sendbuf, recvbuf, op, comm, _request_options(algorithm, *extra),
                        persistent=False, extra=extra)
     request._begin()
@@ -298,9 +305,6 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
             context, restart, sendbuf, recvbuf, op, comm, opts.algorithm, call, ours,
             None if extra == (None,) * len(extra) else extra, kind=_NONBLOCKING,
             release=progress.kept_scratch_back(operation, bound))
-        request = Request(operation, call.recv, (bound,))
-        restart.last[0] = weakref.ref(request)
-        return request
     return Request(operation, call.recv, (bound,))
 
 

@@ -86,6 +86,15 @@ class Context:
         self._made = {True: 0, False: 0}  # persistent / non-blocking calls made so far
         #: slot -> weak reference to the operation holding it
         self.holders: dict = {}
+        # (the slot each holder holds; its death lets the slot go, see claim)
+        slot_of = self._slot_of = {}
+        holders = self.holders
+
+        def let_go(ref):  # (no reference to the context here: no cycle)
+            slot = slot_of.pop(ref, None)
+            if slot is not None and holders.get(slot) is ref:
+                del holders[slot]
+        self._let_go = let_go
         #: why this communicator is unusable on this rank (an exception: a
         #: call interrupted, failed or stalled after its messages started),
         #: or None; see :meth:`breaks`
@@ -194,35 +203,32 @@ class Context:
     def claim(self, op, fingerprint: int, persistent: bool) -> int:
         """The tag of the next persistent (``persistent``) or non-blocking
         call, ``op``, held until ``op`` no longer holds it (complete; a
-        persistent one freed).  Refused if its slot is still held here."""
-        number = self._made[persistent]
-        self._made[persistent] = number + 1
-        slot = self.tags.slot(persistent, number)
-        ref = self.holders.get(slot)
+        persistent one freed; a slot it held before is let go: a completed
+        non-blocking call started again).  Refused if its slot is still
+        held here."""
+        made, tags, holders = self._made, self.tags, self.holders
+        number = made[persistent]
+        made[persistent] = number + 1
+        slot = tags.slot(persistent, number)
+        ref = holders.get(slot)
         held = ref() if ref is not None else None
-        if held is not None and held.holds_tag():
+        if held is not None and held is not op and held.holds_tag():
             what = "persistent requests alive" if persistent else "non-blocking calls in flight"
             room = self.tags.persistent if persistent else self.tags.slots - self.tags.persistent
             raise TagsExhausted(
                 f"more than {room} {what} on one communicator (tags up to "
                 f"2^{self.tags.bits}): the next would reuse the tag of one still held; wait "
                 "for (or free) older ones first")
-        holders = self.holders
-
-        def gone(r, slot=slot):
-            if holders.get(slot) is r:
-                del holders[slot]
-        holders[slot] = weakref.ref(op, gone)
-        return self.tags.request_tag(slot, fingerprint)
-
-    def reclaim(self, op, fingerprint: int) -> int:
-        """A new tag for ``op``, a completed non-blocking call started
-        again (see :meth:`claim`): the slot it held is let go first."""
-        slot = op.tag >> self.tags.fp_bits
-        ref = self.holders.get(slot)
-        if ref is not None and ref() is op:
-            del self.holders[slot]
-        return self.claim(op, fingerprint, False)
+        mine = op.holder  # one weak reference per call, whose death lets its slot go
+        if mine is None:
+            mine = op.holder = weakref.ref(op, self._let_go)
+        else:
+            old = self._slot_of.get(mine)
+            if old is not None and holders.get(old) is mine:
+                del holders[old]
+        holders[slot] = mine
+        self._slot_of[mine] = slot
+        return tags.request_tag(slot, fingerprint)
 
     def in_flight(self) -> int:
         """Calls of this context in flight now (on this rank)."""

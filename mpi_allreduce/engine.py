@@ -51,7 +51,7 @@ class Operation:
     __slots__ = ("stages", "plan", "comm", "mpitype", "post", "tag", "slot", "index", "pending",
                  "done", "error", "event", "threaded", "persistent", "kind", "starts",
                  "limit", "deadline", "reserved", "context", "lock", "owner", "kept",
-                 "round", "__weakref__")
+                 "round", "live", "holder", "unwaited", "__weakref__")
 
     def __init__(self, stages: list, plan, tag: int, slot: str, threaded: bool,
                  kind: str = "non-blocking call", context=None, reserved: bool = False):
@@ -82,39 +82,61 @@ class Operation:
         self.deadline = 0.0
         #: the one-round fast path (see :meth:`one_round`), or None
         self.round = None
+        self.live: list = []  # the one-round fast path's requests in flight
+        self.holder = None  # what holds its tag in its context (see Context.claim)
+        #: a request of this call is complete but not yet waited (or tested)
+        self.unwaited = False
         if plan is not None and seconds > 0:
             WATCH.watch(self)
 
     def one_round(self) -> None:
-        """Take the fast path where every message travels in one round and
-        MPI persistent requests carry them (host buffers, progressed by the
-        caller: 2 ranks, short vectors).  Nothing needs advancing between
-        the start and the wait, so neither goes through the stages: a start
-        runs :meth:`round_steps` (the local steps before the round, the
-        start of its requests, the steps that overlap them) and a wait
-        (``PersistentRequest.wait``) waits for the requests in MPI and runs
-        ``self.round[3]``, the steps after them, with none of the engine's
-        bookkeeping -- unless a deadline (the watchdog's raise mode) makes
-        the call poll in the one wait loop, through the stages.
-        ``self.round``: (the round's requests, the steps before them, those
-        that overlap them, those after them)."""
-        persistent = self.persistent
-        if persistent is None or self.threaded or sum(1 for r in persistent if r) != 1:
+        """Take the fast path where every message travels in one round
+        (host buffers, progressed by the caller: 2 ranks, short vectors).
+        Nothing needs advancing between the start and the wait, so neither
+        goes through the stages: a start runs :meth:`round_steps` (the local
+        steps before the round, the start of its messages -- MPI persistent
+        requests made once, else an ``MPI_Irecv``/``MPI_Isend`` pair with
+        this start's tag -- and the steps that overlap them), and a wait
+        (``Request.wait``) waits for ``self.live`` in MPI and runs the steps
+        after them, with none of the engine's bookkeeping -- unless a
+        deadline (the watchdog's raise mode) makes the call poll in the one
+        wait loop, through the stages.  ``self.round``: (the steps before
+        the round, those that overlap it, those after it, what posts its
+        messages)."""
+        if self.threaded or self.limit or self.plan.backend.device:
             return
-        (index,) = [i for i, requests in enumerate(persistent) if requests]
+        rounds = [i for i, stage in enumerate(self.stages) if stage.pairs]
+        if len(rounds) != 1:
+            return
+        (index,) = rounds
         stages = self.stages
         before = [s for stage in stages[:index] for s in stage.before + stage.overlap]
         before += stages[index].before
         after = [s for stage in stages[index + 1:] for s in stage.before + stage.overlap]
-        requests = persistent[index]
-        self.round = (requests, before, list(stages[index].overlap), after)
-        # (what an abandoned call cancels, and a report names)
-        self.pending, self.index = [_Started(requests)], index
+        comm, mpitype = self.comm, self.mpitype
+        posts = []  # (MPI_Irecv or MPI_Isend, buffer, peer) of a non-persistent start
+        for send, dest, recv, source in stages[index].pairs:
+            if recv is not None:
+                posts.append((comm.Irecv, [recv, mpitype], source))
+            if send is not None:
+                posts.append((comm.Isend, [send, mpitype], dest))
+        self.round = (before, list(stages[index].overlap), after, posts)
+        self.index = index
+        if self.persistent is not None:
+            self.live = self.persistent[index]
 
     def round_steps(self) -> list:
         """A one-round start as compiled steps (see :meth:`one_round`)."""
-        requests, before, overlap, _ = self.round
-        return [*before, (_startall, (requests,)), *overlap]
+        before, overlap, _, _ = self.round
+        if self.persistent is not None:  # (its request counts the start: Request.start)
+            return [*before, (_startall, (self.live,)), *overlap]
+        return [*before, (self._post_round, ()), *overlap]
+
+    def _post_round(self) -> None:
+        self.done, self.error = False, None
+        self.starts += 1
+        tag = self.tag
+        self.live = [post(spec, peer, tag) for post, spec, peer in self.round[3]]
 
     def snapshot(self) -> tuple:
         """What the watchdog samples: (starts, (kind, plan) while in flight, thread)."""
@@ -209,7 +231,9 @@ class Operation:
         self.pending, self.done = [], True
 
     def requests(self) -> list:
-        """The MPI requests of the current stage."""
+        """The MPI requests of the current stage (or round)."""
+        if self.round is not None:
+            return [] if self.done else list(self.live)
         return [r for p in self.pending for r in p.requests]
 
 

@@ -36,7 +36,6 @@ each waits against one deadline loop (``_Engine.wait``).
 
 from __future__ import annotations
 
-import weakref
 from time import sleep as _yield
 from typing import Optional
 
@@ -78,9 +77,8 @@ class Request:
         self._op, self._result, self._keep = op, result, keep
         #: what starts the call (see starter); made once for a call started often
         self._start = start if start is not None or op is None else starter(op)
-        #: the operation's one-round fast path, where it takes it (no
-        #: deadline: see Operation.one_round), else None
-        self._round = op.round if op is not None and not op.limit else None
+        #: the operation's one-round fast path (see Operation.one_round), or None
+        self._round = op.round if op is not None else None
         self._state = "complete"
 
     def _begin(self) -> None:
@@ -90,6 +88,7 @@ class Request:
             return
         self._start()
         self._state = "active"
+        op.unwaited = True  # (until it is waited: see restarter)
         if op.done or self._round is not None:
             return  # (the one-round fast path: its wait or test finishes it)
         if op.threaded:
@@ -104,7 +103,7 @@ class Request:
         op = self._op
         if self._round is not None and not op.done:  # (the one-round fast path)
             try:
-                done = _testall(self._round[0])
+                done = _testall(op.live)
             except BaseException as exc:
                 self._given_up(exc)
                 raise
@@ -134,6 +133,22 @@ class Request:
 
     def wait(self):
         """Wait until the call is complete; return the result buffer."""
+        round_ = self._round
+        if round_ is not None and self._state == "active":
+            op = self._op
+            try:  # the one-round fast path: the rest of the call, in this frame
+                _waitall(op.live)
+                for function, args in round_[2]:
+                    function(*args)
+            except BaseException as exc:
+                self._given_up(exc)
+                raise
+            op.unwaited = False
+            op.done = True
+            self._state = "complete"
+            if _CLOSING or not op.kept and self.__class__ is Request:
+                self._complete()  # (reap; a call's own scratch back to its plan)
+            return self._result
         if self._state != "active":
             self._check_active("wait")
         op = self._op
@@ -173,6 +188,8 @@ class Request:
     def _complete(self) -> None:
         op = self._op
         self._state = "complete"
+        if op is not None:
+            op.unwaited = False
         if _CLOSING:
             reap()
         if op is not None and op.error is not None:
@@ -217,23 +234,6 @@ class PersistentRequest(Request):
             self._state = "active"
             return
         self._begin()
-
-    def wait(self):
-        round_ = self._round
-        if round_ is None or self._state != "active":
-            return Request.wait(self)
-        try:  # the one-round fast path: the rest of the call, in this frame
-            _waitall(round_[0])
-            for function, args in round_[3]:
-                function(*args)
-        except BaseException as exc:
-            self._given_up(exc)
-            raise
-        self._op.done = True
-        self._state = "complete"
-        if _CLOSING:
-            reap()
-        return self._result
 
     def Start(self) -> None:  # noqa: N802
         self.start()
@@ -303,7 +303,7 @@ def operation(bound: Bound, context, nbytes: int, persistent: bool) -> Operation
     op.tag = context.claim(op, bound.plan.fingerprint, persistent)
     if persistent and not bound.plan.backend.device:
         op.persistent = persistent_requests(bound, op.tag)
-        op.one_round()
+    op.one_round()
     return op
 
 
@@ -315,7 +315,7 @@ def starter(op: Operation):
     if op.context is None:
         return op.begin
     what = ("start of a " + op.kind, op.plan)
-    if op.round is not None and not op.limit:  # (see Operation.one_round)
+    if op.round is not None:  # (see Operation.one_round)
         return guarded(op.context, what, runner(op.round_steps()))
     return guarded(op.context, what, op.begin)
 
@@ -342,18 +342,14 @@ def restarter(op: Operation, context, result):
     context (calls are numbered in the order they start, on every rank);
     None while its last start is still in flight."""
     fingerprint, start = op.plan.fingerprint, starter(op)
-    last = [None]  # the request of its last start, by weak reference
 
     def restart():
-        previous = last[0] and last[0]()
-        if not op.done or (previous is not None and previous._state == "active"):
+        if not op.done or op.unwaited:
             return None  # in flight, or complete but not yet waited: a call of its own
-        op.tag = context.reclaim(op, fingerprint)
+        op.tag = context.claim(op, fingerprint, False)
         request = Request(op, result, start=start)
         request._begin()
-        last[0] = weakref.ref(request)
         return request
-    restart.last = last  # (the first request, made elsewhere, is put there too)
     return restart
 
 
