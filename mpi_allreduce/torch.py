@@ -304,7 +304,7 @@ def _bytes(array):
     return array.reshape(-1).view(np.uint8)
 
 
-#: numpy views of the last tensors reduced, by (address, dtype, shape): the
+#: numpy views of the last tensors reduced, by (address, dtype, shape, strides): the
 #: same tensor again (a DDP bucket, a training loop's buffer) gets the same array
 #: object, which the library's kept calls recognise -- a repeat is then a look-up
 #: instead of a validation, a plan and a bind.  A view holds its tensor's memory,
@@ -315,15 +315,30 @@ MAX_VIEWS = 256  # (a model's parameter tensors, as the library's MAX_CALLS)
 MAX_VIEW_BYTES = 256 << 20
 
 
-def _array(tensor: torch.Tensor):
+def _array(tensor: torch.Tensor, keep: bool = False):
     """A numpy array over the tensor's memory (no copy; bfloat16 as
     ``ml_dtypes.bfloat16``, which numpy cannot import through DLPack), or
-    for a CUDA tensor a cupy array over it."""
-    key = (tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.is_cuda)
+    for a CUDA tensor a cupy array over it.  ``keep``: the caller's own
+    tensor, which it will pass again (an all-reduce's), whose view is kept
+    in ``_VIEWS``; a temporary's is not (keeping it would keep its memory)."""
+    if not keep:
+        return _view(tensor)
+    # (the strides too: a transposed square matrix has the address, dtype and
+    # shape of the matrix, and its view must not be the matrix's)
+    key = (tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride(), tensor.is_cuda)
     view = _VIEWS.get(key)
     if view is not None:
         _VIEWS.move_to_end(key)
         return view
+    view = _VIEWS[key] = _view(tensor)
+    while len(_VIEWS) > MAX_VIEWS or \
+            (len(_VIEWS) > 1 and sum(v.nbytes for v in _VIEWS.values()) > MAX_VIEW_BYTES):
+        _VIEWS.popitem(last=False)
+    return view
+
+
+def _view(tensor: torch.Tensor):
+    """The array over ``tensor``'s memory (see :func:`_array`)."""
     tensor = tensor.detach()
     if tensor.device.type == "cuda":
         if tensor.dtype == torch.bfloat16:
@@ -339,10 +354,6 @@ def _array(tensor: torch.Tensor):
         view = tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     else:
         view = tensor.numpy()
-    _VIEWS[key] = view
-    while len(_VIEWS) > MAX_VIEWS or \
-            (len(_VIEWS) > 1 and sum(v.nbytes for v in _VIEWS.values()) > MAX_VIEW_BYTES):
-        _VIEWS.popitem(last=False)
     return view
 
 
@@ -444,7 +455,7 @@ def _staged(method, group, args, kwargs) -> "_Work":
 def _in_place(tensor: torch.Tensor, run) -> None:
     """``run(array)`` on ``tensor``'s memory, or on a contiguous copy written back."""
     work, back = _contiguous(tensor)
-    run(_array(work))
+    run(_array(work, keep=back is None))
     if back is not None:
         back()
 
@@ -516,8 +527,8 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         requests, after = [], []
         for tensor in tensors:
             work, back = _contiguous(tensor)
-            requests.append(iallreduce(MPI.IN_PLACE, _array(work), op, comm=self.comm,
-                                       **_OPTIONS))
+            requests.append(iallreduce(MPI.IN_PLACE, _array(work, keep=back is None), op,
+                                       comm=self.comm, **_OPTIONS))
             if back is not None:
                 after.append(back)
         return self._started("all_reduce", requests, tensors, opts, after)

@@ -93,6 +93,28 @@ def test_gathers_scatters_and_broadcast(group):
     dist.barrier()
 
 
+def test_temporaries_are_not_kept_only_the_callers_tensors(group):
+    """The views kept for repeats are of the caller's own tensors (an
+    all-reduce's, a reduce-scatter's output); the backend's temporaries
+    (the concatenated input of a reduce_scatter, gathered pieces) are not
+    kept, so their memory goes with them (keeping them held up to 256 MiB
+    of dead tensors)."""
+    from mpi_allreduce import torch as backend
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    backend._VIEWS.clear()
+    grad, shard = torch.ones(8), torch.empty(2)
+    for step in range(50):
+        dist.all_reduce(grad)
+        shards = [torch.full((2,), float(i + r + step)) for i in range(p)]
+        dist.reduce_scatter(shard, shards)
+        pieces = [torch.empty(2) for _ in range(p)]
+        dist.all_gather(pieces, torch.full((2,), float(r)))
+    assert shard.tolist() == [p * (r + 49) + p * (p - 1) / 2] * 2
+    assert [x[0].item() for x in pieces] == [float(i) for i in range(p)]
+    assert len(backend._VIEWS) <= 2, f"{len(backend._VIEWS)} views kept"  # grad's, shard's
+
+
 def test_a_strided_tensor_is_reduced_in_place(group):
     p = dist.get_world_size()
     t = torch.ones(4, 6)[:, ::2]
