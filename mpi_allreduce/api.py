@@ -293,7 +293,7 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
     context = context_for(comm)
     plan = plan_for(context, call, choice(context, call, call.recv.size))
     held = refcounts(call)
-    bound = plan.bind(call.send, call.recv, request=True)
+    bound = plan.bind(call.send, call.recv, request=True, datatype=call.datatype)
     operation = progress.operation(bound, context, call.recv.nbytes, persistent)
     if persistent:
         return PersistentRequest(operation, call.recv, (bound,))

@@ -217,16 +217,15 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, opts: Options, datatype
     # in place or not is each rank's own affair: in the cache key, not the spec
     spec = CallSpec(what, "ring", context.size, sum(blocks), dtype_label(dtype), op.stable,
                     segment, blocks=blocks)
-    key = (spec, op.identity, backend, send is None,
-           None if datatype is None else datatype.py2f())
+    key = (spec, op.identity, backend, send is None)
 
     def build():
         schedule = _schedule(what, context.comm.Get_rank(), context.size, blocks, segment,
                              send is None)
-        return Plan(context.comm, schedule, dtype, op, backend, spec, datatype=datatype)
+        return Plan(context.comm, schedule, dtype, op, backend, spec)
     call = _Kept(send, recv)
     held = refcounts(call)
-    bound = context.plan(key, build).bind(send, recv)
+    bound = context.plan(key, build).bind(send, recv, datatype=datatype)
     run = progress.blocking(bound, context, what)
     # (counted first: references taken below would count too)
     ours = [after - before for before, after in zip(held, refcounts(call))]

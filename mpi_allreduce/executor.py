@@ -110,11 +110,8 @@ class Plan:
     communicator's context, with the same fingerprint in them."""
 
     def __init__(self, comm: MPI.Intracomm, schedule: Schedule, dtype: np.dtype, op: Op,
-                 backend: Backend, spec: CallSpec, datatype=None):
+                 backend: Backend, spec: CallSpec):
         self.comm = comm
-        #: the MPI datatype of one element, for a user MPI.Op's Reduce_local
-        #: (the caller's, from a message spec; else the dtype's)
-        self.datatype = datatype
         self.schedule = schedule
         self.dtype = np.dtype(dtype)
         self.op = op
@@ -132,17 +129,21 @@ class Plan:
     def scratch_bytes(self) -> int:
         return int(self.scratch.nbytes) if self.schedule.scratch else 0
 
-    def bind(self, send, recv, request: bool = False) -> "Bound":
+    def bind(self, send, recv, request: bool = False, datatype=None) -> "Bound":
         """The call on these arrays: ``send`` (None in place) and ``recv``
         (C-contiguous; any shape).  ``request``: for a non-blocking or
         persistent call, which may be in flight with others: scratch of its
-        own, and its stages only (no blocking steps)."""
+        own, and its stages only (no blocking steps).  ``datatype``: the
+        MPI datatype of one element that a user ``MPI.Op``'s
+        ``MPI_Reduce_local`` is given (the caller's, from a message spec;
+        else the dtype's): the bound call's, never the plan's, whose cache
+        key cannot tell a freed datatype from another made at its handle."""
         scratch = None
         if request:
             spare = self.spare
             scratch = spare.pop() if spare else self.backend.empty(self.scratch.shape[0],
                                                                     self.dtype)
-        return Bound(self, send, recv, scratch, blocking=not request)
+        return Bound(self, send, recv, scratch, blocking=not request, datatype=datatype)
 
     def give_back(self, scratch) -> None:
         """A completed non-blocking call's scratch, which no message of it
@@ -172,7 +173,8 @@ class Bound:
 
     __slots__ = ("plan", "stages", "steps", "run", "scratch", "__weakref__")
 
-    def __init__(self, plan: Plan, send, recv, scratch=None, blocking: bool = True):
+    def __init__(self, plan: Plan, send, recv, scratch=None, blocking: bool = True,
+                 datatype=None):
         self.plan, self.scratch = plan, scratch
         backend = plan.backend
         flat = recv.reshape(-1) if recv.ndim != 1 else recv
@@ -195,7 +197,8 @@ class Bound:
             staged = backend.empty_shaped(send.shape, send.dtype)
             lead.append((backend.copy, (staged, send)))
             source = staged.reshape(-1)
-        stages = _stages(plan, (source, flat, plan.scratch if scratch is None else scratch))
+        stages = _stages(plan, (source, flat, plan.scratch if scratch is None else scratch),
+                         datatype)
         if plan.op.finalize is not None and flat.shape[0]:
             stages.append(Stage(((backend.ufunc(plan.op.finalize),
                                   (flat, plan.comm.Get_size(), flat)),), (), ()))
@@ -232,12 +235,12 @@ def runner(steps: list) -> Callable[[], None]:
     return run
 
 
-def _stages(plan: Plan, arrays: tuple) -> list:
+def _stages(plan: Plan, arrays: tuple, datatype=None) -> list:
     """The schedule's rounds with every view made: a list of :class:`Stage`."""
     backend, op = plan.backend, plan.op
-    temp = datatype = None
+    temp = None
     if op.reduce_local:  # a user MPI.Op: MPI_Reduce_local
-        datatype = plan.datatype or element_type(plan.dtype)
+        datatype = datatype or element_type(plan.dtype)
         longest = max((a.out.length for r in plan.schedule.rounds for a in r
                        if isinstance(a, Reduce)), default=0)
         temp = backend.empty(max(longest, 1), plan.dtype)

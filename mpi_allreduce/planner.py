@@ -61,14 +61,12 @@ def spec_of(context: Context, call: Call, name: str) -> CallSpec:
 def plan_for(context: Context, call: Call, name: str) -> Plan:
     """The plan of algorithm ``name`` for this call's spec, from the context's cache."""
     spec = spec_of(context, call, name)
-    datatype = call.datatype
-    key = (spec, call.op.identity, call.backend, None if datatype is None else datatype.py2f())
+    key = (spec, call.op.identity, call.backend)
 
     def build():
         schedule = registry.schedule(name, context.comm.Get_rank(), context.size, spec.count,
                                      spec.segment_size, spec.options)
-        return Plan(context.comm, schedule, call.recv.dtype, call.op, call.backend, spec,
-                    datatype=datatype)
+        return Plan(context.comm, schedule, call.recv.dtype, call.op, call.backend, spec)
     return context.plan(key, build)
 
 
@@ -87,7 +85,7 @@ def runner(context: Context, call: Call):
     name = choice(context, call, recv.size)
     if call.algorithm != "auto" or call.selection == "table" or \
             recv.nbytes < LIVE_MIN_BYTES:
-        bound = plan_for(context, call, name).bind(send, recv)
+        bound = plan_for(context, call, name).bind(send, recv, datatype=call.datatype)
         return progress.blocking(bound, context, "allreduce")
     shape = (recv.size, dtype_label(recv.dtype), call.op.identity, call.backend, call.segment_size)
     candidates = registry.FLAT_ALGORITHMS if call.op.commutative \
@@ -103,7 +101,7 @@ def runner(context: Context, call: Call):
     def bound_run(chosen):
         run = bound.get(chosen)
         if run is None:
-            b = plan_for(context, call, chosen).bind(send, recv)
+            b = plan_for(context, call, chosen).bind(send, recv, datatype=call.datatype)
             run = bound[chosen] = progress.blocking(b, context, "allreduce")
         return run
 

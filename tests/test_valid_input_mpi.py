@@ -571,3 +571,31 @@ def test_a_communicator_wrapped_20000_times_keeps_nothing_per_wrapper(comm):
         assert context.ids == {comm.handle}
     assert sum(ref() is not None for ref in alive) <= 1, "wrappers kept alive"
     assert comm.allreduce(1) == p
+
+
+def _add_doubles(inbuf, outbuf, datatype):
+    """A user op over any datatype made of doubles: out += in."""
+    a = np.frombuffer(inbuf, dtype=np.float64)
+    b = np.frombuffer(outbuf, dtype=np.float64)
+    b += a
+
+
+def test_a_freed_datatype_and_one_made_at_its_handle_are_two_types(comm):
+    """A plan is kept by the call's spec, and the datatype a user
+    ``MPI.Op`` is given is the bound call's own: a derived datatype freed,
+    and another made (MPI may give it the freed one's handle), each reduce
+    with their own -- never a kept plan's freed one (an MPI error after the
+    messages started: the job aborted, for valid input)."""
+    p = comm.Get_size()
+    op = MPI.Op.Create(_add_doubles, commute=True)
+    try:
+        for round_ in range(3):
+            pair = MPI.DOUBLE.Create_contiguous(2).Commit()
+            send = np.arange(6, dtype=np.float64) + comm.Get_rank() + round_
+            recv = np.zeros(6)
+            mar.allreduce([send, pair], [recv, pair], op, comm=comm, algorithm="ring")
+            want = np.arange(6) * p + sum(range(p)) + round_ * p
+            np.testing.assert_array_equal(recv, want, err_msg=f"round {round_}")
+            pair.Free()
+    finally:
+        op.Free()
