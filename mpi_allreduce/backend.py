@@ -112,13 +112,45 @@ class Pending:
         return True
 
 
-def _start(comm, send, dest, recv, source, mpitype, tag) -> list:
-    requests = []
-    if recv is not None:
-        requests.append(comm.Irecv([recv, mpitype], source, tag))
+# --- the MPI calls that move a round's messages: made here, and only here ------------
+
+def exchange(comm, mpitype, tag, send, dest, recv, source) -> tuple:
+    """A blocking call's round of at most one send and one receive (host
+    memory), as one step ``(function, args)``: the MPI call with its
+    message specs made once."""
+    if send is not None and recv is not None:
+        return comm.Sendrecv, ([send, mpitype], dest, tag, [recv, mpitype], source, tag)
     if send is not None:
-        requests.append(comm.Isend([send, mpitype], dest, tag))
-    return requests
+        return comm.Send, ([send, mpitype], dest, tag)
+    return comm.Recv, ([recv, mpitype], source, tag)
+
+
+#: (receive, send) of the non-blocking ways to move a message
+_STARTED = {"start": ("Irecv", "Isend"), "init": ("Recv_init", "Send_init")}
+
+
+def message_calls(comm, pairs, mpitype, how: str = "start") -> list:
+    """A round's messages (``pairs`` of (send, dest, recv, source)) as
+    ``(MPI call, message spec, peer)``, receives first, each made by
+    :func:`started` with a tag: ``how`` "start" (``MPI_Irecv``,
+    ``MPI_Isend``) or "init" (persistent ``MPI_Recv_init``, ``MPI_Send_init``)."""
+    receive, send_name = (getattr(comm, name) for name in _STARTED[how])
+    calls = []
+    for send, dest, recv, source in pairs:
+        if recv is not None:
+            calls.append((receive, [recv, mpitype], source))
+        if send is not None:
+            calls.append((send_name, [send, mpitype], dest))
+    return calls
+
+
+def started(calls: list, tag: int) -> list:
+    """The MPI requests of :func:`message_calls`' calls with ``tag``."""
+    return [call(spec, peer, tag) for call, spec, peer in calls]
+
+
+def _start(comm, send, dest, recv, source, mpitype, tag) -> list:
+    return started(message_calls(comm, ((send, dest, recv, source),), mpitype), tag)
 
 
 class HostBackend(Backend):

@@ -30,6 +30,7 @@ from typing import Optional
 
 from mpi4py import MPI
 
+from .backend import message_calls, started
 from .config import environment
 from .errors import Stalled
 from .watchdog import WATCH, describe, report, settings
@@ -113,14 +114,8 @@ class Operation:
         before = [s for stage in stages[:index] for s in stage.before + stage.overlap]
         before += stages[index].before
         after = [s for stage in stages[index + 1:] for s in stage.before + stage.overlap]
-        comm, mpitype = self.comm, self.mpitype
-        posts = []  # (MPI_Irecv or MPI_Isend, buffer, peer) of a non-persistent start
-        for send, dest, recv, source in stages[index].pairs:
-            if recv is not None:
-                posts.append((comm.Irecv, [recv, mpitype], source))
-            if send is not None:
-                posts.append((comm.Isend, [send, mpitype], dest))
-        self.round = (before, list(stages[index].overlap), after, posts)
+        self.round = (before, list(stages[index].overlap), after,
+                      message_calls(self.comm, stages[index].pairs, self.mpitype))
         self.index = index
         if self.persistent is not None:
             self.live = self.persistent[index]
@@ -135,8 +130,7 @@ class Operation:
     def _post_round(self) -> None:
         self.done, self.error = False, None
         self.starts += 1
-        tag = self.tag
-        self.live = [post(spec, peer, tag) for post, spec, peer in self.round[3]]
+        self.live = started(self.round[3], self.tag)
 
     def snapshot(self) -> tuple:
         """What the watchdog samples: (starts, (kind, plan) while in flight, thread)."""

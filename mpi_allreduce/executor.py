@@ -42,7 +42,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from .backend import Backend
+from .backend import Backend, exchange
 from .ops import Op, reduce_step
 from .schedule import Recv, Reduce, Schedule, Send
 from .spec import CallSpec, TagLayout, tag_layout
@@ -296,21 +296,11 @@ def _compile(plan: Plan, stages: list) -> list:
         if not stage.pairs:
             steps.extend(stage.overlap)
         elif host and not stage.overlap and len(stage.pairs) == 1:
-            steps.append(_blocking(comm, mpitype, plan.tag, *stage.pairs[0]))
+            steps.append(exchange(comm, mpitype, plan.tag, *stage.pairs[0]))
         else:
             steps.append((_overlapped(plan.backend, comm, mpitype, plan.tag, stage.pairs,
                                       stage.overlap), ()))
     return steps
-
-
-def _blocking(comm, mpitype, tag, send, dest, recv, source) -> tuple:
-    """One round of at most one send and one receive, host memory: the MPI
-    call with its message specs made once."""
-    if send is not None and recv is not None:
-        return comm.Sendrecv, ([send, mpitype], dest, tag, [recv, mpitype], source, tag)
-    if send is not None:
-        return comm.Send, ([send, mpitype], dest, tag)
-    return comm.Recv, ([recv, mpitype], source, tag)
 
 
 def _overlapped(backend, comm, mpitype, tag, pairs: tuple, overlap: tuple):

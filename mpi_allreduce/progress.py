@@ -45,6 +45,7 @@ from .context import _CLOSING, reap
 from .engine import (_ENGINE, _PRUNE, ABANDONED, THREAD_MIN_BYTES, MPIOperation,  # noqa: F401
                      Operation, thread_progress)
 from .errors import RequestError, Stalled, failed
+from .backend import message_calls, started
 from .executor import Bound, Stage, runner
 from .watchdog import settings
 
@@ -278,17 +279,8 @@ class PersistentRequest(Request):
 def persistent_requests(bound: Bound, tag: int) -> list:
     """MPI persistent requests for every stage's messages (host buffers)."""
     plan = bound.plan
-    comm, mpitype = plan.comm, plan.mpitype
-    out = []
-    for stage in bound.stages:
-        requests = []
-        for send, dest, recv, source in stage.pairs:
-            if recv is not None:
-                requests.append(comm.Recv_init([recv, mpitype], source, tag))
-            if send is not None:
-                requests.append(comm.Send_init([send, mpitype], dest, tag))
-        out.append(requests or None)
-    return out
+    return [started(message_calls(plan.comm, stage.pairs, plan.mpitype, "init"), tag) or None
+            for stage in bound.stages]
 
 
 def operation(bound: Bound, context, nbytes: int, persistent: bool) -> Operation:
