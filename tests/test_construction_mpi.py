@@ -62,12 +62,42 @@ def _reduce_scatter(data, op, comm):
     return mar.reduce_scatter(data, None, op, comm=comm, segment_size=64 * 8)
 
 
-KINDS = {"allreduce": _blocking, "iallreduce": _nonblocking, "allreduce_init": _persistent,
-         "reduce_scatter": _reduce_scatter}
+def _fusion(data, op, comm):
+    from mpi_allreduce.fusion import Fusion
+
+    fusion = Fusion(comm, op=op, bucket_bytes=1 << 10)
+    halves = np.split(data, 2)
+    for half in halves:
+        fusion.add(half)
+    fusion.wait()
+    return np.concatenate(halves)
+
+
+def _comm(data, op, comm):
+    out = np.empty_like(data)
+    mar.Comm(comm, algorithm="ring", segment_size=64 * 8).Allreduce(data, out, op)
+    return out
+
+
+def _short(call):
+    """``call`` on the first SHORT elements: one round of messages on 2
+    ranks (the one-round fast path of non-blocking and persistent calls)."""
+    return lambda data, op, comm: call(data[:SHORT], op, comm)
+
+
+SHORT = 4
+
+#: kind -> (what runs it, the elements it reduces)
+KINDS = {"allreduce": (_blocking, COUNT), "iallreduce": (_nonblocking, COUNT),
+         "allreduce_init": (_persistent, COUNT), "reduce_scatter": (_reduce_scatter, COUNT),
+         "fusion": (_fusion, COUNT), "Comm.Allreduce": (_comm, COUNT),
+         "iallreduce short": (_short(_nonblocking), SHORT),
+         "allreduce_init short": (_short(_persistent), SHORT)}
 
 
 def _exact(kind, comm):
-    total = sum(np.arange(COUNT, dtype=np.float64) + r for r in range(comm.Get_size()))
+    count = KINDS[kind][1]
+    total = sum(np.arange(count, dtype=np.float64) + r for r in range(comm.Get_size()))
     if kind != "reduce_scatter":
         return total
     counts = [COUNT // comm.Get_size() + (r < COUNT % comm.Get_size())
@@ -88,11 +118,12 @@ def test_an_interrupt_breaks_the_communicator_never_a_wrong_result(raising_watch
     comm = world.Dup()
     rank = comm.Get_rank()
     data = np.arange(COUNT, dtype=np.float64) + rank
-    call = KINDS[kind]
+    call, count = KINDS[kind]
     outcomes = []
     for attempt in range(2):
         try:
-            out = call(data.copy(), interrupting_sum(rank), comm)
+            # (a short call combines once per rank: interrupted in its first)
+            out = call(data.copy(), interrupting_sum(rank, 2 if count > SHORT else 1), comm)
             np.testing.assert_array_equal(out, _exact(kind, comm))
             outcomes.append("exact")
         except KeyboardInterrupt:
