@@ -26,12 +26,15 @@ Ranks must start collective calls on one communicator in the same order
 (as MPI requires); they may complete and be waited in any order, from any
 thread.
 
-This module is the one engine every kind of call goes through: blocking
-calls (:func:`blocking`), non-blocking and persistent ones, the one-round
-persistent short cut, reduce-scatter and allgather, and MPI's own requests
-where the torch backend hands a call to MPI (:func:`mpi_request`).  Each is watched by the
-watchdog from start to completion, and in the watchdog's ``raise`` mode
-each waits against one deadline loop (``_Engine.wait``).
+Every kind of call goes through this one request path: blocking calls
+(:func:`blocking`), non-blocking and persistent ones (one :class:`Request`
+class and its persistent form; a call of one round of messages takes the
+operation's fast path, ``Operation.one_round``, inside the same methods),
+reduce-scatter and allgather, and MPI's own requests where the torch
+backend hands a call to MPI (:func:`mpi_request`).  Every call and every
+start of one enters through the one guard (:func:`guarded`).  Each is
+watched by the watchdog from start to completion, and in the watchdog's
+``raise`` mode each waits against one deadline loop (``_Engine.wait``).
 """
 
 from __future__ import annotations
