@@ -230,20 +230,12 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.C
     :func:`allreduce`).  The buffers must not be touched until the request
     is complete.  Many calls may be in flight on one communicator; every
     rank starts them in the same order and may wait for them in any order."""
-    kept = CALLS.get((_NONBLOCKING, id(recvbuf)))  # a repeat with the very same objects:
-    if (kept is not None and kept.send == id(sendbuf) and kept.op is op  # Remembered.repeats,
-            and (kept.comm is comm or kept.comm == comm)  # inline (the latency-critical path)
-            and kept.algorithm == algorithm and recvbuf.dtype is kept.dtype
-            and (kept.in_place or sendbuf.dtype is kept.dtype)
-            and (kept.extra is None
-                 and check is segment_size is ranks_per_node is inner is tuning is selection
-                 is reproducible is None
-                 or kept.extra == (check, segment_size, ranks_per_node, inner, tuning, selection,
-                                   reproducible))):
+    extra = (check, segment_size, ranks_per_node, inner, tuning, selection, reproducible)
+    kept = CALLS.get((_NONBLOCKING, id(recvbuf)))  # a repeat with the very same objects
+    if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, algorithm, extra):
         request = kept.run()
         if request is not None:  # (None: its last call is in flight or not yet waited)
             return request
-    extra = (check, segment_size, ranks_per_node, inner, tuning, selection, reproducible)
     request = _request(sendbuf, recvbuf, op, comm, _request_options(algorithm, *extra),
                        persistent=False, extra=extra)
     request._begin()

@@ -45,9 +45,8 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
     is the whole of ``recvbuf`` and the result lands at its start.  ``op`` as
     for :func:`~mpi_allreduce.allreduce`."""
     extra = (None if counts is None else tuple(counts), check, segment_size)
-    kept = CALLS.get(("reduce_scatter", id(recvbuf)))  # a repeat with the very same objects
-    if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, "ring", extra):
-        return _again(kept, recvbuf)
+    if _repeated("reduce_scatter", sendbuf, recvbuf, op, comm, extra):
+        return recvbuf
     opts = options("halves", check=check, segment_size=segment_size)
     user = (sendbuf, recvbuf, op, extra)
     op = resolve_op(op)
@@ -92,9 +91,8 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
     ``sendbuf=MPI.IN_PLACE`` this rank's block is already in place in
     ``recvbuf``."""
     extra = (None if counts is None else tuple(counts), check, segment_size)
-    kept = CALLS.get(("allgather", id(recvbuf)))  # a repeat with the very same objects
-    if kept is not None and kept.repeats(sendbuf, recvbuf, None, comm, "ring", extra):
-        return _again(kept, recvbuf)
+    if _repeated("allgather", sendbuf, recvbuf, None, comm, extra):
+        return recvbuf
     opts = options("halves", check=check, segment_size=segment_size)
     user = (sendbuf, recvbuf, None, extra)
     size, rank = comm.Get_size(), comm.Get_rank()
@@ -182,15 +180,19 @@ def _schedule(what: str, rank: int, size: int, blocks: tuple, segment: int, in_p
     return build_allgather(rank, size, blocks, segment, in_place)
 
 
-def _again(kept, recvbuf):
-    """Run a kept call again (see :class:`~mpi_allreduce.context.Remembered`):
+def _repeated(what: str, sendbuf, recvbuf, op, comm, extra: tuple) -> bool:
+    """Whether this is a repeat of a kept call with the very same objects
+    (see :class:`~mpi_allreduce.context.Remembered`), which then ran again:
     no validation, spec or plan look-up, as :func:`~mpi_allreduce.allreduce`
     repeats its kept calls."""
+    kept = CALLS.get((what, id(recvbuf)))
+    if kept is None or not kept.repeats(sendbuf, recvbuf, op, comm, "ring", extra):
+        return False
     try:
         kept.run()
     except Exception as exc:  # noqa: BLE001 - after messages started
-        failed(kept.comm, exc, kept.algorithm)
-    return recvbuf
+        failed(kept.comm, exc, what)
+    return True
 
 
 class _Kept(NamedTuple):
