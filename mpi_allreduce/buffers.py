@@ -51,7 +51,13 @@ def in_place(sendbuf, recvbuf) -> bool:
 
 def messages(sendbuf, recvbuf, user_op: bool = False) -> tuple:
     """A call's two buffers: (send :class:`Message`, or None in place; recv
-    :class:`Message`, or None when omitted)."""
+    :class:`Message`, or None when omitted).  A receive buffer must name
+    memory the result is written into (:func:`names_memory`): a list would
+    be copied, and the result lost with the copy (mpi4py refuses it too)."""
+    if recvbuf is not None and not in_place(recvbuf, None) and not names_memory(recvbuf):
+        raise TypeError(f"recvbuf must be an array or a buffer the result can be written "
+                        f"into, not a {type(recvbuf).__name__} (it would be copied, and the "
+                        "result lost)")
     if in_place(sendbuf, recvbuf):
         if recvbuf is None:
             raise ValueError("sendbuf is MPI.IN_PLACE but no recvbuf was given")

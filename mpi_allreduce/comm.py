@@ -47,6 +47,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import api, collectives, progress
+from .context import setup
 from .backend import backend_for
 from .buffers import message, names_memory
 from .errors import ArgumentMismatch
@@ -264,8 +265,23 @@ class Comm(MPI.Intracomm):
         """mpi4py's own call, in its non-blocking form (``start`` posts it:
         mpi4py reads the buffers and raises as the blocking form would),
         waited in the library's engine: watched by the watchdog like every
-        call of the library, never a wait in MPI that nothing reports."""
+        call of the library, never a wait in MPI that nothing reports.
+
+        The communicator's set-up comes first (collective, as the library's
+        calls' is): where the ranks spell one call's buffers differently,
+        some take mpi4py's way and some the library's, and a set-up on some
+        ranks only would meet mpi4py's collective on the others (a wrong
+        result); set up, the two ways travel on two communicators, never
+        meet, and stall (reported)."""
+        setup(self)
         progress.mpi_request([start()], f"MPI_{name} (buffers as mpi4py reads them)",
+                             self).wait()
+
+    def _watched(self, name: str) -> None:
+        """Before a blocking collective that has no non-blocking form: a
+        watched ``MPI_Ibarrier``, so a rank that never comes is reported
+        (every rank has arrived when the collective itself runs)."""
+        progress.mpi_request([MPI.Intracomm.Ibarrier(self)], f"MPI_{name} (its barrier)",
                              self).wait()
 
     def _counts(self, count: int) -> list:
@@ -357,16 +373,22 @@ class Comm(MPI.Intracomm):
         return _Routed(sendbuf if send is None else send.given, recv.given, counts)
 
     # --- communicators made from this one are wrapped too ------------------
+    # (the collectives that make communicators are watched like every call)
     def Dup(self, info=None):  # noqa: N802
-        return self._wrap(MPI.Intracomm.Dup(self, info))
+        comm, request = MPI.Intracomm.Idup(self, info)
+        progress.mpi_request([request], "MPI_Comm_idup", self).wait()
+        return self._wrap(comm)
 
     def Split(self, color: int = 0, key: int = 0):  # noqa: N802
+        self._watched("Comm_split")
         return self._wrap(MPI.Intracomm.Split(self, color, key))
 
     def Split_type(self, split_type: int, key: int = 0, info=MPI.INFO_NULL):  # noqa: N802
+        self._watched("Comm_split_type")
         return self._wrap(MPI.Intracomm.Split_type(self, split_type, key, info))
 
     def Create(self, group):  # noqa: N802
+        self._watched("Comm_create")
         return self._wrap(MPI.Intracomm.Create(self, group))
 
     def Create_group(self, group, tag: int = 0):  # noqa: N802

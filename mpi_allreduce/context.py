@@ -209,7 +209,20 @@ class Context:
         made, tags, holders = self._made, self.tags, self.holders
         number = made[persistent]
         made[persistent] = number + 1
-        slot = tags.slot(persistent, number)
+        try:
+            return self._hold(op, tags, holders, tags.slot(persistent, number), persistent,
+                              fingerprint)
+        except TagsExhausted:
+            raise  # (every rank holds the same calls: every rank refuses this one)
+        except BaseException as exc:
+            # an interrupt here: this rank counted a call its peers may not
+            # have, so its later calls' tags would be theirs shifted by one
+            self.breaks(exc, "the start of a non-blocking or persistent call")
+            raise
+
+    def _hold(self, op, tags, holders: dict, slot: int, persistent: bool,
+              fingerprint: int) -> int:
+        """:meth:`claim`'s slot ``slot`` held by ``op``: its tag."""
         ref = holders.get(slot)
         held = ref() if ref is not None else None
         if held is not None and held is not op and held.holds_tag():

@@ -65,6 +65,8 @@ from mpi4py import MPI
 
 from .api import _request, iallreduce
 from .backend import as_array, backend_for
+from .buffers import names_memory
+from .context import cached_context
 from .errors import RequestError
 from .ops import dtype_label
 from .options import Options, options
@@ -226,6 +228,9 @@ class Fusion:
     def add(self, array) -> None:
         """Queue ``array`` (reduced in place; do not touch it until
         :meth:`wait`).  Starts the bucket it fills."""
+        if not names_memory(array):
+            raise TypeError(f"fused arrays are reduced in place: give an array or a buffer, not "
+                            f"a {type(array).__name__} (it would be copied, and the result lost)")
         array = as_array(array)
         if not backend_for(array).is_writeable(array):
             raise ValueError("fused arrays are reduced in place: this one is read-only")
@@ -367,7 +372,13 @@ class Fusion:
             self._start(key)
 
     def wait(self) -> None:
-        """Finish every bucket and write the results into the arrays."""
+        """Finish every bucket and write the results into the arrays (on a
+        communicator a call broke, raise as every call on it does, even
+        with nothing left to finish: the last wait's results were lost)."""
+        context = cached_context(self.comm)
+        if context is not None and context.broken is not None:
+            self._started = []
+            raise context.refusal()
         self.flush()
         started, self._started = self._started, []
         self._seen.clear()

@@ -92,9 +92,13 @@ NAMES = ("algorithm", "check", "segment_size", "ranks_per_node", "inner", "tunin
 #: allgather, which run the ring's halves)
 APPLIES = {
     "allreduce": NAMES,
-    "request": NAMES,
+    "request": tuple(name for name in NAMES if name != "selection"),
     "halves": ("check", "segment_size"),
 }
+
+#: the options only some algorithms use: given with another, they are refused
+_ALGORITHMS_OF = {"inner": ("hierarchical",), "ranks_per_node": ("hierarchical",),
+                  "tuning": _TABLE_USERS}
 
 #: values of an option that ask for nothing a kind of call could miss
 _NEUTRAL = {"algorithm": ("auto", "ring"), "reproducible": (False,), "selection": ("table",)}
@@ -118,25 +122,30 @@ def options(kind: str = "allreduce", **keywords) -> Options:
                  if name not in allowed and value is not None
                  and not any(value is v or value == v for v in _NEUTRAL.get(name, ()))]
     if misplaced:
-        raise TypeError(f"reduce_scatter and allgather take no {', '.join(misplaced)} option "
-                        f"(they run the ring's halves and take {', '.join(allowed)})")
+        what = {"request": "iallreduce and allreduce_init (and Fusion) choose by the decision "
+                           "table: they take", "halves": "reduce_scatter and allgather run the "
+                           "ring's halves: they take"}[kind]
+        raise TypeError(f"no {', '.join(misplaced)} option here: {what} "
+                        f"{', '.join(allowed)}")
     env = environment()
     algorithm = registry.check_name(keywords.get("algorithm") or "auto")
-    check = keywords.get("check")
+    for name, users in _ALGORITHMS_OF.items():
+        if keywords.get(name) is not None and algorithm not in users:
+            raise TypeError(f"{name} is an option of {' and '.join(users)}, not of algorithm "
+                            f"{algorithm!r}")
+    if keywords.get("selection") not in (None, "table") and algorithm != "auto":
+        raise TypeError(f"selection is how auto chooses; algorithm {algorithm!r} is named")
+    check = _flag("check", keywords.get("check"))
     segment_size = _segment_size(keywords.get("segment_size"))
     inner, ranks_per_node = keywords.get("inner"), keywords.get("ranks_per_node")
     try:
-        if algorithm == "hierarchical" or inner is not None:
+        if algorithm == "hierarchical":
             inner = _selection.inner_setting(inner)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"inner: {exc}") from None
-    if algorithm == "hierarchical" or ranks_per_node is not None:
+    if algorithm == "hierarchical":
         ranks_per_node = ranks_per_node_setting(ranks_per_node)
-    if algorithm != "hierarchical":  # (checked; no part of a call that does not use them)
-        inner = ranks_per_node = None
     tuning = _tuning_argument(keywords.get("tuning"))
-    if algorithm not in _TABLE_USERS:
-        tuning = None
     selection = keywords.get("selection") or env.selection or "table"
     if selection not in SELECTIONS:
         raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
@@ -144,7 +153,15 @@ def options(kind: str = "allreduce", **keywords) -> Options:
         selection = "table"  # (live selection times blocking calls)
     return Options(algorithm, env.check if check is None else bool(check), segment_size,
                    env.segment_bytes or DEFAULT_SEGMENT_BYTES, ranks_per_node, inner, tuning,
-                   selection, bool(keywords.get("reproducible")))
+                   selection, _flag("reproducible", keywords.get("reproducible")) or False)
+
+
+def _flag(name: str, value) -> Optional[bool]:
+    """A yes-or-no option: True, False (numpy's too) or None; anything else
+    (a string "no" is true in Python) is refused."""
+    if value is None or isinstance(value, (bool, np.bool_)):
+        return None if value is None else bool(value)
+    raise TypeError(f"{name} must be True, False or None, got {value!r}")
 
 
 def keywords_for(given: dict, kind: str) -> dict:

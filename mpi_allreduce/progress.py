@@ -114,8 +114,8 @@ class Request:
             if done:
                 self.wait()  # (the steps after the round)
             return done
-        if op is not None and not op.done:
-            try:
+        try:  # (to the end: an interrupt even as it completes breaks the communicator)
+            if op is not None and not op.done:
                 if op.threaded:
                     if not op.event.is_set():
                         _ENGINE.overdue(op)
@@ -129,10 +129,10 @@ class Request:
                     if not op.done:
                         _ENGINE.overdue(op)
                         return False
-            except BaseException as exc:
-                self._given_up(exc)
-                raise
-        self._complete()
+            self._complete()
+        except BaseException as exc:
+            self._given_up(exc)
+            raise
         return True
 
     def wait(self):
@@ -144,36 +144,40 @@ class Request:
                 _waitall(op.live)
                 for function, args in round_[2]:
                     function(*args)
-            except BaseException as exc:
+                op.unwaited = False
+                op.done = True
+                self._state = "complete"
+                if _CLOSING or not op.kept and self.__class__ is Request:
+                    self._complete()  # (reap; a call's own scratch back to its plan)
+            except BaseException as exc:  # (to the end: as it completes too)
                 self._given_up(exc)
                 raise
-            op.unwaited = False
-            op.done = True
-            self._state = "complete"
-            if _CLOSING or not op.kept and self.__class__ is Request:
-                self._complete()  # (reap; a call's own scratch back to its plan)
             return self._result
         if self._state != "active":
             self._check_active("wait")
         op = self._op
-        if op is not None and not op.done:
-            try:
+        try:  # (to the end: an interrupt even as it completes breaks the communicator)
+            if op is not None and not op.done:
                 _ENGINE.wait(op)
-            except BaseException as exc:
-                self._given_up(exc)
-                raise
-        if _CLOSING or self.__class__ is Request or op is not None and op.error is not None:
-            self._complete()
-        else:  # (a persistent call's wait: nothing more to do)
-            self._state = "complete"
+            if _CLOSING or self.__class__ is Request or op is not None and op.error is not None:
+                self._complete()
+            else:  # (a persistent call's wait: nothing more to do)
+                self._state = "complete"
+        except BaseException as exc:
+            self._given_up(exc)
+            raise
         return self._result
 
     def _given_up(self, exc: BaseException) -> None:
         """A wait or test left by an exception (a stall, an interrupt)
-        before the call completed: its messages are in disarray, so its
+        before the call completed, or as it completed: its messages may be
+        in disarray, and a retry could meet the peers' next call, so its
         communicator is broken (see Context.breaks) and the request is not
         waited again."""
         op = self._op
+        if op is None:
+            self._state = "complete"
+            return
         if op.context is not None:
             op.context.breaks(exc, op.kind)
         if not isinstance(exc, Stalled) and not op.threaded:  # (the thread holds its requests)
@@ -371,18 +375,25 @@ def guarded(context, what: tuple, run):
     def guarded_run():
         if not acquire(False):
             raise context.concurrent()
+        held = True
         try:
             if context.broken is not None:
                 raise context.refusal()
             context.what = what
             context.count += 1
             run()
+            context.what = None
+            held = False
+            # (an interrupt is raised as a call returns, this one too: inside
+            # this try, so one that lands as the call completes breaks the
+            # communicator as well -- a retry would meet the peers' next call)
+            release()
         except BaseException as exc:
+            context.what = None
+            if held:
+                release()
             context.breaks(exc, kind)
             raise
-        finally:
-            context.what = None
-            release()
     return guarded_run
 
 

@@ -111,9 +111,15 @@ class TagLayout(NamedTuple):
 
 
 def tag_layout(tag_ub: Optional[int]) -> TagLayout:
-    """The layout for an MPI whose largest tag is ``tag_ub`` (at least 32767)."""
+    """The layout for an MPI whose largest tag is ``tag_ub`` (at least 32767).
+
+    Slots are few (8,192: 2,048 persistent requests alive, 6,144
+    non-blocking calls in flight, where there are 18 bits or more) so that
+    the fingerprint keeps many bits: two non-blocking calls whose specs
+    differ share a tag with odds of 1 in 2^fp_bits (2^17 on Open MPI, 2^15
+    on MPICH, 2^16 on Intel MPI, 2^4 at the standard's minimum)."""
     bits = max(15, min(31, (int(tag_ub or 32767) + 1).bit_length() - 1))
-    fp_bits = min(10, max(4, bits - 11))
-    slot_bits = bits - 1 - fp_bits
+    slot_bits = min(13, bits - 1 - 4)
+    fp_bits = bits - 1 - slot_bits
     slots = 1 << slot_bits
     return TagLayout(bits, 1 << (bits - 1), fp_bits, slots // 4, slots)

@@ -528,7 +528,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         for tensor in tensors:
             work, back = _contiguous(tensor)
             requests.append(iallreduce(MPI.IN_PLACE, _array(work, keep=back is None), op,
-                                       comm=self.comm, **_OPTIONS))
+                                       comm=self.comm, **keywords_for(_OPTIONS, "request")))
             if back is not None:
                 after.append(back)
         return self._started("all_reduce", requests, tensors, opts, after)

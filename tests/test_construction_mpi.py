@@ -58,6 +58,12 @@ def _persistent(data, op, comm):
     return request.wait()
 
 
+def _persistent_once(data, comm):
+    with mar.allreduce_init(data, None, comm=comm) as request:
+        request.start()
+        return request.wait().copy()
+
+
 def _reduce_scatter(data, op, comm):
     return mar.reduce_scatter(data, None, op, comm=comm, segment_size=64 * 8)
 
@@ -335,3 +341,117 @@ def test_a_fusions_single_array_takes_one_path_whatever_its_layout(comm):
     fusion.allreduce([a])
     assert np.all(a == comm.Get_size() * (comm.Get_size() + 1) / 2)
     fusion.free()
+
+
+class _ReleaseInterrupted:
+    """A communicator's guard whose ``at``-th release raises
+    KeyboardInterrupt once the lock is released: a signal that lands as a
+    call returns, after its messages all completed (Python raises it as the
+    release returns, inside the library's frame)."""
+
+    def __init__(self, at: int):
+        self.lock, self.releases, self.at = threading.RLock(), 0, at
+
+    def acquire(self, blocking: bool = True) -> bool:
+        return self.lock.acquire(blocking)
+
+    def release(self) -> None:
+        self.lock.release()
+        self.releases += 1
+        if self.releases == self.at:
+            raise KeyboardInterrupt("as the call returned")
+
+
+RETURNING = {"allreduce": lambda x, comm: mar.allreduce(x, None, comm=comm),
+             "iallreduce": lambda x, comm: mar.iallreduce(x, None, comm=comm).wait(),
+             "allreduce_init": _persistent_once}
+
+
+@pytest.mark.parametrize("kind", list(RETURNING))
+def test_an_interrupt_as_a_call_returns_breaks_the_communicator(raising_watchdog, kind):
+    """Rank 0's call completes and is interrupted as it returns; rank 0
+    calls again.  Its peers have gone on to their next call, which the
+    retry would meet (the same spec: the same tags) and mix with; so the
+    retry raises Broken, and the peers' next call stalls and is reported."""
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank has no peer to leave waiting")
+    comm = world.Dup()
+    mar.setup(comm)
+    rank, p = comm.Get_rank(), comm.Get_size()
+    if rank == 0:  # (before the first call binds the guard: its second release raises)
+        context_for(comm).guard = _ReleaseInterrupted(at=2)
+    outcomes = []
+    step = 0
+    while step < 3 and len(outcomes) < 4:
+        x = np.full(4, 10.0 * step + rank)
+        try:
+            got = RETURNING[kind](x, comm)
+            outcomes.append("exact" if (got == 10.0 * step * p + p * (p - 1) / 2).all()
+                            else "WRONG")
+            step += 1
+        except KeyboardInterrupt:
+            outcomes.append("interrupted")  # (and the same step again)
+        except mar.Broken as exc:
+            outcomes.append(type(exc).__name__)
+            break
+    assert "WRONG" not in outcomes, outcomes
+    if rank == 0:
+        assert outcomes[:3] == ["exact", "interrupted", "Broken"], outcomes
+    assert world.allreduce(int("Stalled" in outcomes)) >= 1  # the peers were told
+    comm.Free()
+
+
+def test_a_fusion_waited_again_after_an_interrupt_raises(raising_watchdog):
+    """A Fusion's wait() left by an interrupt on rank 0: waited again, with
+    nothing left to finish, it raises as every call on the broken
+    communicator does -- never returns as if the arrays held results.  A
+    peer either had all it needed (exact results) or stalled, and then
+    raises again too."""
+    from mpi_allreduce.fusion import Fusion
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank has no peer to leave waiting")
+    comm = world.Dup()
+    rank = comm.Get_rank()
+    fusion = Fusion(comm, op=interrupting_sum(rank, at=1), bucket_bytes=8000, algorithm="ring")
+    arrays = [np.full(1000, float(rank)) for _ in range(4)]
+    for array in arrays:
+        fusion.add(array)
+    try:
+        fusion.wait()
+        first = "exact" if all((a == sum(range(comm.Get_size()))).all() for a in arrays) \
+            else "WRONG"
+    except (KeyboardInterrupt, mar.Broken) as exc:
+        first = type(exc).__name__
+    assert first != "WRONG"
+    assert first != "exact" or rank != 0
+    if first == "exact":
+        fusion.wait()  # (nothing in flight, nothing broken here)
+    else:
+        with pytest.raises(mar.Broken):
+            fusion.wait()
+    comm.Free()
+
+
+def test_ranks_that_spell_one_call_differently_stall_never_mix(raising_watchdog):
+    """The drop-in Comm takes a plain array its own way and a buffer spelt
+    as mpi4py reads it (``[y, "d"]``) mpi4py's way: ranks that spell one
+    call differently take different ways, which travel on different
+    communicators (the set-up comes first on every rank), so they stall and
+    raise; none gets a result mixed from the two."""
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank takes its own way alone")
+    base = world.Dup()  # (not set up: the first call on it sets it up)
+    comm, rank, p = mar.Comm(base), base.Get_rank(), base.Get_size()
+    x, y = np.arange(6.0) + rank, np.zeros(6)
+    try:
+        comm.Allreduce(x, [y, "d"] if rank == 0 else y)
+        outcome = "exact" if (y == np.arange(6.0) * p + p * (p - 1) / 2).all() else "WRONG"
+    except (mar.Broken, MPI.Exception) as exc:
+        outcome = type(exc).__name__
+    assert outcome != "WRONG"
+    assert world.allreduce(int(outcome == "Stalled")) >= 1
+    base.Free()

@@ -67,22 +67,44 @@ def test_the_halves_refuse_what_they_cannot_use_and_take_what_they_can():
     np.testing.assert_array_equal(got, np.arange(4.0))
 
 
-def test_requests_take_every_option_and_refuse_a_reproducible_float_sum():
-    """``selection`` and ``reproducible`` are accepted by the non-blocking
-    and persistent calls: requests choose by the table, and reproducible
-    ints are exact anyway; a reproducible float sum is a blocking call."""
+def test_requests_refuse_live_selection_and_a_reproducible_float_sum():
+    """Non-blocking and persistent calls (and Fusion's) choose by the table:
+    ``selection="live"`` is refused, never dropped; ``reproducible=True``
+    is taken where it changes nothing (integers are exact anyway) and
+    refused for a float sum, which only a blocking call makes reproducible."""
     ints = np.arange(5)
-    assert mar.iallreduce(ints, comm=SELF, selection="live", reproducible=True).wait() \
+    assert mar.iallreduce(ints, comm=SELF, reproducible=True, selection="table").wait() \
         .tolist() == ints.tolist()
-    assert options("request", selection="live").selection == "table"
+    for make in (lambda: mar.iallreduce(ints, comm=SELF, selection="live"),
+                 lambda: mar.allreduce_init(ints, comm=SELF, selection="live"),
+                 lambda: Fusion(SELF, selection="live")):
+        with pytest.raises(TypeError, match="selection"):
+            make()
     with pytest.raises(ValueError, match="blocking"):
         mar.iallreduce(np.ones(3), comm=MPI.COMM_WORLD if MPI.COMM_WORLD.size > 1 else SELF,
                        reproducible=True)
+    # a wrapper given live selection passes it to its blocking calls only
+    comm = mar.Comm(SELF, selection="live")
+    out = np.empty(5, dtype=ints.dtype)
+    comm.Iallreduce(ints, out).Wait()
+    assert out.tolist() == ints.tolist()
+
+
+REFUSED = [dict(algorithm="ring", inner="driver"), dict(algorithm="ring", ranks_per_node=1),
+           dict(ranks_per_node=1), dict(inner="ring"), dict(algorithm="tree", tuning={}),
+           dict(algorithm="ring", selection="live"), dict(check="no"), dict(reproducible="no"),
+           dict(check=1)]
+
+
+@pytest.mark.parametrize("keywords", REFUSED, ids=[repr(k) for k in REFUSED])
+def test_an_option_the_call_would_not_use_is_refused_never_dropped(keywords):
+    with pytest.raises(TypeError, match=list(keywords)[-1]):
+        mar.allreduce(np.ones(2), comm=SELF, **keywords)
 
 
 def test_options_are_frozen_hashable_and_carry_every_name():
-    opts = options(algorithm="ring", segment_size=4, tuning="no/such/table.json")
-    assert opts.tuning is None  # (ring uses no table: not in its fingerprint)
+    opts = options(segment_size=4, tuning="no/such/table.json")
+    assert opts.tuning.endswith("no/such/table.json")  # (read when a call needs it)
     assert {opts, opts.but(check=True)} == {opts, opts.but(check=True)}
     with pytest.raises(AttributeError):
         opts.algorithm = "tree"
@@ -105,3 +127,16 @@ def test_the_environment_is_read_when_the_value_is_made(monkeypatch):
     finally:
         monkeypatch.undo()
         config.refresh()
+
+
+@pytest.mark.parametrize("call", ["allreduce", "allreduce in place", "reduce_scatter",
+                                  "Fusion.add"])
+def test_a_receive_buffer_that_would_be_copied_is_refused(call):
+    """A list (or tuple) where the result is to be written would be copied,
+    and the result lost with the copy: refused, as mpi4py refuses it."""
+    runs = {"allreduce": lambda: mar.allreduce(np.ones(2), [0.0, 0.0], comm=SELF),
+            "allreduce in place": lambda: mar.allreduce(MPI.IN_PLACE, [1.0, 2.0], comm=SELF),
+            "reduce_scatter": lambda: mar.reduce_scatter(np.ones(2), (0.0, 0.0), comm=SELF),
+            "Fusion.add": lambda: Fusion(SELF).add([1.0, 2.0])}
+    with pytest.raises(TypeError, match="copied"):
+        runs[call]()

@@ -10,16 +10,24 @@ argparse prints after the option's name.  What is wrong only in
 combination (a range whose first size exceeds its last) is refused right
 after parsing, through the command's ``parser.error``.
 
+What a command finds wrong with a file only when it reads it (a trace
+whose events lack their fields) it raises as :class:`ArgumentRefused`,
+which the command line turns into the same usage error.
+
 Under ``mpiexec`` every rank parses the same arguments and checks the same
-paths, so every rank refuses them alike and none waits for another.
+paths, so every rank refuses them alike and none waits for another (a
+check that could differ from rank to rank, such as the memory free now,
+has no place here).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import sys
+import tempfile
 from typing import Callable, Iterable, Optional
 
 #: the largest message size (bytes) the commands take: 64 GiB
@@ -28,6 +36,29 @@ MAX_BYTES = 1 << 36
 MAX_COUNT = 1 << 36
 #: the most message sizes a size range may give
 MAX_SIZES = 1000
+#: the most elements ``verify --counts`` takes: every rank holds some ten
+#: copies of the vector (its data, the reference, the result, the device's),
+#: 2.5 GiB of complex128 at this count
+MAX_VERIFY_COUNT = 1 << 24
+#: the most timed (and the most warm-up) calls a size of a benchmark makes
+MAX_ITERS = 1_000_000
+#: the most repeats of a benchmark's whole set
+MAX_REPEATS = 1000
+#: the most timed calls, iterations times repeats, a benchmark keeps the
+#: time of (8 bytes each, per algorithm and size)
+MAX_SAMPLES = 10_000_000
+#: the largest seed (numpy's generators take any, the data's seed + 1 too)
+MAX_SEED = (1 << 63) - 1
+
+
+class ArgumentRefused(Exception):
+    """A file named on the command line that a command finds unusable only
+    when it reads it (after parsing, before any MPI message): the command
+    line refuses it as a usage error, naming ``option``."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(f"{option}: {message}")
+        self.option = option
 
 
 class UsageError(SystemExit):
