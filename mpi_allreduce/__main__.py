@@ -7,9 +7,13 @@ An argument a command cannot use is refused as argparse refuses one: a
 usage line and one ``error:`` line naming the option, exit status 2, on
 every rank alike and before any MPI message is sent or anything measured
 (every option's type checks its value, :mod:`mpi_allreduce.tools.arguments`;
-what is wrong only in combination is checked right after parsing).  Past
-that, an exception on any rank aborts the whole job (``MPI.COMM_WORLD.Abort``)
-instead of leaving the other ranks waiting in a message.
+what is wrong only in combination is checked right after parsing).  So is
+a file named on the command line whose fault only reading it shows (a
+trace whose events lack their fields), and a value of an ``MPI_ALLREDUCE_*``
+setting the library refuses (read before the command runs), naming the
+variable.  Past that, an exception on any rank aborts the whole job
+(``MPI.COMM_WORLD.Abort``) instead of leaving the other ranks waiting in a
+message.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ import traceback
 from mpi4py import MPI
 
 from . import trace
-from .tools.arguments import (MAX_COUNT, Parser, algorithm, check_sizes, dtype, image_file,
-                              input_file, input_path, listed, number, op, output_directory,
-                              output_file, params_file, size, size_range, unwritable, whole)
+from .tools.arguments import (MAX_COUNT, MAX_ITERS, MAX_REPEATS, MAX_SAMPLES, MAX_SEED,
+                              MAX_VERIFY_COUNT, ArgumentRefused, Parser, algorithm,
+                              bench_results, check_sizes, device, dtype, image_file, listed,
+                              number, op, output_directory, output_file, params_file, size,
+                              size_range, trace_file, trace_input, unwritable, whole)
 
 #: the most ranks ``simulate`` runs, and ``--predict`` predicts for
 MAX_SIMULATED_RANKS = 65536
@@ -64,18 +70,25 @@ def _trace_arg(parser: argparse.ArgumentParser) -> None:
                              "recording adds time to every call")
 
 
-def _start_trace(args) -> None:
-    """--trace DIR: the setting on, checked on every rank before any message."""
-    if args.trace is None:
-        return
+def _read_settings(args, error) -> None:
+    """The library's settings, read before the command sends any message:
+    ``--segment-bytes`` and ``--trace`` of bench and verify set theirs
+    first.  A value the library refuses, from the environment or from
+    those options, is a usage error naming the variable (or the option);
+    the trace directory is made here."""
     from .config import TRACE_ENV, SettingError, environment, refresh
 
-    os.environ[TRACE_ENV] = args.trace
+    traced = args.command in ("bench", "verify") and args.trace is not None
+    if args.command in ("bench", "verify"):
+        _segment_setting(args)
+    if traced:
+        os.environ[TRACE_ENV] = args.trace
     refresh()
     try:
         environment()
     except SettingError as exc:
-        raise SystemExit(f"--trace: {exc}") from None
+        where = "--trace" if traced and str(exc).startswith(TRACE_ENV + "=") else "environment"
+        error(f"{where}: {exc}")
 
 
 def _end_trace(args, comm) -> None:
@@ -124,10 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("-d", "--dtypes", type=listed(dtype, "dtypes"),
                    default=list(SUPPORTED_DTYPES))
     v.add_argument("-o", "--ops", type=listed(op, "ops"), default=list(OPS))
-    v.add_argument("--counts", type=listed(whole(0, MAX_COUNT), "element counts"), default=None,
-                   help="comma-separated element counts (default: 0, 1, p-1, p, p+1, primes, 2^k+-1)")
+    v.add_argument("--counts", type=listed(whole(0, MAX_VERIFY_COUNT), "element counts"),
+                   default=None,
+                   help="comma-separated element counts (default: 0, 1, p-1, p, p+1, primes, "
+                        f"2^k+-1); at most {MAX_VERIFY_COUNT}, as every rank holds some ten "
+                        "copies of the vector")
     v.add_argument("--no-large", action="store_true", help="skip the ~1M-element cases")
-    v.add_argument("--seed", type=whole(0), default=2026)
+    v.add_argument("--seed", type=whole(0, MAX_SEED), default=2026)
     _trace_arg(v)
     _device_arg(v)
     _hierarchy_args(v)
@@ -136,11 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-m", "--message-sizes", type=size_range, default=None, metavar="MIN:MAX",
                    help="size range, e.g. 8:64M (factor -f)")
     _size_args(b, "64M", 2.0)
-    b.add_argument("-n", "--iters", type=whole(1), default=20,
-                   help="timed iterations (fewer above 1 MiB)")
-    b.add_argument("-w", "--warmup", type=whole(0), default=5, help="untimed warm-up calls")
-    b.add_argument("-r", "--repeats", type=whole(1), default=1,
-                   help="repeat the whole set interleaved; report medians")
+    b.add_argument("-n", "--iters", type=whole(1, MAX_ITERS), default=20,
+                   help=f"timed iterations (fewer above 1 MiB; at most {MAX_ITERS}, and "
+                        f"-n times -r at most {MAX_SAMPLES})")
+    b.add_argument("-w", "--warmup", type=whole(0, MAX_ITERS), default=5,
+                   help=f"untimed warm-up calls (at most {MAX_ITERS})")
+    b.add_argument("-r", "--repeats", type=whole(1, MAX_REPEATS), default=1,
+                   help=f"repeat the whole set interleaved; report medians (at most "
+                        f"{MAX_REPEATS})")
     b.add_argument("-d", "--dtype", type=dtype, default="float32")
     b.add_argument("-o", "--op", type=op, default="sum")
     b.add_argument("-a", "--algorithms", type=listed(algorithm(extra=("auto", VENDOR)),
@@ -168,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("-a", "--algorithms", type=listed(algorithm(extra=("all",)), "algorithms"),
                     default=["all"], help="comma-separated (default: all)")
     si.add_argument("--count", type=whole(0, MAX_COUNT), default=4099,
-                    help="elements per rank (default 4099)")
+                    help="elements per rank (default 4099; every rank's fit in this process's "
+                         "memory)")
     si.add_argument("-d", "--dtype", type=dtype, default="float32")
     si.add_argument("-o", "--op", type=op, default="sum")
     si.add_argument("--in-place", action="store_true")
@@ -186,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="--predict: write the plot here")
     si.add_argument("--json", type=output_file(), default=None,
                     help="--predict: write the rows here")
-    si.add_argument("--trace", type=output_file(make_parents=True), default=None,
+    si.add_argument("--trace", type=output_file(make_parents=True, beside=True), default=None,
                     metavar="FILE.json",
                     help="one algorithm: write its predicted timeline in the Chrome trace "
                          "format of real traces (on the --params machine; else every message "
@@ -202,10 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
                     required=True, help=f"ranks (at most {MAX_DRAWN})")
     dr.add_argument("--count", type=whole(0, MAX_DRAWN, "count"), default=None,
                     help=f"elements of the vector (default: one a rank; at most {MAX_DRAWN})")
-    dr.add_argument("--segment", type=whole(1, what="segment_size"), default=None,
-                    help="elements a message carries at most (default: all)")
-    dr.add_argument("--ranks-per-node", type=whole(1), default=None,
-                    help="hierarchical: ranks of a node (default: half the ranks, two nodes)")
+    dr.add_argument("--segment", type=whole(1, MAX_DRAWN, "segment_size"), default=None,
+                    help=f"elements a message carries at most (default: all; at most "
+                         f"{MAX_DRAWN})")
+    dr.add_argument("--ranks-per-node", type=whole(1, MAX_DRAWN), default=None,
+                    help="hierarchical: ranks of a node (default: half the ranks, two nodes; "
+                         f"at most {MAX_DRAWN})")
     dr.add_argument("--inner", type=_inner(), default=None,
                     help="hierarchical: algorithm across node leaders (default auto)")
     dr.add_argument("-o", "--output", type=output_file(*FORMATS), default=None,
@@ -213,30 +235,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("trace", help="merge the per-rank files of MPI_ALLREDUCE_TRACE=DIR "
                                       "into one trace")
-    tr.add_argument("inputs", type=input_path, nargs="+",
+    tr.add_argument("inputs", type=trace_input, nargs="+",
                     help="the trace directory, or rank-*.json files")
-    tr.add_argument("-o", "--output", type=output_file(make_parents=True), default=None,
+    tr.add_argument("-o", "--output", type=output_file(make_parents=True, beside=True),
+                    default=None,
                     help="default: DIR/trace.json")
 
     rp = sub.add_parser("report", help="where a trace's time went: waiting for messages, "
                                        "reducing, copying, the rest; per algorithm and round kind")
-    rp.add_argument("trace", type=input_file,
+    rp.add_argument("trace", type=trace_file,
                     help="a trace file (trace, bench --trace, simulate --trace)")
     rp.add_argument("-o", "--output", type=image_file, default=None,
                     help="also draw it into this PNG, with the trace's last call")
-    rp.add_argument("--against", type=input_file, default=None, metavar="TRACE",
+    rp.add_argument("--against", type=trace_file, default=None, metavar="TRACE",
                     help="draw this trace's last call beside it (e.g. simulate --trace's "
                          "prediction of the same call)")
 
     pl = sub.add_parser("plot", help="latency and busbw against size from bench JSON files")
-    pl.add_argument("inputs", type=input_file, nargs="+", help="bench --json files (merged)")
+    pl.add_argument("inputs", type=bench_results, nargs="+",
+                    help="bench --json files (merged)")
     pl.add_argument("-o", "--output", type=image_file, default="bench.png")
     pl.add_argument("--title", default=None)
 
     mo = sub.add_parser("model", help="fit alpha/beta/gamma and compare predicted with measured")
     _size_args(mo, "16M", 8.0)
-    mo.add_argument("-n", "--iters", type=whole(1), default=20)
-    mo.add_argument("-r", "--repeats", type=whole(1), default=3)
+    mo.add_argument("-n", "--iters", type=whole(1, MAX_ITERS), default=20)
+    mo.add_argument("-r", "--repeats", type=whole(1, MAX_REPEATS), default=3)
     mo.add_argument("--json", type=output_file(), default=None)
     mo.add_argument("--two-level", action="store_true",
                     help="fit intra- and inter-node links separately (ranks on several nodes)")
@@ -247,8 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "file per MPI library, machine and ranks per node, under "
                          "MPI_ALLREDUCE_TUNING_DIR)")
     _size_args(tu, "64M", 4.0)
-    tu.add_argument("-n", "--iters", type=whole(1), default=20)
-    tu.add_argument("-r", "--repeats", type=whole(1), default=7)
+    tu.add_argument("-n", "--iters", type=whole(1, MAX_ITERS), default=20)
+    tu.add_argument("-r", "--repeats", type=whole(1, MAX_REPEATS), default=7)
     tu.add_argument("--merge", action="store_true",
                     help="keep the rules for other communicator sizes already in the output file")
 
@@ -268,6 +292,20 @@ def _check_sizes(args, error) -> None:
         check_sizes(error, args.minbytes, args.maxbytes, args.stepfactor)
 
 
+def _check_timing(args, error) -> None:
+    """-n and -r together: the time of every timed call is kept, so a sane
+    number of them."""
+    if args.iters * args.repeats > MAX_SAMPLES:
+        error(f"-n/--iters {args.iters} times -r/--repeats {args.repeats} is "
+              f"{args.iters * args.repeats} timed calls a size; at most {MAX_SAMPLES}")
+
+
+def _check_measured(args, error) -> None:
+    """model and tune: the sizes, and the timed calls."""
+    _check_sizes(args, error)
+    _check_timing(args, error)
+
+
 def _check_dtype_op(args, error) -> None:
     """-d and -o together: an op defined for the dtype."""
     import numpy as np
@@ -281,7 +319,7 @@ def _check_dtype_op(args, error) -> None:
 
 
 def _check_bench(args, error) -> None:
-    _check_sizes(args, error)
+    _check_measured(args, error)
     _check_dtype_op(args, error)
     if args.json and args.json == args.csv:
         error(f"--json and --csv both name {args.json!r}")
@@ -303,6 +341,25 @@ def _check_simulate(args, error) -> None:
                 error(f"--{name} goes with --predict")
     if args.trace and (len(args.algorithms) != 1 or args.algorithms[0] == "all"):
         error("--trace: name one algorithm with -a/--algorithms")
+    if not args.predict and not args.trace:
+        _check_simulated_memory(args, error)
+
+
+def _check_simulated_memory(args, error) -> None:
+    """-p and --count: every rank's data held in this one process, at
+    least its result and input and a flag an element, within the memory
+    available now (the simulation checks its whole need again, scratch
+    included, once it has the schedules)."""
+    import numpy as np
+
+    from . import simulate
+
+    need = args.size * args.count * (2 * np.dtype(args.dtype).itemsize + 1)
+    have = simulate.available_memory()
+    if have is not None and need > have:
+        error(f"-p/--size and --count: {args.size} ranks of {args.count} {args.dtype} elements "
+              f"need at least {need / 1e9:.1f} GB in this process, and {have / 1e9:.1f} GB is "
+              f"available; use fewer ranks or elements")
 
 
 def _default_drawing(args) -> str:
@@ -334,7 +391,7 @@ def _check_trace(args, error) -> None:
 def _check_tune(args, error) -> None:
     from .tools.tune import existing_table
 
-    _check_sizes(args, error)
+    _check_measured(args, error)
     if args.output is not None and args.merge:
         try:
             existing_table(args.output)
@@ -345,13 +402,13 @@ def _check_tune(args, error) -> None:
 #: the checks of a command's values together, run right after parsing
 #: with the command parser's ``error``
 CHECKS = {"bench": _check_bench, "simulate": _check_simulate, "draw": _check_draw,
-          "trace": _check_trace, "model": _check_sizes, "tune": _check_tune}
+          "trace": _check_trace, "model": _check_measured, "tune": _check_tune}
 
 
 def _device_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="where the buffers live: numpy (cpu) or cupy (cuda; one GPU per "
-                             "local rank, modulo the visible GPUs)")
+    parser.add_argument("--device", type=device, default="cpu",
+                        help="where the buffers live: numpy (cpu) or cupy (cuda, where cupy "
+                             "is installed; one GPU per local rank, modulo the visible GPUs)")
 
 
 def _size_range(args) -> list[int]:
@@ -367,8 +424,6 @@ def cmd_bench(args) -> int:
     comm = MPI.COMM_WORLD
     algorithms = args.algorithms or (list(bench.default_algorithms()[1:]) + ["auto"])
     algorithms = [bench.VENDOR] + [a for a in algorithms if a != bench.VENDOR]
-    _segment_setting(args)
-    _start_trace(args)
     modes = {"no": (False,), "yes": (True,), "both": (False, True)}[args.inplace]
     from .backend import select_device
 
@@ -429,20 +484,23 @@ def cmd_trace(args) -> int:
         merge(args.inputs, output)
         counts = validate(load(output))
     except TraceError as exc:
-        raise SystemExit(f"trace: {exc}") from None
+        raise ArgumentRefused("inputs", str(exc)) from None
     print(f"wrote {output}: {counts.get('call', 0)} calls, {counts.get('round', 0)} rounds, "
           f"{counts.get('messages', 0)} messages")
     return 0
 
 
 def cmd_report(args) -> int:
-    from .tools.traces import report
+    from .tools.traces import read, report
     from .trace import TraceError
 
-    try:
-        print(report(args.trace, args.output, args.against))
-    except TraceError as exc:
-        raise SystemExit(f"report: {exc}") from None
+    docs = []
+    for option, path in (("trace", args.trace), ("--against", args.against)):
+        try:
+            docs.append(None if path is None else read(path))
+        except TraceError as exc:
+            raise ArgumentRefused(option, str(exc)) from None
+    print(report(args.trace, args.output, args.against, docs=tuple(docs)))
     if args.output:
         print(f"wrote {args.output}")
     return 0
@@ -466,8 +524,6 @@ def cmd_verify(args) -> int:
     from .tools.verify import verify
 
     options = _options(args)
-    _segment_setting(args)
-    _start_trace(args)
     from .backend import select_device
 
     where = select_device(MPI.COMM_WORLD, args.device)
@@ -540,7 +596,7 @@ def cmd_simulate(args) -> int:
                            segment_size=segment, in_place=args.in_place, options=options,
                            machine=machine)
         except MemoryError as exc:
-            raise SystemExit(f"simulate: {exc}") from None
+            raise ArgumentRefused("-p/--size and --count", str(exc)) from None
         except SimulationError as exc:
             print(f"{name:>20} FAILED: {exc}")
             failed += 1
@@ -634,24 +690,32 @@ COMMANDS = {"verify": cmd_verify, "bench": cmd_bench, "simulate": cmd_simulate,
             "model": cmd_model, "tune": cmd_tune, "info": cmd_info}
 
 
+def _parsed(argv=None) -> tuple:
+    """(the arguments parsed and checked, the command's parser)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = next(a for a in parser._actions
+                   if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+    check = CHECKS.get(args.command)
+    if check is not None:
+        check(args, command.error)
+    return args, command
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line parsed and checked: a value a command cannot use,
     alone or with the others, is a usage error (exit status 2) here, before
     any MPI message."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    check = CHECKS.get(args.command)
-    if check is not None:
-        command = next(a for a in parser._actions
-                       if isinstance(a, argparse._SubParsersAction)).choices[args.command]
-        check(args, command.error)
-    return args
+    return _parsed(argv)[0]
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args, command = _parsed(argv)
+    _read_settings(args, command.error)
     try:
         return COMMANDS[args.command](args)
+    except ArgumentRefused as exc:  # (raised before any message)
+        command.error(str(exc))
     except SystemExit:
         raise
     except BaseException:  # noqa: BLE001 - any failure must end every rank
@@ -659,7 +723,7 @@ def main(argv=None) -> int:
         sys.stderr.flush()
         trace.flush()  # (the trace files then show everything until here)
         MPI.COMM_WORLD.Abort(1)
-        return 1
+    return 1
 
 
 if __name__ == "__main__":

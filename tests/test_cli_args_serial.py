@@ -1,17 +1,25 @@
 """The command line refuses a bad argument as argparse does: a usage line
 and one ``error:`` line naming the option, exit status 2, no traceback and
 no abort of the job, and nothing measured or written first (``tune`` with
-an output it cannot write stops before its first timing).  Every command
-runs as its own process, without mpiexec (MPI starts as a singleton).
-Also: every option of every command checks its value by its type (an
-option added without one fails here), and good arguments still run."""
+an output it cannot write stops before its first timing).  So too a file
+whose fault only reading it shows (a trace without its events' fields),
+and a bad ``MPI_ALLREDUCE_*`` setting (the line names the variable).
+Every command runs as its own process, without mpiexec (MPI starts as a
+singleton).  Also: every option of every command checks its value by its
+type (an option added without one fails here), and good arguments still
+run."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,9 +28,16 @@ from mpi_allreduce.__main__ import build_parser, main, parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: (label, arguments, the option the error line names); in the arguments,
-#: {tmp} is an empty directory, {file} a regular file that is neither a
-#: trace, a table nor a model (so {file}/x is a path nothing can write)
+#: cupy installed here: ``--device cuda`` is then a good argument
+CUPY = importlib.util.find_spec("cupy") is not None
+
+#: (label, arguments, the option the error line names[, what it says of
+#: the problem]); in the arguments, {tmp} is an empty directory, {file} a
+#: regular file that is neither a trace, a table nor a model (so {file}/x
+#: is a path nothing can write), {json} a JSON object of none of them,
+#: {trace} a trace, {traces} a directory of one rank's trace file, {junk}
+#: a directory of a rank file whose event lacks its fields, {bench} a
+#: ``bench --json`` file, {socket} a file that is not a regular one
 BAD = [
     # simulate
     ("simulate -p 0", ["simulate", "-p", "0"], "-p/--size"),
@@ -116,15 +131,15 @@ BAD = [
      "-o/--output"),
     # trace, report, plot
     ("trace input missing", ["trace", "{tmp}/missing"], "inputs"),
-    ("trace -o under a file", ["trace", "{tmp}", "-o", "{file}/t.json"], "-o/--output"),
+    ("trace -o under a file", ["trace", "{traces}", "-o", "{file}/t.json"], "-o/--output"),
     ("report trace missing", ["report", "{tmp}/missing.json"], "trace"),
     ("report trace a directory", ["report", "{tmp}"], "trace"),
-    ("report -o under a file", ["report", "{file}", "-o", "{file}/r.png"], "-o/--output"),
-    ("report -o not a picture", ["report", "{file}", "-o", "{tmp}/r.json"], "-o/--output"),
-    ("report --against missing", ["report", "{file}", "--against", "{tmp}/missing.json"],
+    ("report -o under a file", ["report", "{trace}", "-o", "{file}/r.png"], "-o/--output"),
+    ("report -o not a picture", ["report", "{trace}", "-o", "{tmp}/r.json"], "-o/--output"),
+    ("report --against missing", ["report", "{trace}", "--against", "{tmp}/missing.json"],
      "--against"),
     ("plot input missing", ["plot", "{tmp}/missing.json"], "inputs"),
-    ("plot -o under a file", ["plot", "{file}", "-o", "{file}/b.png"], "-o/--output"),
+    ("plot -o under a file", ["plot", "{bench}", "-o", "{file}/b.png"], "-o/--output"),
     # model
     ("model -n 0", ["model", "-n", "0"], "-n/--iters"),
     ("model -r negative", ["model", "-r", "-3"], "-r/--repeats"),
@@ -143,6 +158,64 @@ BAD = [
     # info, and no command
     ("info --device unknown", ["info", "--device", "tpu"], "--device"),
     ("unknown command", ["frobnicate"], "command"),
+    # integers of counts, iterations and repeats within a sane range
+    ("bench -n above the most", ["bench", "-b", "8", "-e", "8", "-n", "99999999999999999999",
+                                 "-a", "ring"], "-n/--iters", "at most 1000000"),
+    ("bench -w above the most", ["bench", "-w", "1000001"], "-w/--warmup", "at most"),
+    ("bench -r above the most", ["bench", "-r", "100000"], "-r/--repeats", "at most 1000"),
+    ("bench -n times -r above the most", ["bench", "-n", "100000", "-r", "101"],
+     "-n/--iters", "timed calls"),
+    ("model -n above the most", ["model", "-n", "10000000"], "-n/--iters", "at most"),
+    ("model -r above the most", ["model", "-r", "1001"], "-r/--repeats", "at most"),
+    ("tune -n above the most", ["tune", "-n", "99999999999999999999"], "-n/--iters", "at most"),
+    ("tune -r above the most", ["tune", "-r", "5000"], "-r/--repeats", "at most"),
+    ("tune -n times -r above the most", ["tune", "-n", "1000000", "-r", "11"], "-n/--iters",
+     "timed calls"),
+    ("verify --counts at the old most", ["verify", "--counts", "68719476736"], "--counts",
+     "at most 16777216"),
+    ("verify --counts one above the most", ["verify", "--counts", "0,16777217"], "--counts",
+     "at most"),
+    ("verify --seed above the most", ["verify", "--seed", str(1 << 64)], "--seed", "at most"),
+    ("simulate more than memory holds", ["simulate", "-a", "ring", "-p", "1024", "--count",
+                                         "68719476736"], "--count", "GB is available"),
+    ("draw --segment above the most", ["draw", "-a", "ring", "-p", "4", "--segment",
+                                       "99999999999999999999"], "--segment", "at most"),
+    ("draw --ranks-per-node above the most", ["draw", "-a", "hierarchical", "-p", "4",
+                                              "--ranks-per-node", "5000"], "--ranks-per-node",
+     "at most"),
+    # files that are not what the command reads
+    ("plot not JSON", ["plot", "{file}"], "inputs", "not JSON"),
+    ("plot JSON of no bench", ["plot", "{json}"], "inputs", "not a `bench --json` file"),
+    ("plot bench without its fields", ["plot", "{bench}", "{badbench}"], "inputs",
+     "has no 'time_avg_us'"),
+    ("plot a device", ["plot", "{socket}"], "inputs", "not a regular file"),
+    ("trace of an empty directory", ["trace", "{tmp}"], "inputs", "no rank-*.json"),
+    ("trace of junk files", ["trace", "{junktext}"], "inputs", "not JSON"),
+    ("trace of events without their fields", ["trace", "{junk}"], "inputs",
+     "an event without"),
+    ("report of no trace", ["report", "{file}"], "trace", "not a trace"),
+    ("report of JSON of no trace", ["report", "{json}"], "trace", "no 'traceEvents'"),
+    ("report --against no trace", ["report", "{trace}", "--against", "{json}"], "--against",
+     "no 'traceEvents'"),
+    # outputs that cannot be written, or must not be replaced
+    ("verify --trace under /proc", ["verify", "--trace", "/proc/x"], "--trace",
+     "cannot make a file in /proc"),
+    ("bench --trace under /proc", ["bench", "--trace", "/proc/x/y"], "--trace",
+     "cannot make a file in /proc"),
+    ("simulate --trace a socket", ["simulate", "-a", "ring", "-p", "4", "--trace", "{socket}"],
+     "--trace", "not a regular file"),
+    ("trace -o a socket", ["trace", "{traces}", "-o", "{socket}"], "-o/--output",
+     "not a regular file"),
+    ("draw -o a socket", ["draw", "-a", "ring", "-p", "4", "-o", "{socket}.png"],
+     "-o/--output", "not a regular file"),
+    ("tune -o a socket", ["tune", "-o", "{socket}"], "-o/--output", "not a regular file"),
+    ("bench --json a socket", ["bench", "--json", "{socket}"], "--json", "not a regular file"),
+    ("bench --csv a socket", ["bench", "--csv", "{socket}"], "--csv", "not a regular file"),
+    ("model --json a socket", ["model", "--json", "{socket}"], "--json", "not a regular file"),
+    ("simulate --png a socket", ["simulate", "--predict", "--params", "{params}", "--png",
+                                 "{socket}.png"], "--png", "not a regular file"),
+    ("report -o a socket", ["report", "{trace}", "-o", "{socket}.png"], "-o/--output",
+     "not a regular file"),
 ]
 
 
@@ -155,7 +228,6 @@ GOOD = [
     ("bench of the vendor alone", ["bench", "-a", "mpi", "--label-vendor", "mpi:ring"]),
     ("bench with a size range", ["bench", "-m", "8:64M", "-i", "both", "--csv", "{tmp}/b.csv",
                                  "--trace", "{tmp}/new/trace", "--segment-bytes", "256K"]),
-    ("verify on a GPU", ["verify", "--device", "cuda", "--no-large"]),
     ("verify of lists", ["verify", "-a", "ring,hierarchical", "-d",
                          "int32,float16,float32,complex64,bool", "--counts", "0,1,5,8,97"]),
     ("simulate hierarchical", ["simulate", "-p", "1024", "--ranks-per-node", "16",
@@ -167,10 +239,11 @@ GOOD = [
                             "-e", "256M", "-f", "8", "--png", "{tmp}/scale.png",
                             "--json", "{tmp}/scale.json"]),
     ("draw a GIF", ["draw", "-a", "recursive_doubling", "-p", "8", "-o", "{tmp}/rd.gif"]),
-    ("trace of a directory", ["trace", "{tmp}"]),
-    ("report against another", ["report", "{file}", "-o", "{tmp}/r.png", "--against",
-                                "{file}"]),
-    ("plot", ["plot", "{file}", "{file}", "-o", "{tmp}/b.svg", "--title", "two runs"]),
+    ("trace of a directory", ["trace", "{traces}"]),
+    ("trace of a rank's file", ["trace", "{traces}/rank-0.json", "-o", "{tmp}/new/t.json"]),
+    ("report against another", ["report", "{trace}", "-o", "{tmp}/r.png", "--against",
+                                "{trace}"]),
+    ("plot", ["plot", "{bench}", "{bench}", "-o", "{tmp}/b.svg", "--title", "two runs"]),
     ("model", ["model", "-n", "100", "--json", "{tmp}/model-np2-1.json", "--two-level"]),
     ("tune merged", ["tune", "-o", "{tmp}/tuning.json", "--merge", "-b", "8", "-e", "16M",
                      "-f", "4", "-n", "300", "-r", "9"]),
@@ -181,8 +254,11 @@ GOOD = [
 
 @pytest.fixture
 def places(tmp_path):
-    """{tmp}, {file} and {params} of :data:`BAD` and :data:`GOOD`."""
+    """{tmp}, {file}, {params} and the other files of :data:`BAD` and :data:`GOOD`."""
     from mpi_allreduce.simulate import Machine
+    from mpi_allreduce.tools.bench import Result, write_json
+    from mpi_allreduce.tools.traces import simulated
+    from mpi_allreduce.trace import write
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -191,7 +267,41 @@ def places(tmp_path):
     params = tmp_path / "model.json"
     params.write_text(json.dumps({"params": Machine(alpha=2e-6, beta=1e-9,
                                                     gamma=5e-10).parameters()}))
-    return {"tmp": str(empty), "file": str(plain), "params": str(params)}
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"a": 1}))
+    trace = tmp_path / "trace.json"
+    write(str(trace), simulated("ring", 4, 16, "float32", Machine(alpha=1e-6), 16),
+          {"ranks": [0, 1, 2, 3]})
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(trace, traces / "rank-0.json")
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "rank-0.json").write_text('[\n{"name": "x", "ph": "X", "pid": 0}\n]\n')
+    junktext = tmp_path / "junktext"
+    junktext.mkdir()
+    (junktext / "rank-0.json").write_text("junk\n")
+    bench = tmp_path / "bench.json"
+    write_json(str(bench), [Result(8, 2, "float32", "sum", "ring", False, 5.0, 4.0, 6.0,
+                                   0.001, 0.001)],
+               {"ranks": 2, "nodes": 1, "mpi_library": "an MPI"})
+    badbench = tmp_path / "badbench.json"
+    badbench.write_text(json.dumps({"meta": {"ranks": 2, "nodes": 1, "mpi_library": "x"},
+                                    "results": [{"algorithm": "ring", "size": 8,
+                                                 "in_place": False}]}))
+    # a socket: not a regular file, and harmless where a check were missing (opening it
+    # fails at once; a name short enough for a socket's address)
+    short = tempfile.mkdtemp(prefix="cli")
+    listeners = [socket.socket(socket.AF_UNIX) for _ in range(2)]
+    for listener, name in zip(listeners, ("s", "s.png")):
+        listener.bind(os.path.join(short, name))
+    yield {"tmp": str(empty), "file": str(plain), "params": str(params), "json": str(other),
+           "trace": str(trace), "traces": str(traces), "junk": str(junk),
+           "junktext": str(junktext), "bench": str(bench), "badbench": str(badbench),
+           "socket": os.path.join(short, "s")}
+    for listener in listeners:
+        listener.close()
+    shutil.rmtree(short, ignore_errors=True)
 
 
 def run(args: list, **kwargs) -> subprocess.CompletedProcess:
@@ -199,12 +309,19 @@ def run(args: list, **kwargs) -> subprocess.CompletedProcess:
                           text=True, timeout=60, cwd=str(ROOT), **kwargs)
 
 
-@pytest.mark.parametrize("args, option", [case[1:] for case in BAD],
-                         ids=[case[0] for case in BAD])
-def test_a_bad_argument_is_a_usage_error(args, option, places, capsys):
+def _case(label: str) -> tuple:
+    """(arguments, option, problem or None) of :data:`BAD`'s case ``label``."""
+    case, = [c for c in BAD if c[0] == label]
+    return case[1], case[2], case[3] if len(case) > 3 else None
+
+
+@pytest.mark.parametrize("label", [case[0] for case in BAD])
+def test_a_bad_argument_is_a_usage_error(label, places, capsys):
     """In this process (``main`` as ``python -m mpi_allreduce`` runs it):
-    SystemExit(2) with one error line naming the option, nothing printed
-    on stdout (nothing run, measured or written)."""
+    SystemExit(2) with one error line naming the option (and the problem,
+    where the table says it), no traceback, nothing printed on stdout
+    (nothing run, measured or written)."""
+    args, option, problem = _case(label)
     with pytest.raises(SystemExit) as refused:
         main([a.format(**places) for a in args])
     out, err = capsys.readouterr()
@@ -212,24 +329,129 @@ def test_a_bad_argument_is_a_usage_error(args, option, places, capsys):
     errors = [line for line in err.splitlines() if "error:" in line]
     assert len(errors) == 1, err
     assert errors[0].startswith("python -m mpi_allreduce") and option in errors[0], errors[0]
-    assert err.rstrip().endswith(errors[0]), err
+    assert problem is None or problem in errors[0], errors[0]
+    assert err.rstrip().endswith(errors[0]) and "Traceback" not in err, err
     assert out == "", out
 
 
-#: one bad command line per command, run as its own process: the same
-#: error, exit status 2, and no traceback or abort of the job
+#: bad command lines run as their own processes (one per command, and every
+#: kind of refusal): the same error, exit status 2, and no traceback or
+#: abort of the job
 AS_PROCESSES = ["simulate -p 0", "bench -b 1T", "verify --counts -3",
-                "tune -o under a file", "draw -p 0"]
+                "tune -o under a file", "draw -p 0", "bench -n above the most",
+                "verify --counts at the old most", "simulate more than memory holds",
+                "plot not JSON", "plot JSON of no bench", "trace of junk files",
+                "trace of events without their fields", "report of JSON of no trace",
+                "verify --trace under /proc", "simulate --trace a socket",
+                "bench --json a socket"]
 
 
 @pytest.mark.parametrize("label", AS_PROCESSES)
 def test_a_bad_argument_ends_the_process_cleanly(label, places):
-    (args, option), = [case[1:] for case in BAD if case[0] == label]
+    args, option, problem = _case(label)
     result = run([a.format(**places) for a in args])
     output = result.stdout + result.stderr
     assert result.returncode == 2, output
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and option in errors[0], result.stderr
+    assert problem is None or problem in errors[0], errors[0]
+    assert result.stderr.splitlines()[0].startswith("usage:"), result.stderr
+    assert "Traceback" not in output and "abort" not in output.lower(), output
+    assert result.stdout == "", result.stdout
+
+
+def test_nothing_replaces_what_is_no_regular_file(places):
+    """The sockets the refused outputs named are sockets still (a writer
+    that renames a new file over its target would have made them files)."""
+    import stat
+
+    for args in (["simulate", "-a", "ring", "-p", "4", "--trace", "{socket}"],
+                 ["trace", "{traces}", "-o", "{socket}"],
+                 ["draw", "-a", "ring", "-p", "4", "-o", "{socket}.png"]):
+        with pytest.raises(SystemExit) as refused:
+            main([a.format(**places) for a in args])
+        assert refused.value.code == 2
+    for name in (places["socket"], places["socket"] + ".png"):
+        assert stat.S_ISSOCK(os.stat(name).st_mode), name
+
+
+@pytest.mark.skipif(CUPY, reason="cupy is installed here: --device cuda is a good argument")
+@pytest.mark.parametrize("args", [["bench", "-b", "8", "-e", "8", "-a", "ring"],
+                                  ["verify", "--no-large"], ["info"]],
+                         ids=["bench", "verify", "info"])
+@pytest.mark.parametrize("spelling", ["cuda", "CUDA"])
+def test_cuda_without_cupy_is_a_usage_error(args, spelling, capsys):
+    """--device cuda where cupy is not installed: refused by the parser,
+    saying so (not a RuntimeError and an abort when the buffers are made)."""
+    with pytest.raises(SystemExit) as refused:
+        main(args + ["--device", spelling])
+    out, err = capsys.readouterr()
+    assert refused.value.code == 2, err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "--device" in errors[0], err
+    assert "cupy, which is not installed" in errors[0] and "Traceback" not in err, err
+    assert out == ""
+
+
+@pytest.mark.skipif(CUPY, reason="cupy is installed here: --device cuda is a good argument")
+def test_cuda_without_cupy_ends_the_process_cleanly():
+    result = run(["bench", "--device", "cuda", "-b", "8", "-e", "8", "-a", "ring"])
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert "cupy, which is not installed" in result.stderr
+    assert "Traceback" not in output and "abort" not in output.lower(), output
+
+
+@pytest.mark.skipif(not CUPY, reason="cupy is not installed here")
+def test_cuda_parses_where_cupy_is_installed():
+    assert parse_args(["verify", "--device", "cuda", "--no-large"]).device == "cuda"
+
+
+#: (variable, value, command line): a setting the library refuses
+BAD_SETTINGS = [
+    ("MPI_ALLREDUCE_WATCHDOG", "soon", ["verify"]),
+    ("MPI_ALLREDUCE_SEGMENT_BYTES", "0", ["bench", "-b", "8", "-e", "8", "-a", "ring"]),
+    ("MPI_ALLREDUCE_CHECK", "maybe", ["info"]),
+    ("MPI_ALLREDUCE_SELECTION", "fastest", ["tune", "-b", "8", "-e", "8", "-n", "1", "-r", "1",
+                                             "-o", "{tmp}/t.json"]),
+    ("MPI_ALLREDUCE_RANKS_PER_NODE", "-4", ["model", "-b", "8", "-e", "8", "-n", "1"]),
+    ("MPI_ALLREDUCE_TRACE", "/proc/x", ["verify", "-a", "ring", "--no-large"]),
+]
+
+
+@pytest.fixture
+def settings_restored():
+    """The settings read again after the test (its environment undone)."""
+    from mpi_allreduce.config import refresh
+
+    yield
+    refresh()
+
+
+@pytest.mark.parametrize("variable, value, args", BAD_SETTINGS,
+                         ids=[f"{v}={x}" for v, x, _ in BAD_SETTINGS])
+def test_a_bad_setting_is_a_usage_error(variable, value, args, places, monkeypatch,
+                                        settings_restored, capsys):
+    """Read before the command runs: one error line naming the variable,
+    exit status 2, nothing run (no traceback, no abort)."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as refused:
+        main([a.format(**places) for a in args])
+    out, err = capsys.readouterr()
+    assert refused.value.code == 2, err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and f"environment: {variable}=" in errors[0], err
+    assert "Traceback" not in err and out == "", err + out
+    assert not list(Path(places["tmp"]).iterdir())
+
+
+def test_a_bad_setting_ends_the_process_cleanly():
+    env = dict(os.environ, MPI_ALLREDUCE_WATCHDOG="soon")
+    result = run(["verify", "--no-large"], env=env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "MPI_ALLREDUCE_WATCHDOG='soon'" in errors[0], result.stderr
     assert "Traceback" not in output and "abort" not in output.lower(), output
     assert result.stdout == "", result.stdout
 

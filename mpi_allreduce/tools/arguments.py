@@ -248,21 +248,39 @@ def op(text: str) -> str:
     return one_of(OPS, "op")(text.strip().lower())
 
 
-def unwritable(path: str, directory: bool = False, make_parents: bool = False) -> Optional[str]:
+def unwritable(path: str, directory: bool = False, make_parents: bool = False,
+               beside: bool = False) -> Optional[str]:
     """Why this process could not write ``path`` (None: it can).
 
-    A file: where it exists, a file this process may write; else its
-    directory must be one this process may write into (with
-    ``make_parents``, the nearest existing directory above it, from which
-    the missing ones are made).  ``directory``: ``path`` is a directory to
-    write into, made (with its parents) where it is missing."""
+    A file: where it exists, a regular file this process may write (never
+    a device, a pipe or a socket: a writer that renames a new file over it
+    would replace a device node with a plain file); else its directory
+    must be one this process may write into (with ``make_parents``, the
+    nearest existing directory above it, from which the missing ones are
+    made).  ``beside``: the file is written next to its target and renamed
+    over it, so its directory must take a new file even where the target
+    exists.  ``directory``: ``path`` is a directory to write into, made
+    (with its parents) where it is missing.
+
+    Where a new file would be made, one is made there and removed again:
+    permission bits alone do not tell (root may write anywhere by them,
+    yet no file can be made in ``/proc``)."""
     if not path:
         return "the name is empty"
     if os.path.exists(path):
-        if directory != os.path.isdir(path):
-            return "it is a directory" if not directory else "it is not a directory"
+        if directory:
+            if not os.path.isdir(path):
+                return "it is not a directory"
+        elif os.path.isdir(path):
+            return "it is a directory"
+        elif not os.path.isfile(path):
+            return "it is not a regular file (a device, a pipe or a socket is not replaced)"
         if not os.access(path, os.W_OK | (os.X_OK if directory else 0)):
             return "permission denied"
+        if directory:
+            return _cannot_make_in(path)
+        if beside:
+            return _cannot_make_in(os.path.dirname(os.path.abspath(path)))
         return None
     parent = os.path.dirname(os.path.abspath(path))
     if directory or make_parents:
@@ -274,17 +292,33 @@ def unwritable(path: str, directory: bool = False, make_parents: bool = False) -
         return f"{parent} is not a directory"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"cannot write into {parent}: permission denied"
+    return _cannot_make_in(parent)
+
+
+def _cannot_make_in(directory: str) -> Optional[str]:
+    """Why no file can be made in ``directory`` (None: one was made, and
+    removed): the answer of the file system itself."""
+    try:
+        handle, probe = tempfile.mkstemp(dir=directory, prefix=".mpi_allreduce-probe-")
+    except OSError as exc:
+        return f"cannot make a file in {directory}: {exc.strerror or exc}"
+    os.close(handle)
+    try:
+        os.unlink(probe)
+    except OSError:
+        pass
     return None
 
 
-def output_file(*suffixes: str, make_parents: bool = False) -> Callable[[str], str]:
+def output_file(*suffixes: str, make_parents: bool = False,
+                beside: bool = False) -> Callable[[str], str]:
     """A file to write: writable now (:func:`unwritable`), named with one of
     ``suffixes`` where they are given."""
     def parse(text: str) -> str:
         if suffixes and not text.lower().endswith(suffixes):
             raise argparse.ArgumentTypeError(
                 f"expected a name ending in one of {', '.join(suffixes)}, got {text!r}")
-        why = unwritable(text, make_parents=make_parents)
+        why = unwritable(text, make_parents=make_parents, beside=beside)
         if why:
             raise argparse.ArgumentTypeError(f"cannot write {text!r}: {why}")
         return text
@@ -312,23 +346,83 @@ def output_directory(text: str) -> str:
 
 
 def input_file(text: str) -> str:
-    """A file this process can read."""
+    """A regular file this process can read (a device or a pipe may never
+    end, or be read up by the check)."""
     if not os.path.exists(text):
         raise argparse.ArgumentTypeError(f"cannot read {text!r}: no such file")
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"cannot read {text!r}: it is a directory")
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"cannot read {text!r}: it is not a regular file")
     if not os.access(text, os.R_OK):
         raise argparse.ArgumentTypeError(f"cannot read {text!r}: permission denied")
     return text
 
 
-def input_path(text: str) -> str:
-    """A file or a directory this process can read."""
-    if os.path.isdir(text):
-        if not os.access(text, os.R_OK | os.X_OK):
-            raise argparse.ArgumentTypeError(f"cannot read {text!r}: permission denied")
-        return text
-    return input_file(text)
+def _not_a_trace(path: str) -> Optional[str]:
+    """Why ``path`` is no trace file by its first character (None: it may
+    be one; the command reads the rest): every trace is JSON, a rank's file
+    an array and a merged trace an object."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256).lstrip()
+    except OSError as exc:
+        return f"cannot read {path!r}: {exc.strerror or exc}"
+    if head[:1] not in (b"[", b"{"):
+        return (f"{path!r} is not a trace: "
+                + ("it is empty" if not head else "it is not JSON (no '[' or '{' first)"))
+    return None
+
+
+def trace_file(text: str) -> str:
+    """A trace file (``trace``, ``bench --trace``, ``simulate --trace``):
+    readable, and JSON as traces are."""
+    input_file(text)
+    why = _not_a_trace(text)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return text
+
+
+def trace_input(text: str) -> str:
+    """What ``trace`` merges: a rank's trace file, or a directory holding
+    at least one (``rank-*.json``), each readable and JSON."""
+    if not os.path.isdir(text):
+        return trace_file(text)
+    if not os.access(text, os.R_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot read {text!r}: permission denied")
+    from pathlib import Path
+
+    files = sorted(str(p) for p in Path(text).glob("rank-*.json"))
+    if not files:
+        raise argparse.ArgumentTypeError(f"no rank-*.json trace files in {text!r}")
+    for path in files:
+        trace_file(path)
+    return text
+
+
+def bench_results(text: str) -> str:
+    """A ``bench --json`` file: readable, its results and metadata as
+    ``plot`` reads them (such files are small: read here whole)."""
+    from .bench import load_results
+
+    input_file(text)
+    try:
+        load_results([text])
+    except (OSError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def device(text: str) -> str:
+    """Where the buffers live: ``cpu``, or ``cuda`` where cupy is installed
+    (looked up, not imported: importing it takes seconds and starts CUDA)."""
+    name = one_of(("cpu", "cuda"), "device")(text.strip().lower())
+    if name == "cuda" and importlib.util.find_spec("cupy") is None:
+        raise argparse.ArgumentTypeError(
+            "'cuda' needs cupy, which is not installed (pip install 'mpi_allreduce[gpu]'); "
+            "or use --device cpu")
+    return name
 
 
 def params_file(text: str) -> str:

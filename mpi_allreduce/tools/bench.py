@@ -420,11 +420,44 @@ def write_csv(path: str, results: list[Result], meta: dict) -> None:
             writer.writerow(row)
 
 
+#: what ``plot`` reads of a ``bench --json`` file: metadata and every result's fields
+META_FIELDS = ("ranks", "nodes", "mpi_library")
+RESULT_FIELDS = {"algorithm": str, "in_place": bool, "size": (int, float),
+                 "time_avg_us": (int, float), "busbw_GBs": (int, float)}
+
+
+def check_results(doc, path: str) -> None:
+    """Refuse (ValueError naming ``path``) what is not a ``bench --json``
+    document: a ``meta`` object and a ``results`` list of objects, with
+    the fields :data:`META_FIELDS` and :data:`RESULT_FIELDS`."""
+    def refuse(why: str):
+        raise ValueError(f"{path!r} is not a `bench --json` file: {why}")
+    if not isinstance(doc, dict) or not isinstance(doc.get("meta"), dict) \
+            or not isinstance(doc.get("results"), list):
+        refuse("expected an object with 'meta' (an object) and 'results' (a list)")
+    missing = [k for k in META_FIELDS if k not in doc["meta"]]
+    if missing:
+        refuse(f"its 'meta' lacks {', '.join(map(repr, missing))}")
+    for n, result in enumerate(doc["results"]):
+        if not isinstance(result, dict):
+            refuse(f"result {n} is not an object")
+        for name, kind in RESULT_FIELDS.items():
+            if not isinstance(result.get(name), kind) or \
+                    (kind is not bool and isinstance(result.get(name), bool)):
+                refuse(f"result {n} has no {name!r} of the right type")
+
+
 def load_results(paths) -> tuple[list[dict], list[dict]]:
+    """The results and metadata of ``bench --json`` files; ValueError (or
+    OSError) for a file that is not one."""
     results, metas = [], []
     for path in paths:
-        with open(path) as f:
-            doc = json.load(f)
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except ValueError as exc:  # (not JSON, or not text)
+            raise ValueError(f"{path!r} is not a `bench --json` file: not JSON: {exc}") from None
+        check_results(doc, path)
         metas.append(doc["meta"])
         results.extend(doc["results"])
     return results, metas

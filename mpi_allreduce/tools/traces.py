@@ -22,19 +22,23 @@ from typing import Optional
 from ..trace import (BLOCKING_LANE, TraceError, _chrome, _combine, _finish, _names, _origin_ns,
                      _read_events, write)
 
-__all__ = ["load", "merge", "validate", "breakdown", "report", "last_call", "simulated"]
+__all__ = ["load", "check_events", "read", "merge", "validate", "breakdown", "report",
+           "last_call", "simulated"]
 
 
 def load(path: str) -> dict:
     """A trace file's contents: a merged or collected trace, or one rank's
     file (its ``otherData`` made from its events: ``ranks``, ``origin_ns``,
     and ``unfinished``, the file itself, where it lacks its closing ``]``).
-    Raises :class:`~mpi_allreduce.trace.TraceError` for what is not a trace."""
+    Raises :class:`~mpi_allreduce.trace.TraceError` for what is not a trace,
+    every event checked for the fields the commands read
+    (:func:`check_events`)."""
     try:
         with open(path) as f:
             first = f.readline().strip()
             if first == "[":
                 events, closed = _read_events(path)
+                check_events(events, path)
                 return {"traceEvents": events, "displayTimeUnit": "ns",
                         "otherData": {"ranks": sorted({e["pid"] for e in events if "pid" in e}),
                                       "origin_ns": _origin_ns(events),
@@ -49,9 +53,60 @@ def load(path: str) -> dict:
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise TraceError(f"{path} is not a trace: no 'traceEvents' list")
-    if not all(isinstance(e, dict) for e in doc["traceEvents"]):
-        raise TraceError(f"{path} is not a trace: its events are not all objects")
+    check_events(doc["traceEvents"], path)
+    if not isinstance(doc.get("otherData", {}), dict):
+        raise TraceError(f"{path} is not a trace: its 'otherData' is not an object")
     return doc
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_events(events: list, path: str) -> None:
+    """Refuse (:class:`~mpi_allreduce.trace.TraceError`) events that lack
+    what merging, checking and reporting read: every event an object with
+    ``name``, ``ph`` and a whole-number ``pid``, its ``args`` (where it has
+    them) an object, a metadata event's ``origin_ns`` a number; every other
+    event a numeric ``ts``; a complete event (``X``) also a numeric ``dur``,
+    its ``cat`` (a name), ``tid`` and ``args``, and a message's ``args`` its
+    ``key`` (a name).  A JSON file of other events is no trace of ours."""
+    for e in events:
+        if not isinstance(e, dict):
+            raise TraceError(f"{path} is not a trace: its events are not all objects")
+        missing = [k for k in ("name", "ph", "pid") if k not in e]
+        if e.get("ph") == "X":
+            missing += [k for k in ("dur", "cat", "tid", "args") if k not in e]
+        if e.get("ph") != "M" and "ts" not in e:
+            missing.append("ts")
+        if missing:
+            raise TraceError(f"{path} is not a trace: an event without "
+                             f"{', '.join(map(repr, missing))}: {_short(e)}")
+        if not isinstance(e["pid"], int) or isinstance(e["pid"], bool):
+            raise TraceError(f"{path} is not a trace: an event whose 'pid' (its rank) is not "
+                             f"a whole number: {_short(e)}")
+        if not isinstance(e.get("args", {}), dict):
+            raise TraceError(f"{path} is not a trace: an event whose 'args' is not an object: "
+                             f"{_short(e)}")
+        if e["ph"] == "M":
+            if not _number(e.get("args", {}).get("origin_ns", 0)):
+                raise TraceError(f"{path} is not a trace: an origin that is not a number: "
+                                 f"{_short(e)}")
+            continue
+        if not _number(e["ts"]) or (e["ph"] == "X" and not _number(e["dur"])):
+            raise TraceError(f"{path} is not a trace: an event whose time is not a number: "
+                             f"{_short(e)}")
+        if e["ph"] == "X" and not isinstance(e["cat"], str):
+            raise TraceError(f"{path} is not a trace: an event whose 'cat' is not a name: "
+                             f"{_short(e)}")
+        if e["ph"] == "X" and e["cat"] == "message" and not isinstance(e["args"].get("key"), str):
+            raise TraceError(f"{path} is not a trace: a message without its key: {_short(e)}")
+
+
+def _short(event: dict) -> str:
+    """An event for a message: its JSON, cut at 200 characters."""
+    text = json.dumps(event)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def merge(sources, output: str) -> str:
@@ -176,16 +231,25 @@ def breakdown(doc: dict) -> list:
     return out
 
 
-def report(path: str, png: Optional[str] = None, against: Optional[str] = None) -> str:
+def read(path: str) -> dict:
+    """A trace file loaded and checked (:func:`load`, :func:`validate`);
+    :class:`~mpi_allreduce.trace.TraceError` names the file."""
+    doc = load(path)
+    try:
+        validate(doc)
+    except TraceError as exc:
+        raise TraceError(f"{path}: {exc}") from None
+    return doc
+
+
+def report(path: str, png: Optional[str] = None, against: Optional[str] = None,
+           docs: Optional[tuple] = None) -> str:
     """The breakdown of a trace as a table; with ``png``, also stacked bars
     and the timeline of its last call (beside the last call of ``against``,
-    say the simulator's prediction of it)."""
-    doc = load(path)
-    validate(doc)
-    other = None
-    if against is not None:
-        other = load(against)
-        validate(other)
+    say the simulator's prediction of it).  ``docs``: the two traces as
+    :func:`read` gave them, where the caller has read them (to tell which
+    of the two a refusal is about)."""
+    doc, other = docs or (read(path), None if against is None else read(against))
     rows = breakdown(doc)
     head = (f"{'algorithm':>20} {'round kind':>17} {'calls':>6} {'rounds':>7} {'time us':>11} "
             f"{'wait %':>7} {'reduce %':>9} {'copy %':>7} {'other %':>8}")
