@@ -455,3 +455,33 @@ def test_ranks_that_spell_one_call_differently_stall_never_mix(raising_watchdog)
     assert outcome != "WRONG"
     assert world.allreduce(int(outcome == "Stalled")) >= 1
     base.Free()
+
+
+@pytest.mark.parametrize("make", ["Dup", "Split"])
+def test_a_peer_that_never_comes_to_a_wrappers_new_communicator_is_reported(raising_watchdog,
+                                                                            make):
+    """The drop-in Comm's Dup (MPI_Comm_idup) and Split (behind a watched
+    MPI_Ibarrier: it has no non-blocking form) are watched as the library's
+    own calls are: the ranks that wait raise Stalled."""
+    from mpi_allreduce.engine import ABANDONED
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank never waits for a peer")
+    base = world.Dup()
+    comm, late = mar.Comm(base), base.Get_rank() == 0
+    if not late:
+        with pytest.raises(mar.Stalled, match="Comm_idup|Comm_split"):
+            comm.Dup() if make == "Dup" else comm.Split(0, 0)
+    world.Barrier()
+    if late:  # (completes what the others gave up on: nothing left pending)
+        if make == "Dup":
+            dup, request = base.Idup()
+            request.Wait()
+            dup.Free()
+        else:
+            base.Ibarrier().Wait()
+    else:
+        MPI.Request.Waitall(ABANDONED)
+        ABANDONED.clear()
+    base.Free()
