@@ -164,10 +164,13 @@ def _flag(name: str, value) -> Optional[bool]:
     raise TypeError(f"{name} must be True, False or None, got {value!r}")
 
 
-def keywords_for(given: dict, kind: str) -> dict:
-    """Of the keywords ``given`` once (to ``Comm``, ``configure``), those
-    that apply to calls of ``kind``: what such a wrapper passes each call."""
-    return {name: value for name, value in given.items() if name in APPLIES[kind]}
+def keywords_for(given: dict, kind: str, algorithm: Optional[str] = None) -> dict:
+    """Of the keywords ``given`` once (to ``Comm``, ``configure``, a tool's
+    command line), those that apply to calls of ``kind`` -- and, where
+    ``algorithm`` is named, to that algorithm: what such a wrapper passes
+    each call (``--ranks-per-node`` goes to ``verify``'s hierarchical runs)."""
+    return {name: value for name, value in given.items() if name in APPLIES[kind]
+            and (algorithm is None or algorithm in _ALGORITHMS_OF.get(name, (algorithm,)))}
 
 
 def _segment_size(value) -> Optional[int]:

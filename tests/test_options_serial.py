@@ -140,3 +140,18 @@ def test_a_receive_buffer_that_would_be_copied_is_refused(call):
             "Fusion.add": lambda: Fusion(SELF).add([1.0, 2.0])}
     with pytest.raises(TypeError, match="copied"):
         runs[call]()
+
+
+def test_a_wrapper_gives_each_algorithm_the_options_it_uses():
+    """A tool given hierarchical's options (``verify --ranks-per-node 2
+    --inner ring``) passes them to hierarchical's runs only: a call would
+    refuse them on any other algorithm."""
+    from mpi_allreduce.options import keywords_for
+
+    given = {"ranks_per_node": 2, "inner": "ring", "segment_size": 8}
+    assert keywords_for(given, "allreduce", "hierarchical") == given
+    assert keywords_for(given, "allreduce", "ring") == {"segment_size": 8}
+    assert keywords_for({"tuning": {}}, "allreduce", "auto") == {"tuning": {}}
+    assert keywords_for({"tuning": {}}, "allreduce", "tree") == {}
+    for name in ("ring", "hierarchical", "tree"):
+        options(algorithm=name, **keywords_for(given, "allreduce", name))  # accepted

@@ -31,6 +31,7 @@ from mpi4py import MPI
 from .. import ALGORITHMS, allreduce
 from ..backend import backend_for, to_device, to_host
 from ..ops import dtype_label, resolve_op
+from ..options import keywords_for
 from ..context import context_for
 from ..executor import wire_type
 from ..selection import choose
@@ -111,7 +112,7 @@ class Runner:
         self.comm, self.algorithm = comm, algorithm
         self.send, self.recv, self.in_place = send, recv, in_place
         self.op = resolve_op(op)
-        self.options = options
+        self.options = keywords_for(options, "allreduce", algorithm)  # (those it uses)
         if algorithm == VENDOR:
             self.mpitype = wire_type(send.dtype)
             if backend_for(send).device and not backend_for(send).direct:

@@ -34,6 +34,7 @@ from mpi4py import MPI
 from .. import ALGORITHMS, allgather, allreduce, reduce_scatter
 from ..backend import cuda_aware_support, to_device, to_host
 from ..ops import OPS, SUPPORTED_DTYPES, resolve_op, value_bytes
+from ..options import keywords_for
 from ..executor import wire_type
 
 LARGE_COUNT = (1 << 20) + 3
@@ -166,8 +167,8 @@ def variants(algorithms, options: dict) -> list[tuple[str, str, dict]]:
     2 ranks each (the last one smaller when p is odd), so that the
     across-node phase runs on one machine too."""
     out = []
-    for name in algorithms:
-        out.append((name, name, dict(options)))
+    for name in algorithms:  # (each with the options it uses: --inner is hierarchical's)
+        out.append((name, name, keywords_for(options, "allreduce", name)))
         if name == "hierarchical" and "ranks_per_node" not in options:
             out.append(("hierarchical/rpn=2", name, dict(options, ranks_per_node=2)))
     return out
