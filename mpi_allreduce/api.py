@@ -29,7 +29,7 @@ from .ops import dtype_label
 from .planner import choice, plan_for, resolved, runner
 from .progress import PersistentRequest, Request
 from .selection import DecisionTable
-from .options import DEFAULT_SEGMENT_BYTES, Options, options
+from .options import DEFAULT_SEGMENT_BYTES, NAMES, Options, options
 from .validate import Call, agree, arguments
 
 __all__ = ["allreduce", "iallreduce", "allreduce_init", "setup", "ArgumentMismatch",
@@ -117,9 +117,8 @@ def allreduce(
             failed(kept.comm, exc, kept.algorithm)
         return recvbuf
 
-    opts = options(algorithm=algorithm, check=check, segment_size=segment_size,
-                   ranks_per_node=ranks_per_node, inner=inner, tuning=tuning, selection=selection,
-                   reproducible=reproducible)
+    extra = (check, segment_size, ranks_per_node, inner, tuning, selection, reproducible)
+    opts = _options("allreduce", algorithm, extra)
     call = _setup(sendbuf, recvbuf, op, comm, opts)
     exact = opts.reproducible and _order_matters(call)
     if call.recv.size == 0:
@@ -134,7 +133,6 @@ def allreduce(
     held = refcounts(call)
     run = _reproducible(comm, call) if exact else runner(context, call)
     if not opts.check:
-        extra = (check, segment_size, ranks_per_node, inner, tuning, selection, reproducible)
         # counted first: arguments already pushed for a call would count too
         ours = [after - before for before, after in zip(held, refcounts(call))]
         remember_call(context, run, sendbuf, recvbuf, op, comm, algorithm, call, ours,
@@ -236,7 +234,7 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.C
         request = kept.run()
         if request is not None:  # (None: its last call is in flight or not yet waited)
             return request
-    request = _request(sendbuf, recvbuf, op, comm, _request_options(algorithm, *extra),
+    request = _request(sendbuf, recvbuf, op, comm, _options("request", algorithm, extra),
                        persistent=False, extra=extra)
     request._begin()
     return request
@@ -253,16 +251,16 @@ def allreduce_init(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = M
     that moment.  The schedule, its compiled stages, its scratch and (for
     host buffers) MPI persistent requests are made here once; this is the
     fastest way to repeat a call.  Arguments as :func:`iallreduce`."""
-    opts = _request_options(algorithm, check, segment_size, ranks_per_node, inner, tuning,
-                            selection, reproducible)
+    opts = _options("request", algorithm, (check, segment_size, ranks_per_node, inner, tuning,
+                                           selection, reproducible))
     return _request(sendbuf, recvbuf, op, comm, opts, persistent=True)
 
 
-def _request_options(algorithm, check, segment_size, ranks_per_node, inner, tuning, selection,
-                     reproducible):
-    return options("request", algorithm=algorithm, check=check, segment_size=segment_size,
-                   ranks_per_node=ranks_per_node, inner=inner, tuning=tuning,
-                   selection=selection, reproducible=reproducible)
+def _options(kind: str, algorithm, extra: tuple) -> Options:
+    """The call's :class:`~mpi_allreduce.options.Options` from its
+    algorithm and the other keywords, in the signatures' order
+    (:data:`~mpi_allreduce.options.NAMES`)."""
+    return options(kind, **dict(zip(NAMES, (algorithm,) + extra)))
 
 
 #: the kind of a kept non-blocking call in :data:`~mpi_allreduce.context.CALLS`

@@ -206,12 +206,10 @@ class Context:
         persistent one freed; a slot it held before is let go: a completed
         non-blocking call started again).  Refused if its slot is still
         held here."""
-        made, tags, holders = self._made, self.tags, self.holders
-        number = made[persistent]
-        made[persistent] = number + 1
+        number = self._made[persistent]
+        self._made[persistent] = number + 1
         try:
-            return self._hold(op, tags, holders, tags.slot(persistent, number), persistent,
-                              fingerprint)
+            return self._hold(op, self.tags.slot(persistent, number), persistent, fingerprint)
         except TagsExhausted:
             raise  # (every rank holds the same calls: every rank refuses this one)
         except BaseException as exc:
@@ -220,9 +218,9 @@ class Context:
             self.breaks(exc, "the start of a non-blocking or persistent call")
             raise
 
-    def _hold(self, op, tags, holders: dict, slot: int, persistent: bool,
-              fingerprint: int) -> int:
+    def _hold(self, op, slot: int, persistent: bool, fingerprint: int) -> int:
         """:meth:`claim`'s slot ``slot`` held by ``op``: its tag."""
+        holders = self.holders
         ref = holders.get(slot)
         held = ref() if ref is not None else None
         if held is not None and held is not op and held.holds_tag():
@@ -241,7 +239,7 @@ class Context:
                 del holders[old]
         holders[slot] = mine
         self._slot_of[mine] = slot
-        return tags.request_tag(slot, fingerprint)
+        return self.tags.request_tag(slot, fingerprint)
 
     def in_flight(self) -> int:
         """Calls of this context in flight now (on this rank)."""

@@ -103,7 +103,7 @@ class Operation:
         deadline (the watchdog's raise mode) makes the call poll in the one
         wait loop, through the stages.  ``self.round``: (the steps before
         the round, those that overlap it, those after it, what posts its
-        messages)."""
+        messages where they are not persistent requests)."""
         if self.threaded or self.limit or self.plan.backend.device:
             return
         rounds = [i for i, stage in enumerate(self.stages) if stage.pairs]
@@ -114,11 +114,13 @@ class Operation:
         before = [s for stage in stages[:index] for s in stage.before + stage.overlap]
         before += stages[index].before
         after = [s for stage in stages[index + 1:] for s in stage.before + stage.overlap]
-        self.round = (before, list(stages[index].overlap), after,
-                      message_calls(self.comm, stages[index].pairs, self.mpitype))
-        self.index = index
+        posts = None  # (a persistent call's requests are made: they are its live ones)
         if self.persistent is not None:
             self.live = self.persistent[index]
+        else:
+            posts = message_calls(self.comm, stages[index].pairs, self.mpitype)
+        self.round = (before, list(stages[index].overlap), after, posts)
+        self.index = index
 
     def round_steps(self) -> list:
         """A one-round start as compiled steps (see :meth:`one_round`)."""

@@ -32,17 +32,33 @@ class Call(NamedTuple):
     send: object  # array, or None for MPI.IN_PLACE
     recv: object
     op: Op
-    algorithm: str
     backend: object
+    options: Options  # what the call was made with (its option fields read these)
     segment_size: int  # elements, for this call's dtype
-    ranks_per_node: Optional[int]
-    inner: Optional[str]
-    tuning: object  # None, a file's path or a DecisionTable (auto, hierarchical only)
-    selection: str
     datatype: object = None  # the caller's MPI datatype (a message spec), else None
     #: what a call made on behalf of another adds to its spec (reproducible sums)
     salt: str = ""
-    options: Optional[Options] = None  # what the call was made with
+
+    @property
+    def algorithm(self) -> str:
+        return self.options.algorithm
+
+    @property
+    def ranks_per_node(self) -> Optional[int]:
+        return self.options.ranks_per_node
+
+    @property
+    def inner(self) -> Optional[str]:
+        return self.options.inner
+
+    @property
+    def tuning(self):
+        """None, a file's path or a DecisionTable (auto, hierarchical only)."""
+        return self.options.tuning
+
+    @property
+    def selection(self) -> str:
+        return self.options.selection
 
 
 def validate(sendbuf, recvbuf, op, opts: Options) -> Call:
@@ -81,9 +97,7 @@ def validate(sendbuf, recvbuf, op, opts: Options) -> Call:
     if not backend.is_writeable(recv):
         raise ValueError("recvbuf is read-only")
 
-    return Call(send, recv, op, opts.algorithm, backend, opts.segment(dtype),
-                opts.ranks_per_node, opts.inner, opts.tuning, opts.selection, datatype,
-                options=opts)
+    return Call(send, recv, op, backend, opts, opts.segment(dtype), datatype)
 
 
 def _check_order(op: Op, algorithm: str) -> None:
