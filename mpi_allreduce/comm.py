@@ -48,6 +48,7 @@ from mpi4py import MPI
 
 from . import api, collectives, progress
 from .context import setup
+from .engine import wait_for
 from .backend import backend_for
 from .buffers import message, names_memory
 from .errors import ArgumentMismatch
@@ -277,13 +278,6 @@ class Comm(MPI.Intracomm):
         progress.mpi_request([start()], f"MPI_{name} (buffers as mpi4py reads them)",
                              self).wait()
 
-    def _watched(self, name: str) -> None:
-        """Before a blocking collective that has no non-blocking form: a
-        watched ``MPI_Ibarrier``, so a rank that never comes is reported
-        (every rank has arrived when the collective itself runs)."""
-        progress.mpi_request([MPI.Intracomm.Ibarrier(self)], f"MPI_{name} (its barrier)",
-                             self).wait()
-
     def _counts(self, count: int) -> list:
         """Every rank's receive count (what mpi4py's ``Reduce_scatter``
         exchanges when given none): a watched ``MPI_Iallgather``."""
@@ -373,22 +367,24 @@ class Comm(MPI.Intracomm):
         return _Routed(sendbuf if send is None else send.given, recv.given, counts)
 
     # --- communicators made from this one are wrapped too ------------------
-    # (the collectives that make communicators are watched like every call)
+    # (the collectives that make communicators are watched like every call:
+    # those with no non-blocking form behind a watched MPI_Ibarrier, as
+    # topology.node_comm does, so every rank has arrived when they run)
     def Dup(self, info=None):  # noqa: N802
         comm, request = MPI.Intracomm.Idup(self, info)
-        progress.mpi_request([request], "MPI_Comm_idup", self).wait()
+        wait_for([request], "MPI_Comm_idup")
         return self._wrap(comm)
 
     def Split(self, color: int = 0, key: int = 0):  # noqa: N802
-        self._watched("Comm_split")
+        wait_for([MPI.Intracomm.Ibarrier(self)], "MPI_Comm_split (its barrier)")
         return self._wrap(MPI.Intracomm.Split(self, color, key))
 
     def Split_type(self, split_type: int, key: int = 0, info=MPI.INFO_NULL):  # noqa: N802
-        self._watched("Comm_split_type")
+        wait_for([MPI.Intracomm.Ibarrier(self)], "MPI_Comm_split_type (its barrier)")
         return self._wrap(MPI.Intracomm.Split_type(self, split_type, key, info))
 
     def Create(self, group):  # noqa: N802
-        self._watched("Comm_create")
+        wait_for([MPI.Intracomm.Ibarrier(self)], "MPI_Comm_create (its barrier)")
         return self._wrap(MPI.Intracomm.Create(self, group))
 
     def Create_group(self, group, tag: int = 0):  # noqa: N802
