@@ -205,11 +205,29 @@ class Context:
         call, ``op``, held until ``op`` no longer holds it (complete; a
         persistent one freed; a slot it held before is let go: a completed
         non-blocking call started again).  Refused if its slot is still
-        held here."""
-        number = self._made[persistent]
-        self._made[persistent] = number + 1
+        held here.  (One function: it runs at every start of a non-blocking
+        call.)"""
+        made, tags = self._made, self.tags
+        number = made[persistent]
+        made[persistent] = number + 1
         try:
-            return self._hold(op, self.tags.slot(persistent, number), persistent, fingerprint)
+            slot, tag = tags.place(persistent, number, fingerprint)
+            holders = self.holders
+            ref = holders.get(slot)
+            mine = op.holder  # one weak reference per call, whose death lets its slot go
+            if ref is not None and ref is not mine:
+                held = ref()
+                if held is not None and held.holds_tag():
+                    raise self._exhausted(persistent)
+            if mine is None:
+                mine = op.holder = weakref.ref(op, self._let_go)
+            else:
+                old = self._slot_of.get(mine)
+                if old is not None and holders.get(old) is mine:
+                    del holders[old]
+            holders[slot] = mine
+            self._slot_of[mine] = slot
+            return tag
         except TagsExhausted:
             raise  # (every rank holds the same calls: every rank refuses this one)
         except BaseException as exc:
@@ -218,28 +236,13 @@ class Context:
             self.breaks(exc, "the start of a non-blocking or persistent call")
             raise
 
-    def _hold(self, op, slot: int, persistent: bool, fingerprint: int) -> int:
-        """:meth:`claim`'s slot ``slot`` held by ``op``: its tag."""
-        holders = self.holders
-        ref = holders.get(slot)
-        held = ref() if ref is not None else None
-        if held is not None and held is not op and held.holds_tag():
-            what = "persistent requests alive" if persistent else "non-blocking calls in flight"
-            room = self.tags.persistent if persistent else self.tags.slots - self.tags.persistent
-            raise TagsExhausted(
-                f"more than {room} {what} on one communicator (tags up to "
-                f"2^{self.tags.bits}): the next would reuse the tag of one still held; wait "
-                "for (or free) older ones first")
-        mine = op.holder  # one weak reference per call, whose death lets its slot go
-        if mine is None:
-            mine = op.holder = weakref.ref(op, self._let_go)
-        else:
-            old = self._slot_of.get(mine)
-            if old is not None and holders.get(old) is mine:
-                del holders[old]
-        holders[slot] = mine
-        self._slot_of[mine] = slot
-        return self.tags.request_tag(slot, fingerprint)
+    def _exhausted(self, persistent: bool) -> TagsExhausted:
+        what = "persistent requests alive" if persistent else "non-blocking calls in flight"
+        room = self.tags.persistent if persistent else self.tags.slots - self.tags.persistent
+        return TagsExhausted(
+            f"more than {room} {what} on one communicator (tags up to "
+            f"2^{self.tags.bits}): the next would reuse the tag of one still held; wait "
+            "for (or free) older ones first")
 
     def in_flight(self) -> int:
         """Calls of this context in flight now (on this rank)."""

@@ -256,6 +256,10 @@ class PersistentRequest(Request):
             raise RequestError("free() on an active request (wait() for it first)")
         self._release()
 
+    def __del__(self):
+        if self._state != "active" and self._state != "freed":
+            self._release()
+
     def _release(self) -> None:
         op = self._op
         if op is not None:
@@ -276,10 +280,6 @@ class PersistentRequest(Request):
         if self._state == "active" and exc[0] is None:
             self.wait()
         if self._state != "active":
-            self._release()
-
-    def __del__(self):
-        if self._state != "active" and self._state != "freed":
             self._release()
 
 
@@ -341,6 +341,8 @@ def restarter(op: Operation, context, result):
     context (calls are numbered in the order they start, on every rank);
     None while its last start is still in flight."""
     fingerprint, start = op.plan.fingerprint, starter(op)
+    if op.round is not None and not op.round[0] and not op.round[1]:
+        return _restarter_one_round(op, context, result, fingerprint, start)
 
     def restart():
         if not op.done or op.unwaited:
@@ -350,6 +352,29 @@ def restarter(op: Operation, context, result):
         request._begin()
         return request
     return restart
+
+
+def _restarter_one_round(op: Operation, context, result, fingerprint: int, start):
+    """:func:`restarter` for a call of one round of messages and no local
+    step before them (``Operation.one_round``: 2 ranks, a short vector):
+    the tag's claim, the start of the messages and the new request in one
+    guarded frame -- what :meth:`Request._begin` and ``Operation.round_steps``
+    do, without their calls (a repeated ``iallreduce`` + ``wait`` of a few
+    bytes costs about three MPI messages: benchmarks/floor.py)."""
+    claim, posts, round_ = context.claim, op.round[3], op.round
+
+    def restart():
+        if not op.done or op.unwaited:
+            return None  # in flight, or complete but not yet waited: a call of its own
+        op.tag = tag = claim(op, fingerprint, False)
+        op.done, op.error = False, None
+        op.starts += 1
+        op.live = [call(spec, peer, tag) for call, spec, peer in posts]
+        request = Request(op, result, start=start)
+        request._state = "active"
+        op.unwaited = True
+        return request
+    return guarded(context, ("start of a " + op.kind, op.plan), restart)
 
 
 def local_operation(backend, send, recv) -> Operation:
@@ -362,7 +387,7 @@ def local_operation(backend, send, recv) -> Operation:
 
 def guarded(context, what: tuple, run):
     """``run`` as one call on ``context`` (``what``: (kind, plan), what the
-    watchdog reports): the one re-entry guard of every call -- another
+    watchdog reports; what ``run`` returns is returned): the one re-entry guard of every call -- another
     thread inside a call on this communicator: ConcurrentCall; a broken
     communicator: Broken at once -- and any exception (an interrupt too)
     that leaves ``run`` breaks the communicator, since messages may be in
@@ -381,7 +406,7 @@ def guarded(context, what: tuple, run):
                 raise context.refusal()
             context.what = what
             context.count += 1
-            run()
+            value = run()
             context.what = None
             held = False
             # (an interrupt is raised as a call returns, this one too: inside
@@ -394,6 +419,7 @@ def guarded(context, what: tuple, run):
                 release()
             context.breaks(exc, kind)
             raise
+        return value
     return guarded_run
 
 

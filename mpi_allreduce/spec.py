@@ -100,14 +100,14 @@ class TagLayout(NamedTuple):
     def blocking_tag(self, fingerprint: int) -> int:
         return self.blocking + fingerprint % self.blocking
 
-    def request_tag(self, slot: int, fingerprint: int) -> int:
-        return slot << self.fp_bits | fingerprint % (1 << self.fp_bits)
-
-    def slot(self, persistent: bool, number: int) -> int:
-        """The slot of the ``number``-th (from 0) persistent or non-blocking call."""
+    def place(self, persistent: bool, number: int, fingerprint: int) -> tuple:
+        """(slot, tag) of the ``number``-th (from 0) persistent or
+        non-blocking call with ``fingerprint``."""
         if persistent:
-            return number % self.persistent
-        return self.persistent + number % (self.slots - self.persistent)
+            slot = number % self.persistent
+        else:
+            slot = self.persistent + number % (self.slots - self.persistent)
+        return slot, slot << self.fp_bits | fingerprint % (1 << self.fp_bits)
 
 
 def tag_layout(tag_ub: Optional[int]) -> TagLayout:

@@ -112,16 +112,15 @@ def test_tag_layout_keeps_every_kind_of_call_apart(tag_ub):
     fp = 0xDEADBEEF
     blocking = layout.blocking_tag(fp)
     assert layout.blocking <= blocking <= tag_ub
-    persistent = {layout.request_tag(layout.slot(True, n), fp) for n in range(layout.persistent)}
-    nonblocking = {layout.request_tag(layout.slot(False, n), fp)
-                   for n in range(layout.slots - layout.persistent)}
+    persistent = {layout.place(True, n, fp)[1] for n in range(layout.persistent)}
+    nonblocking = {layout.place(False, n, fp)[1] for n in range(layout.slots - layout.persistent)}
     assert len(persistent) == layout.persistent and len(nonblocking) == layout.slots - layout.persistent
     assert not persistent & nonblocking
     assert max(persistent | nonblocking) < layout.blocking
     # the slots wrap: number n and n + room share a slot (then the held check decides)
     room = layout.slots - layout.persistent
-    assert layout.slot(False, 7) == layout.slot(False, 7 + room)
-    assert layout.slot(True, 3) == layout.slot(True, 3 + layout.persistent)
+    assert layout.place(False, 7, fp) == layout.place(False, 7 + room, fp)
+    assert layout.place(True, 3, fp) == layout.place(True, 3 + layout.persistent, fp)
 
 
 def test_every_field_of_a_spec_changes_its_fingerprint():
