@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 
 from .bench import load_results
@@ -19,7 +20,7 @@ def plot(paths, output: str, title=None) -> None:
         label = r["algorithm"] + (" (in place)" if r["in_place"] else "")
         lines[label].append((r["size"], r["time_avg_us"], r["busbw_GBs"]))
     fig, (lat, bw) = plt.subplots(1, 2, figsize=(13, 5))
-    ours = iter(plt.cm.tab10.colors)
+    ours = itertools.cycle(plt.cm.tab20.colors)  # (more algorithms than colours: again)
     vendor_styles = iter([("black", "--"), ("dimgray", ":"), ("gray", "-."), ("silver", "--")])
     for label in sorted(lines, key=lambda l: (not l.startswith("mpi"), l)):
         pts = sorted(lines[label])
@@ -64,7 +65,7 @@ def plot_scale(rows: list, winners: dict, algorithms: tuple, output: str, title:
     ranks = sorted({r["p"] for r in rows})
     sizes = sorted({r["size"] for r in rows})
     picks = [sizes[0], sizes[len(sizes) // 2], sizes[-1]]
-    colors = dict(zip(ALGORITHMS, plt.cm.tab10.colors))
+    colors = dict(zip(ALGORITHMS, itertools.cycle(plt.cm.tab20.colors)))
     fig, axes = plt.subplots(1, 4, figsize=(22, 5.5),
                              gridspec_kw={"width_ratios": [1, 1, 1, 1.3]})
     for ax, size in zip(axes, picks):

@@ -23,7 +23,9 @@ against the message-by-message simulation at every p from 2 to 64 and some
 up to 1024, on one node and several: within 3% (13% for the pipelined ring
 at uneven segments).  Where no form is exact the simulator answers instead:
 the double binary tree always (two segments simulated, the rest
-extrapolated), recursive doubling and Rabenseifner across nodes when p is
+extrapolated), an algorithm with no form here (Swing, Bine, recursive
+multiplying, k-nomial, the torus, allgather-then-reduce) up to
+``SIMULATE_FORMLESS_UP_TO`` ranks and not above (no prediction there: ``-``), recursive doubling and Rabenseifner across nodes when p is
 not a power of two or q does not divide it (up to ``SIMULATE_UP_TO``
 ranks).  ``naive`` across nodes is an estimate only (its longest chain or
 the bytes leaving a node, whichever is longer).  The forms cost O(log p)
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 from typing import Optional
 
 from .. import registry
@@ -42,7 +45,7 @@ from ..partition import real_rank
 from ..simulate import Machine
 from .bench import human
 
-__all__ = ["ALGORITHMS", "seconds", "Links"]
+__all__ = ["ALGORITHMS", "CLOSED_FORMS", "seconds", "Links"]
 
 #: every algorithm of the registry, in its order: each flat one has its
 #: form in ``_FORMS``; hierarchical takes the best of the registry's
@@ -53,6 +56,9 @@ ALGORITHMS = registry.ALGORITHMS
 #: recursive doubling and Rabenseifner across nodes with p not a power of
 #: two (or nodes that do not divide p) are simulated up to this many ranks
 SIMULATE_UP_TO = 4096
+#: an algorithm without a closed form is simulated up to this many ranks
+#: (and has no prediction above)
+SIMULATE_FORMLESS_UP_TO = 1024
 
 
 class Links:
@@ -98,7 +104,8 @@ def seconds(algorithm: str, nbytes: int, p: int, prm: Machine, ranks_per_node: O
             inner: Optional[str] = None) -> float:
     """Predicted seconds of an ``nbytes`` all-reduce on ``p`` ranks,
     ``ranks_per_node`` to a node (default: all on one), segments of
-    ``segment_bytes`` (default: none)."""
+    ``segment_bytes`` (default: none); NaN for an algorithm without a
+    closed form above :data:`SIMULATE_FORMLESS_UP_TO` ranks."""
     count = nbytes // itemsize
     if p <= 1 or count <= 0:
         return 0.0
@@ -107,11 +114,13 @@ def seconds(algorithm: str, nbytes: int, p: int, prm: Machine, ranks_per_node: O
     m = Links(prm, q, itemsize)
     if algorithm == hierarchical.NAME:
         return prm.call_overhead + _hierarchical(m, p, count, s, inner)
-    try:
-        form = _FORMS[algorithm]
-    except KeyError:
-        raise ValueError(f"no closed form for {algorithm!r}; choose one of "
-                         f"{', '.join(ALGORITHMS)}") from None
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of "
+                         f"{', '.join(ALGORITHMS)}")
+    form = _FORMS.get(algorithm)
+    if form is None:  # (no closed form: the simulator's time, as far as it goes)
+        return _simulated(algorithm, p, count, s, m) if p <= SIMULATE_FORMLESS_UP_TO \
+            else math.nan
     if (algorithm in ("recursive_doubling", "rabenseifner") and q < p and not _aligned(p, q)
             and p <= SIMULATE_UP_TO):
         return _simulated(algorithm, p, count, s, m)
@@ -333,6 +342,10 @@ _FORMS = {"driver": _driver, "naive": _naive, "ring": _ring, "ring_pipelined": _
           "recursive_doubling": _recursive_doubling, "rabenseifner": _rabenseifner,
           "tree": _tree, "double_binary_tree": _double_binary_tree}
 
+#: the algorithms with a closed form (the others are simulated, up to
+#: :data:`SIMULATE_UP_TO` ranks)
+CLOSED_FORMS = tuple(_FORMS)
+
 
 def table(prm: Machine, ranks: list, sizes: list, ranks_per_node: int,
           segment_bytes: int, algorithms=ALGORITHMS) -> list:
@@ -389,7 +402,7 @@ def report(prm: Machine, ranks: list, sizes: list, ranks_per_node: int, segment_
             for name in names:
                 t = by_point[(p, size, name)] * 1e6
                 mark = "*" if winners.get((p, size), ("",))[0] == name else " "
-                cells.append(f"{t:>{width - 1}.4g}{mark}")
+                cells.append(f"{'-' if math.isnan(t) else f'{t:.4g}':>{width - 1}}{mark}")
             print(f"{p:>6} {human(size):>9} " + " ".join(cells))
     print("# crossovers: the fastest algorithm from each size on")
     for p, runs in crossovers(winners).items():
@@ -397,7 +410,10 @@ def report(prm: Machine, ranks: list, sizes: list, ranks_per_node: int, segment_
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"params": prm.parameters(), "ranks_per_node": ranks_per_node,
-                       "segment_bytes": segment_bytes, "rows": rows}, f, indent=1)
+                       "segment_bytes": segment_bytes,
+                       # (no prediction: null)
+                       "rows": [dict(r, seconds=None) if math.isnan(r["seconds"]) else r
+                                for r in rows]}, f, indent=1)
     if png:
         from .plot import plot_scale
 
