@@ -39,7 +39,12 @@ def _flat(*names: str) -> tuple:
 #: fastest for short vectors on thousands of ranks with many a node, where
 #: recursive doubling's steps across nodes queue every rank of a node on
 #: its port; ``tune`` measures it, and a table it writes may choose it.
-NOT_CANDIDATES = _flat("naive", "double_binary_tree")
+#: Allgather-then-reduce is for vectors of a few bytes (ceil(lg p) rounds,
+#: one fewer than recursive doubling's fold where p is not a power of two)
+#: and moves p-1 vectors a rank: ``tune`` measures every candidate up to
+#: 64 MiB and live selection tries candidates from 16 KiB, sizes where it
+#: costs p-1 times the ring's bytes, so it too is run by name.
+NOT_CANDIDATES = _flat("naive", "double_binary_tree", "allgather_reduce")
 
 #: the leaders' algorithms the cost model weighs for ``hierarchical`` when
 #: no ``inner`` is named (``tools/model.py``'s ``best_flat``,

@@ -36,9 +36,11 @@ def test_the_roles_name_registered_flat_algorithms():
         registry._flat("ring", "no_such_algorithm")
 
 
-def test_scale_has_a_form_for_every_algorithm_and_no_other():
+def test_scale_predicts_every_algorithm_and_has_forms_for_no_other():
+    """A closed form for registered algorithms only; those without one are
+    simulated (up to ``scale.SIMULATE_FORMLESS_UP_TO`` ranks)."""
     assert scale.ALGORITHMS == registry.ALGORITHMS
-    assert set(scale._FORMS) == set(FLAT)
+    assert set(scale._FORMS) <= set(FLAT)
     for name in registry.ALGORITHMS:
         assert scale.seconds(name, 4096, 8, MACHINE, 4, 1024) > 0, name
 
