@@ -20,12 +20,14 @@ composes one of them across node leaders and is registered above them, in
 
 from . import (allgather_reduce, double_binary_tree, driver, knomial, naive, rabenseifner,
                recursive_doubling, recursive_multiplying, ring, ring_pipelined, torus, tree)
+from . import bine_bandwidth, bine_latency, swing_bandwidth, swing_latency
 
 #: name -> module of every flat algorithm (one level: no algorithm inside)
 FLAT = {module.NAME: module for module in (driver, ring, recursive_doubling, ring_pipelined,
                                            rabenseifner, naive, tree, double_binary_tree,
                                            recursive_multiplying, knomial, torus,
-                                           allgather_reduce)}
+                                           allgather_reduce, swing_latency, swing_bandwidth,
+                                           bine_latency, bine_bandwidth)}
 
 
 def flat(name: str):
