@@ -54,6 +54,7 @@ __all__ = ["NAME", "COMMUTATIVE", "build", "steps"]
 
 
 def build(rank: int, size: int, count: int, segment_size: int, options=None):
+    """Rank ``rank``'s schedule: MPICH's fold, Bine reduce-scatter and allgather, the fold back."""
     b = Builder()
     role = fold(rank, size)
     src = fold_in(b, rank, role, segments(Block(0, count), segment_size))

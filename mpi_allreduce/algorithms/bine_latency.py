@@ -50,6 +50,7 @@ __all__ = ["NAME", "COMMUTATIVE", "build"]
 
 
 def build(rank: int, size: int, count: int, segment_size: int, options=None):
+    """Rank ``rank``'s schedule: MPICH's fold, the Bine butterfly, the fold back."""
     b = Builder()
     role = fold(rank, size)
     pieces = segments(Block(0, count), segment_size)

@@ -57,6 +57,7 @@ __all__ = ["NAME", "COMMUTATIVE", "build", "runs", "pack", "steps"]
 
 
 def build(rank: int, size: int, count: int, segment_size: int, options=None):
+    """Rank ``rank``'s schedule: Swing's fold, reduce-scatter, allgather, the fold back."""
     b = Builder()
     role = shrink(rank, size)
     src = fold_in(b, rank, role, segments(Block(0, count), segment_size))

@@ -53,6 +53,7 @@ __all__ = ["NAME", "COMMUTATIVE", "build", "butterfly", "step_order"]
 
 
 def build(rank: int, size: int, count: int, segment_size: int, options=None):
+    """Rank ``rank``'s schedule: Swing's fold, the butterfly last step first, the fold back."""
     b = Builder()
     role = shrink(rank, size)
     pieces = segments(Block(0, count), segment_size)
