@@ -51,6 +51,36 @@ def _hierarchy_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--segment-bytes", type=size(1, 1 << 40), default=None,
                         help="bytes per message at most where the data is reduced, "
                              "e.g. 256K (default 1 MiB)")
+    _shape_args(parser)
+
+
+def _shape_args(parser: argparse.ArgumentParser) -> None:
+    """The options of the radix-k algorithms and of the torus (each goes
+    to the algorithms that take it: :func:`~mpi_allreduce.options.keywords_for`)."""
+    parser.add_argument("--radix", type=whole(2, 1 << 31), default=None,
+                        help="recursive_multiplying, knomial: ranks in a group (default 4)")
+    parser.add_argument("--row-size", type=whole(1, 1 << 31), default=None,
+                        help="torus: ranks in a row of its grid, a divisor of the ranks "
+                             "(default: the divisor nearest their square root)")
+
+
+def _shape_options(args, name: str) -> dict:
+    """--radix and --row-size, where given and taken by algorithm ``name``."""
+    from .options import keywords_for
+
+    given = {"radix": args.radix, "row_size": args.row_size}
+    return keywords_for({k: v for k, v in given.items() if v is not None}, "allreduce", name)
+
+
+def _check_row_size(args, error, ranks: int, algorithms) -> None:
+    """--row-size must divide the ranks the torus runs on (where it runs)."""
+    from .registry import ALGORITHMS
+
+    names = ALGORITHMS if algorithms is None or "all" in algorithms else algorithms
+    if args.row_size is not None and "torus" in names and ranks % args.row_size:
+        divisors = [d for d in range(1, ranks + 1) if ranks % d == 0]
+        error(f"--row-size {args.row_size} does not divide the {ranks} ranks into rows; "
+              f"choose one of {', '.join(map(str, divisors))}")
 
 
 def _size_args(parser: argparse.ArgumentParser, maxbytes: str, factor: float) -> None:
@@ -108,6 +138,9 @@ def _options(args) -> dict:
         options["ranks_per_node"] = args.ranks_per_node
     if args.inner is not None:
         options["inner"] = args.inner
+    for name in ("radix", "row_size"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
     return options
 
 
@@ -230,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
                          f"at most {MAX_DRAWN})")
     dr.add_argument("--inner", type=_inner(), default=None,
                     help="hierarchical: algorithm across node leaders (default auto)")
+    _shape_args(dr)
     dr.add_argument("-o", "--output", type=output_file(*FORMATS), default=None,
                     help="file to write, .png .svg .pdf or .gif (default ALGORITHM-pP.png)")
 
@@ -321,8 +355,13 @@ def _check_dtype_op(args, error) -> None:
 def _check_bench(args, error) -> None:
     _check_measured(args, error)
     _check_dtype_op(args, error)
+    _check_row_size(args, error, MPI.COMM_WORLD.Get_size(), args.algorithms)
     if args.json and args.json == args.csv:
         error(f"--json and --csv both name {args.json!r}")
+
+
+def _check_verify(args, error) -> None:
+    _check_row_size(args, error, MPI.COMM_WORLD.Get_size(), args.algorithms)
 
 
 def _check_simulate(args, error) -> None:
@@ -330,6 +369,8 @@ def _check_simulate(args, error) -> None:
     _check_dtype_op(args, error)
     if "all" in args.algorithms and len(args.algorithms) > 1:
         error("-a/--algorithms: 'all' stands alone, or name the algorithms")
+    if not args.predict:
+        _check_row_size(args, error, args.size, args.algorithms)
     if args.predict:
         if not args.params:
             error("--predict needs --params (a `model --json` file)")
@@ -382,6 +423,7 @@ def _check_default_output(args, error, default) -> None:
 
 def _check_draw(args, error) -> None:
     _check_default_output(args, error, _default_drawing)
+    _check_row_size(args, error, args.size, [args.algorithm])
 
 
 def _check_trace(args, error) -> None:
@@ -401,8 +443,9 @@ def _check_tune(args, error) -> None:
 
 #: the checks of a command's values together, run right after parsing
 #: with the command parser's ``error``
-CHECKS = {"bench": _check_bench, "simulate": _check_simulate, "draw": _check_draw,
-          "trace": _check_trace, "model": _check_measured, "tune": _check_tune}
+CHECKS = {"verify": _check_verify, "bench": _check_bench, "simulate": _check_simulate,
+          "draw": _check_draw, "trace": _check_trace, "model": _check_measured,
+          "tune": _check_tune}
 
 
 def _device_arg(parser: argparse.ArgumentParser) -> None:
@@ -465,6 +508,7 @@ def cmd_draw(args) -> int:
         options["ranks_per_node"] = args.ranks_per_node or max(1, -(-args.size // 2))
         if args.inner:
             options["inner"] = args.inner
+    options.update(_shape_options(args, args.algorithm))
     try:
         drawing = contributions(args.algorithm, args.size, args.count, args.segment, options)
         panels = draw(drawing, output)
@@ -615,9 +659,10 @@ def cmd_simulate(args) -> int:
 
 def _simulated_options(args, name: str) -> dict:
     """simulate's options for ``name``: hierarchical on nodes of --ranks-per-node
-    (default: one node), recursive doubling among the leaders unless --inner."""
+    (default: one node), recursive doubling among the leaders unless --inner;
+    --radix and --row-size to the algorithms that take them."""
     if name != "hierarchical":
-        return {}
+        return _shape_options(args, name)
     return {"ranks_per_node": args.ranks_per_node or args.size,
             "inner": args.inner or "recursive_doubling"}
 

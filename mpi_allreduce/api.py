@@ -46,6 +46,8 @@ def allreduce(
     segment_size: Optional[int] = None,
     ranks_per_node: Optional[int] = None,
     inner: Optional[str] = None,
+    radix: Optional[int] = None,
+    row_size: Optional[int] = None,
     tuning=None,
     selection: Optional[str] = None,
     reproducible: Optional[bool] = None,
@@ -82,6 +84,13 @@ def allreduce(
         of this size instead of the shared-memory nodes
         (``MPI_ALLREDUCE_RANKS_PER_NODE``), and the algorithm the node
         leaders run (``MPI_ALLREDUCE_INNER``, default ``auto``).
+    radix : int, optional
+        ``recursive_multiplying`` and ``knomial`` only: the group size k
+        (at least 2; default 4; lowered to p on fewer ranks).
+    row_size : int, optional
+        ``torus`` only: the ranks in a row of its grid (consecutive ranks);
+        it must divide the communicator's size (a ``ValueError`` on every
+        rank otherwise).  Default: the divisor nearest sqrt(p).
     tuning : dict or str, optional
         The decision table ``auto`` uses (a dict or the path of a JSON file
         written by ``python -m mpi_allreduce tune``); default: the file named
@@ -107,17 +116,18 @@ def allreduce(
             and kept.algorithm == algorithm and recvbuf.dtype is kept.dtype
             and (kept.in_place or sendbuf.dtype is kept.dtype)
             and (kept.extra is None
-                 and check is segment_size is ranks_per_node is inner is tuning is selection
-                 is reproducible is None
-                 or kept.extra == (check, segment_size, ranks_per_node, inner, tuning, selection,
-                                   reproducible))):
+                 and check is segment_size is ranks_per_node is inner is radix is row_size
+                 is tuning is selection is reproducible is None
+                 or kept.extra == (check, segment_size, ranks_per_node, inner, radix, row_size,
+                                   tuning, selection, reproducible))):
         try:
             kept.run()
         except Exception as exc:  # noqa: BLE001 - after messages started
             failed(kept.comm, exc, kept.algorithm)
         return recvbuf
 
-    extra = (check, segment_size, ranks_per_node, inner, tuning, selection, reproducible)
+    extra = (check, segment_size, ranks_per_node, inner, radix, row_size, tuning, selection,
+             reproducible)
     opts = _options("allreduce", algorithm, extra)
     call = _setup(sendbuf, recvbuf, op, comm, opts)
     exact = opts.reproducible and _order_matters(call)
@@ -217,7 +227,8 @@ def kernels_for(backend):
 def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
                algorithm: str = "auto", check: Optional[bool] = None,
                segment_size: Optional[int] = None, ranks_per_node: Optional[int] = None,
-               inner: Optional[str] = None, tuning=None, selection: Optional[str] = None,
+               inner: Optional[str] = None, radix: Optional[int] = None,
+               row_size: Optional[int] = None, tuning=None, selection: Optional[str] = None,
                reproducible: Optional[bool] = None) -> Request:
     """Start an all-reduce and return at once: a :class:`~.progress.Request`
     whose ``wait()`` returns ``recvbuf`` once the result is there (``test()``
@@ -228,7 +239,8 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.C
     :func:`allreduce`).  The buffers must not be touched until the request
     is complete.  Many calls may be in flight on one communicator; every
     rank starts them in the same order and may wait for them in any order."""
-    extra = (check, segment_size, ranks_per_node, inner, tuning, selection, reproducible)
+    extra = (check, segment_size, ranks_per_node, inner, radix, row_size, tuning, selection,
+             reproducible)
     kept = CALLS.get((_NONBLOCKING, id(recvbuf)))  # a repeat with the very same objects
     if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, algorithm, extra):
         request = kept.run()
@@ -243,7 +255,8 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.C
 def allreduce_init(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
                    algorithm: str = "auto", check: Optional[bool] = None,
                    segment_size: Optional[int] = None, ranks_per_node: Optional[int] = None,
-                   inner: Optional[str] = None, tuning=None, selection: Optional[str] = None,
+                   inner: Optional[str] = None, radix: Optional[int] = None,
+                   row_size: Optional[int] = None, tuning=None, selection: Optional[str] = None,
                    reproducible: Optional[bool] = None) -> PersistentRequest:
     """Set up an all-reduce of these buffers once (MPI-4's
     ``MPI_Allreduce_init``): ``start()`` it, ``wait()`` for it, as often as
@@ -251,8 +264,8 @@ def allreduce_init(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = M
     that moment.  The schedule, its compiled stages, its scratch and (for
     host buffers) MPI persistent requests are made here once; this is the
     fastest way to repeat a call.  Arguments as :func:`iallreduce`."""
-    opts = _options("request", algorithm, (check, segment_size, ranks_per_node, inner, tuning,
-                                           selection, reproducible))
+    opts = _options("request", algorithm, (check, segment_size, ranks_per_node, inner, radix,
+                                           row_size, tuning, selection, reproducible))
     return _request(sendbuf, recvbuf, op, comm, opts, persistent=True)
 
 

@@ -53,6 +53,10 @@ class Options:
     segment_bytes  the environment's segment in bytes (when not given)
     ranks_per_node hierarchical: emulated node size (None: shared memory)
     inner          hierarchical: the leaders' algorithm (None otherwise)
+    radix          recursive_multiplying, knomial: the group size k (None:
+                   the algorithm's default, 4)
+    row_size       torus: ranks in a row of the grid (None: the divisor of
+                   p nearest sqrt(p))
     tuning         None, a table file's absolute path, or a DecisionTable
                    (auto and hierarchical only; None otherwise)
     selection      ``table`` or ``live``
@@ -66,6 +70,8 @@ class Options:
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
     ranks_per_node: Optional[int] = None
     inner: Optional[str] = None
+    radix: Optional[int] = None
+    row_size: Optional[int] = None
     tuning: Any = None
     selection: str = "table"
     reproducible: bool = False
@@ -82,8 +88,8 @@ class Options:
 
 
 #: every keyword an entry point takes, in the order of allreduce's signature
-NAMES = ("algorithm", "check", "segment_size", "ranks_per_node", "inner", "tuning",
-         "selection", "reproducible")
+NAMES = ("algorithm", "check", "segment_size", "ranks_per_node", "inner", "radix", "row_size",
+         "tuning", "selection", "reproducible")
 
 #: the options each kind of call uses ("request": non-blocking and
 #: persistent all-reduces, which choose by the decision table and take
@@ -97,8 +103,12 @@ APPLIES = {
 }
 
 #: the options only some algorithms use: given with another, they are refused
+#: (an algorithm module names the options it takes in ``OPTIONS``)
 _ALGORITHMS_OF = {"inner": ("hierarchical",), "ranks_per_node": ("hierarchical",),
-                  "tuning": _TABLE_USERS}
+                  "tuning": _TABLE_USERS,
+                  **{name: tuple(a for a in registry.ALGORITHMS
+                                 if name in getattr(registry.get(a), "OPTIONS", ()))
+                     for name in ("radix", "row_size")}}
 
 #: values of an option that ask for nothing a kind of call could miss
 _NEUTRAL = {"algorithm": ("auto", "ring"), "reproducible": (False,), "selection": ("table",)}
@@ -145,15 +155,20 @@ def options(kind: str = "allreduce", **keywords) -> Options:
         raise type(exc)(f"inner: {exc}") from None
     if algorithm == "hierarchical":
         ranks_per_node = ranks_per_node_setting(ranks_per_node)
+    radix = _whole("radix", keywords.get("radix"), 2)
+    row_size = _whole("row_size", keywords.get("row_size"), 1)
     tuning = _tuning_argument(keywords.get("tuning"))
     selection = keywords.get("selection") or env.selection or "table"
     if selection not in SELECTIONS:
         raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
     if kind == "request":
         selection = "table"  # (live selection times blocking calls)
-    return Options(algorithm, env.check if check is None else bool(check), segment_size,
-                   env.segment_bytes or DEFAULT_SEGMENT_BYTES, ranks_per_node, inner, tuning,
-                   selection, _flag("reproducible", keywords.get("reproducible")) or False)
+    return Options(algorithm=algorithm, check=env.check if check is None else bool(check),
+                   segment_size=segment_size,
+                   segment_bytes=env.segment_bytes or DEFAULT_SEGMENT_BYTES,
+                   ranks_per_node=ranks_per_node, inner=inner, radix=radix, row_size=row_size,
+                   tuning=tuning, selection=selection,
+                   reproducible=_flag("reproducible", keywords.get("reproducible")) or False)
 
 
 def _flag(name: str, value) -> Optional[bool]:
@@ -171,6 +186,19 @@ def keywords_for(given: dict, kind: str, algorithm: Optional[str] = None) -> dic
     each call (``--ranks-per-node`` goes to ``verify``'s hierarchical runs)."""
     return {name: value for name, value in given.items() if name in APPLIES[kind]
             and (algorithm is None or algorithm in _ALGORITHMS_OF.get(name, (algorithm,)))}
+
+
+def _whole(name: str, value, least: int) -> Optional[int]:
+    """An integer option of at least ``least`` (None: unset); whether a
+    group of p ranks can use it (a row size must divide p) the algorithm
+    checks where p is known, the same on every rank."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if value < least:
+        raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+    return int(value)
 
 
 def _segment_size(value) -> Optional[int]:

@@ -3,7 +3,8 @@
 :func:`choice` is the algorithm (named, or ``auto``'s choice from the
 decision table), :func:`spec_of` the call's
 :class:`~mpi_allreduce.spec.CallSpec` (hierarchical's options resolved by
-:func:`~mpi_allreduce.selection.hierarchical_options`), :func:`plan_for`
+:func:`~mpi_allreduce.selection.hierarchical_options`, a flat algorithm's
+by its module: :func:`algorithm_options`), :func:`plan_for`
 its :class:`~mpi_allreduce.executor.Plan` from the context's cache, and
 :func:`runner` the blocking call bound to the caller's arrays through the
 engine (:func:`~mpi_allreduce.progress.blocking`), or under live
@@ -21,7 +22,8 @@ from .ops import dtype_label
 from .spec import CallSpec
 from .validate import Call
 
-__all__ = ["choice", "spec_of", "plan_for", "resolved", "runner", "LIVE_MIN_BYTES", "SAMPLE"]
+__all__ = ["choice", "spec_of", "algorithm_options", "plan_for", "resolved", "runner",
+           "LIVE_MIN_BYTES", "SAMPLE"]
 
 #: below this many bytes live selection leaves ``auto`` to the table: a call
 #: is then latency, the algorithms' order follows their message counts, and
@@ -46,16 +48,30 @@ def choice(context: Context, call: Call, count: int) -> str:
 def spec_of(context: Context, call: Call, name: str) -> CallSpec:
     """The spec of ``call`` run with algorithm ``name`` on ``context``
     (hierarchical's options resolved by
-    :func:`~mpi_allreduce.selection.hierarchical_options`)."""
+    :func:`~mpi_allreduce.selection.hierarchical_options`, the others' by
+    :func:`algorithm_options`)."""
     count, dtype = call.recv.size, call.recv.dtype
-    options = ()
     if name == "hierarchical":
         options = _selection.hierarchical_options(
             context.nodes(call.ranks_per_node), call.inner, count * dtype.itemsize,
             context.table(call.tuning),
             context.oversubscribed, call.op.commutative)
+    else:
+        options = algorithm_options(name, call.options, context.size)
     return CallSpec("allreduce", name, context.size, count, dtype_label(dtype), call.op.stable,
                     call.segment_size, options, salt=call.salt)
+
+
+def algorithm_options(name: str, opts, size: int) -> tuple:
+    """The options a flat algorithm's builder takes (those its module names
+    in ``OPTIONS``: ``radix``, ``row_size``), resolved by the module for
+    ``size`` ranks, defaults included, as sorted ``(key, value)`` pairs:
+    what the call's spec, and so its fingerprint, carries."""
+    module = registry.get(name)
+    names = getattr(module, "OPTIONS", ())
+    if not names:
+        return ()
+    return tuple(sorted(module.resolve(size, **{n: getattr(opts, n) for n in names})))
 
 
 def plan_for(context: Context, call: Call, name: str) -> Plan:

@@ -42,7 +42,8 @@ class CallSpec:
     op           the op's identity across ranks (see the module docstring)
     segment_size elements per message at most where data is reduced
     options      the algorithm's options (hierarchical: the resolved inner
-                 algorithm and the node of every rank)
+                 algorithm and the node of every rank; recursive_multiplying
+                 and knomial: the radix they run with; torus: its row size)
     blocks       every rank's block (reduce_scatter, allgather)
     salt         what a call made on behalf of another adds (a reproducible
                  sum's inner calls: the caller's dtype and op)

@@ -120,6 +120,8 @@ def arguments(call: Optional[Call]):
         "segment_size": call.segment_size,
         "ranks_per_node": call.ranks_per_node,
         "inner": call.inner,
+        "radix": call.options.radix,
+        "row_size": call.options.row_size,
         "selection": call.selection,
         "salt": call.salt,
     }

@@ -10,10 +10,16 @@ from mpi_allreduce.ops import resolve_op
 from mpi_allreduce.tools.verify import make_data
 
 #: variants with options, after an algorithm's plain one: (label, options);
-#: the hierarchical ones emulate nodes of 2 and 3 ranks
+#: the hierarchical ones emulate nodes of 2 and 3 ranks; radix 3 folds where
+#: the default radix (4) runs one step with every rank (4 ranks) and the
+#: other way round (3 and 9 ranks).  The torus's default row size already
+#: gives rows of 1 (p prime) and of 2 (4, 6, 8 ranks); a fixed one would not
+#: divide every size the tests run on.
 WITH_OPTIONS = {
     "hierarchical": [("hierarchical-rpn2", {"ranks_per_node": 2}),
                      ("hierarchical-rpn3-ring", {"ranks_per_node": 3, "inner": "ring"})],
+    "recursive_multiplying": [("recursive_multiplying-k3", {"radix": 3})],
+    "knomial": [("knomial-k3", {"radix": 3})],
 }
 
 #: (label, algorithm, options): every algorithm of the registry, in its

@@ -92,6 +92,9 @@ def test_requests_refuse_live_selection_and_a_reproducible_float_sum():
 
 REFUSED = [dict(algorithm="ring", inner="driver"), dict(algorithm="ring", ranks_per_node=1),
            dict(ranks_per_node=1), dict(inner="ring"), dict(algorithm="tree", tuning={}),
+           dict(radix=3), dict(algorithm="rabenseifner", radix=2), dict(algorithm="torus", radix=3),
+           dict(row_size=2), dict(algorithm="knomial", row_size=2),
+           dict(algorithm="hierarchical", inner="knomial", radix=3),
            dict(algorithm="ring", selection="live"), dict(check="no"), dict(reproducible="no"),
            dict(check=1)]
 
@@ -100,6 +103,45 @@ REFUSED = [dict(algorithm="ring", inner="driver"), dict(algorithm="ring", ranks_
 def test_an_option_the_call_would_not_use_is_refused_never_dropped(keywords):
     with pytest.raises(TypeError, match=list(keywords)[-1]):
         mar.allreduce(np.ones(2), comm=SELF, **keywords)
+
+
+#: (algorithm, option, value, error): values no group of ranks can use
+BAD_SHAPES = [("knomial", "radix", 1, ValueError), ("recursive_multiplying", "radix", 0, ValueError),
+              ("knomial", "radix", 2.5, TypeError), ("knomial", "radix", True, TypeError),
+              ("recursive_multiplying", "radix", "4", TypeError),
+              ("torus", "row_size", 0, ValueError), ("torus", "row_size", -2, ValueError),
+              ("torus", "row_size", 2.0, TypeError), ("torus", "row_size", False, TypeError)]
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize("algorithm,name,value,error", BAD_SHAPES,
+                         ids=[f"{a}-{n}={v!r}" for a, n, v, _ in BAD_SHAPES])
+def test_a_bad_radix_or_row_size_is_refused_where_it_is_given(entry, algorithm, name, value,
+                                                              error):
+    with pytest.raises(error, match=name):
+        ENTRY_POINTS[entry](algorithm=algorithm, **{name: value})
+
+
+def test_the_radix_and_row_size_reach_the_builder_and_the_spec():
+    """Taken by the algorithms that use them, resolved for the group's size
+    (a radix above p lowered, a default row size chosen, one that does not
+    divide p refused the same way on every rank: by p alone)."""
+    from mpi_allreduce.planner import algorithm_options
+
+    assert options(algorithm="knomial", radix=np.int64(3)).radix == 3
+    assert options(algorithm="torus", row_size=4).row_size == 4
+    assert options(algorithm="recursive_multiplying").radix is None
+    opts = options(algorithm="recursive_multiplying", radix=8)
+    assert algorithm_options("recursive_multiplying", opts, 64) == (("radix", 8),)
+    assert algorithm_options("recursive_multiplying", opts, 5) == (("radix", 5),)
+    assert algorithm_options("torus", options(algorithm="torus"), 6) == (("row_size", 2),)
+    with pytest.raises(ValueError, match="row_size 4 does not divide the 6 ranks"):
+        algorithm_options("torus", options(algorithm="torus", row_size=4), 6)
+    # one rank: nothing is built, the result is the input
+    out = mar.allreduce(np.arange(4.0), comm=SELF, algorithm="torus", row_size=3)
+    assert out.tolist() == [0.0, 1.0, 2.0, 3.0]
+    for name in ("recursive_multiplying", "knomial"):
+        assert mar.allreduce(np.ones(3), comm=SELF, algorithm=name, radix=5).tolist() == [1] * 3
 
 
 def test_options_are_frozen_hashable_and_carry_every_name():
@@ -150,6 +192,12 @@ def test_a_wrapper_gives_each_algorithm_the_options_it_uses():
 
     given = {"ranks_per_node": 2, "inner": "ring", "segment_size": 8}
     assert keywords_for(given, "allreduce", "hierarchical") == given
+    shapes = {"radix": 3, "row_size": 2, "segment_size": 8}
+    assert keywords_for(shapes, "allreduce", "knomial") == {"radix": 3, "segment_size": 8}
+    assert keywords_for(shapes, "allreduce", "recursive_multiplying") == \
+        {"radix": 3, "segment_size": 8}
+    assert keywords_for(shapes, "allreduce", "torus") == {"row_size": 2, "segment_size": 8}
+    assert keywords_for(shapes, "request", "ring") == {"segment_size": 8}
     assert keywords_for(given, "allreduce", "ring") == {"segment_size": 8}
     assert keywords_for({"tuning": {}}, "allreduce", "auto") == {"tuning": {}}
     assert keywords_for({"tuning": {}}, "allreduce", "tree") == {}
