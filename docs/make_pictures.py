@@ -1,8 +1,9 @@
 """Make the pictures the README and the docs show, with the package's own commands.
 
 * ``python -m mpi_allreduce draw``: the ring, recursive doubling,
-  hierarchical and double binary tree all-reduce, round by round (and the
-  ring as an animated GIF);
+  hierarchical, double binary tree, Swing, Bine, recursive multiplying,
+  k-nomial and 2D torus all-reduce, round by round (and the ring as an
+  animated GIF);
 * a real traced run next to its prediction: ``bench --trace`` of the ring
   at 64 KiB on 4 ranks under ``mpiexec``, ``simulate --trace`` of the same
   call on the machine ``model`` fitted here
@@ -32,6 +33,11 @@ PICTURES = (
     ("recursive_doubling", 8, []),
     ("hierarchical", 6, ["--ranks-per-node", "3"]),
     ("double_binary_tree", 6, []),
+    ("swing_bandwidth", 8, []),
+    ("bine_bandwidth", 8, []),
+    ("recursive_multiplying", 9, ["--radix", "3"]),
+    ("knomial", 9, ["--radix", "3"]),
+    ("torus", 6, ["--row-size", "3"]),
 )
 
 
