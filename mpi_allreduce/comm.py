@@ -135,9 +135,10 @@ class Comm(MPI.Intracomm):
     ``Comm(comm, algorithm="auto", **options)``: ``options`` are
     :func:`~mpi_allreduce.allreduce`'s keyword arguments (``check``,
     ``segment_size``, ``ranks_per_node``, ``inner``, ``radix``,
-    ``row_size``, ``tuning``, ``selection``, ``reproducible``), checked here by the one function every
-    call's are (:func:`~mpi_allreduce.options.options`).  Each call is given
-    those that apply to it (:data:`~mpi_allreduce.options.APPLIES`): the
+    ``row_size``, ``tuning``, ``selection``, ``reproducible``), checked here
+    by the one function every call's are
+    (:func:`~mpi_allreduce.options.options`).  Each call is given those that
+    apply to it (:data:`~mpi_allreduce.options.APPLIES`): the
     reduce-scatter and allgather take ``check`` and ``segment_size``;
     ``Iallreduce`` and ``Allreduce_init`` refuse ``reproducible`` where it
     would change a float sum.  ``Comm()`` is the null communicator, as
