@@ -92,7 +92,8 @@ def test_requests_refuse_live_selection_and_a_reproducible_float_sum():
 
 REFUSED = [dict(algorithm="ring", inner="driver"), dict(algorithm="ring", ranks_per_node=1),
            dict(ranks_per_node=1), dict(inner="ring"), dict(algorithm="tree", tuning={}),
-           dict(radix=3), dict(algorithm="rabenseifner", radix=2), dict(algorithm="torus", radix=3),
+           dict(radix=3), dict(algorithm="rabenseifner", radix=2),
+           dict(algorithm="torus", radix=3),
            dict(row_size=2), dict(algorithm="knomial", row_size=2),
            dict(algorithm="hierarchical", inner="knomial", radix=3),
            dict(algorithm="ring", selection="live"), dict(check="no"), dict(reproducible="no"),
@@ -106,7 +107,8 @@ def test_an_option_the_call_would_not_use_is_refused_never_dropped(keywords):
 
 
 #: (algorithm, option, value, error): values no group of ranks can use
-BAD_SHAPES = [("knomial", "radix", 1, ValueError), ("recursive_multiplying", "radix", 0, ValueError),
+BAD_SHAPES = [("knomial", "radix", 1, ValueError),
+              ("recursive_multiplying", "radix", 0, ValueError),
               ("knomial", "radix", 2.5, TypeError), ("knomial", "radix", True, TypeError),
               ("recursive_multiplying", "radix", "4", TypeError),
               ("torus", "row_size", 0, ValueError), ("torus", "row_size", -2, ValueError),
