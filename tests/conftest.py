@@ -143,15 +143,49 @@ def pytest_configure(config):
             config.option.durations = None
 
 
+#: the kinds of sub-communicator that the per-algorithm matrices run on for
+#: an algorithm outside PATH_VARIANTS: their sizes (p and p-1 at the world
+#: sizes 1, 3, 5, 8 of tests/test_launch.py) are every size the other kinds
+#: reach.  What "reversed" and "even" add -- ranks of the world in another
+#: order, or strided -- is the executor's and MPI's (a schedule sees ranks 0
+#: .. p-1 whatever they are in the world), so the PATH_VARIANTS carry it;
+#: each schedule itself is checked rank by rank in the simulator for every p
+#: up to 64 and more (tests/test_schedule_serial.py and each algorithm's own
+#: serial tests).
+ALGORITHM_SUBCOMM_KINDS = ("world", "minus1")
+
+
+def _label(item):
+    """The variant label of a per-algorithm test (None for others)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    variant = params.get("variant")
+    if isinstance(variant, tuple):
+        return variant[0]
+    return params.get("algorithm")
+
+
+def _another_order_only(item) -> bool:
+    """A per-algorithm test of an algorithm outside PATH_VARIANTS on a kind
+    of sub-communicator that adds only a rank order (see
+    ALGORITHM_SUBCOMM_KINDS)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    label = _label(item)
+    return (params.get("comm") not in (None,) + ALGORITHM_SUBCOMM_KINDS
+            and label is not None and label not in PATH_VARIANTS + ("auto",))
+
+
 def pytest_collection_modifyitems(config, items):
     """Outside mpiexec the MPI tests do not run here: test_launch.py runs them
     under mpiexec.  Deselect them instead of skipping.  Under mpiexec with
-    WORLD_ONLY_ENV=1, deselect the tests that run on the ``comm`` fixture."""
+    WORLD_ONLY_ENV=1, deselect the tests that run on the ``comm`` fixture;
+    without it, the per-algorithm tests of algorithms outside PATH_VARIANTS
+    on the kinds of sub-communicator outside ALGORITHM_SUBCOMM_KINDS."""
     if config.getoption("--with-mpi", default=False):
         if os.environ.get(WORLD_ONLY_ENV) != "1":
-            return
-        def dropped_if(item):
-            return "comm" in getattr(item, "fixturenames", ())
+            dropped_if = _another_order_only
+        else:
+            def dropped_if(item):
+                return "comm" in getattr(item, "fixturenames", ())
     else:
         def dropped_if(item):
             return item.get_closest_marker("mpi") is not None
