@@ -16,7 +16,7 @@ one table over all of them, ``PREFIX.md``.  Run::
 
     python benchmarks/new_algorithms.py --out benchmarks/results/new-algorithms
 
-(2, 4 and 8 ranks, 8 B to 4 MiB; a few minutes here.)
+(2, 4 and 8 ranks, 8 B to 2 MiB; a few minutes here.)
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def main() -> None:
     parser.add_argument("-b", "--minbytes", default="8")
     parser.add_argument("-e", "--maxbytes", default="4M")
     parser.add_argument("-f", "--stepfactor", type=int, default=8)
-    parser.add_argument("-n", "--iters", type=int, default=100)
-    parser.add_argument("-r", "--repeats", type=int, default=7)
+    parser.add_argument("-n", "--iters", type=int, default=200)
+    parser.add_argument("-r", "--repeats", type=int, default=11)
     parser.add_argument("--timeout", type=float, default=1200)
     parser.add_argument("--out", default="benchmarks/results/new-algorithms")
     args = parser.parse_args()
