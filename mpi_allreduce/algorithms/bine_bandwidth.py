@@ -43,8 +43,9 @@ order: the op must be commutative.
 from __future__ import annotations
 
 from ..negabinary import halving
-from ..partition import Block, block_bounds, exchange_pairs, fold, real_rank, segments
-from ..schedule import RECV, Builder, Recv, Ref, Send, exchange, settle
+from ..partition import Block, block_bounds, fold, real_rank, segments
+from ..schedule import RECV, Builder, settle
+from .rabenseifner import allgather, reduce_scatter
 from .recursive_doubling import fold_in, fold_out
 
 NAME = "bine_bandwidth"
@@ -60,8 +61,9 @@ def build(rank: int, size: int, count: int, segment_size: int, options=None):
     src = fold_in(b, rank, role, segments(Block(0, count), segment_size))
     if role.newrank is not None:
         plan = steps(role.newrank, role.pof2, count, lambda new: real_rank(new, role.rem))
-        _reduce_scatter(b, rank, plan, src, segment_size)
-        _allgather(b, plan)
+        # Rabenseifner's phases on Bine's peers and ranges
+        reduce_scatter(b, rank, plan, src, segment_size)
+        allgather(b, plan)
         settle(b, src if not plan else RECV, count)
     fold_out(b, role, count)
     return b.schedule(NAME, rank, size, count)
@@ -78,18 +80,3 @@ def steps(newrank: int, pof2: int, count: int, real) -> list:
         return Block(blocks[first].offset, blocks[stop - 1].stop - blocks[first].offset)
 
     return [(real(peer), span(kept), span(sent)) for peer, kept, sent in halving(newrank, pof2)]
-
-
-def _reduce_scatter(b: Builder, rank: int, plan: list, src: int, cut: int) -> None:
-    """Each kept range lies inside the one before, so after the first step
-    this rank's operand is in ``RECV``; before it, in ``src``."""
-    for peer, kept, sent in plan:
-        exchange(b, rank, peer, exchange_pairs(segments(sent, cut), segments(kept, cut)),
-                 src, RECV)
-        src = RECV
-
-
-def _allgather(b: Builder, plan: list) -> None:
-    for peer, kept, sent in reversed(plan):
-        b.round(Send(peer, Ref(RECV, kept.offset, kept.length)),
-                Recv(peer, Ref(RECV, sent.offset, sent.length)))

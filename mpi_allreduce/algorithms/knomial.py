@@ -48,7 +48,7 @@ from __future__ import annotations
 from ..partition import Block, block_bounds, segments
 from ..radix import knomial_ranges, radix_for, recexch_fold, recexch_real_rank
 from ..schedule import RECV, SEND, Builder, Recv, Ref, Send, settle
-from .recursive_multiplying import DEFAULT_RADIX, OPTIONS, group_exchange, resolve
+from .recursive_multiplying import DEFAULT_RADIX, OPTIONS, fold_out, group_exchange, resolve
 
 NAME = "knomial"
 COMMUTATIVE = False
@@ -66,7 +66,7 @@ def build(rank: int, size: int, count: int, segment_size: int, options=None):
         _reduce_scatter(b, rank, steps, src, segment_size)
         _allgather(b, steps)
         settle(b, RECV if steps else src, count)
-    _fold_out(b, role, count)
+    fold_out(b, role, count)
     return b.schedule(NAME, rank, size, count)
 
 
@@ -115,13 +115,3 @@ def _allgather(b: Builder, steps: list) -> None:
         others = [j for j in range(len(members)) if j != position]
         b.round(*[Recv(members[j], Ref(RECV, runs[j].offset, runs[j].length)) for j in others],
                 *[Send(members[j], Ref(RECV, mine.offset, mine.length)) for j in others])
-
-
-def _fold_out(b: Builder, role, count: int) -> None:
-    """The ranks that took the steps hand the result, whole, to the ranks
-    they stood for (all at once)."""
-    whole = Ref(RECV, 0, count)
-    if role.newrank is None:
-        b.round(Recv(role.partner, whole))
-    elif role.extras:
-        b.round(*(Send(peer, whole) for peer in role.extras))

@@ -48,8 +48,8 @@ def build(rank: int, size: int, count: int, segment_size: int, options=None):
     src = fold_in(b, rank, role, segments(Block(0, count), segment_size))
     if role.newrank is not None:
         steps = _halving(role, block_bounds(count, role.pof2))
-        _reduce_scatter(b, rank, steps, src, segment_size)
-        _allgather(b, steps)
+        reduce_scatter(b, rank, steps, src, segment_size)
+        allgather(b, steps)
         settle(b, src if not steps else RECV, count)
     fold_out(b, role, count)
     return b.schedule(NAME, rank, size, count)
@@ -65,16 +65,19 @@ def _halving(role, blocks: list) -> list:
             for step in halving_steps(role.newrank, role.pof2)]
 
 
-def _reduce_scatter(b: Builder, rank: int, steps: list, src: int, cut: int) -> None:
-    """Each kept range lies inside the one before, so after the first step
-    this rank's operand is in ``RECV``; before it, in ``src``."""
+def reduce_scatter(b: Builder, rank: int, steps: list, src: int, cut: int) -> None:
+    """The halving steps, ``(peer, kept range, sent range)`` each (also
+    Bine's, on its own peers and ranges).  Each kept range lies inside the
+    one before, so after the first step this rank's operand is in ``RECV``;
+    before it, in ``src``."""
     for peer, keep, send in steps:
         exchange(b, rank, peer, exchange_pairs(segments(send, cut), segments(keep, cut)),
                  src, RECV)
         src = RECV
 
 
-def _allgather(b: Builder, steps: list) -> None:
+def allgather(b: Builder, steps: list) -> None:
+    """The steps backwards: each hands its kept range over, whole."""
     for peer, keep, send in reversed(steps):
         b.round(Send(peer, Ref(RECV, keep.offset, keep.length)),
                 Recv(peer, Ref(RECV, send.offset, send.length)))

@@ -72,7 +72,7 @@ def build(rank: int, size: int, count: int, segment_size: int, options=None):
     if role.newrank is not None:
         src = _exchanges(b, rank, role.pofk, k, pieces, src)
         settle(b, src, count)
-    _fold_out(b, role, count)
+    fold_out(b, role, count)
     return b.schedule(NAME, rank, size, count)
 
 
@@ -102,9 +102,9 @@ def _exchanges(b: Builder, rank: int, pofk: int, k: int, pieces: list, src: int)
     return src
 
 
-def _fold_out(b: Builder, role, count: int) -> None:
+def fold_out(b: Builder, role, count: int) -> None:
     """The ranks that took the steps hand the result, whole, to the ranks
-    they stood for (all at once)."""
+    they stood for (all at once; k-nomial's fold too)."""
     whole = Ref(RECV, 0, count)
     if role.newrank is None:
         b.round(Recv(role.partner, whole))
