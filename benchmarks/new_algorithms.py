@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mpi_allreduce.launch import run_mpi  # noqa: E402
-from mpi_allreduce.registry import FLAT_ALGORITHMS, NOT_CANDIDATES  # noqa: E402
+from mpi_allreduce.registry import ALGORITHMS, FLAT_ALGORITHMS  # noqa: E402
 from mpi_allreduce.tools.bench import load_results  # noqa: E402
 
 #: the algorithms this benchmark is about (those of them registered)
@@ -41,7 +41,7 @@ NEW = ("swing_latency", "swing_bandwidth", "bine_latency", "bine_bandwidth",
 
 def algorithms() -> tuple[list, list]:
     """(the new ones, the earlier candidates of ``auto``), from the registry."""
-    new = [a for a in NEW if a in FLAT_ALGORITHMS or a in NOT_CANDIDATES]
+    new = [a for a in NEW if a in ALGORITHMS]
     old = [a for a in FLAT_ALGORITHMS if a not in NEW]
     return new, old
 

@@ -1,24 +1,24 @@
-"""The ring's two halves on their own: ``reduce_scatter`` and ``allgather``.
+"""An all-reduce's two halves on their own: ``reduce_scatter`` and ``allgather``.
 
 Sharded data parallelism (ZeRO, FSDP) uses them apart: gradients are
 reduce-scattered so each rank keeps the reduced shard it updates, and the
 updated shards are allgathered back.  Both follow MPI's conventions
 (``MPI_Reduce_scatter``/``_block``, ``MPI_Allgather``/``v``): blocks in rank
 order, ``counts`` per rank for the vector forms, ``MPI.IN_PLACE``.  They run
-the ring's phase functions as schedules through the one executor, so they
-share its segments, staging and device handling.
+the phase functions of the ring (the default) or of a bandwidth-optimal
+algorithm (:data:`~mpi_allreduce.registry.HALVES`; laid out for MPI's
+blocks by :mod:`~mpi_allreduce.algorithms.phases`) as schedules through the
+one executor, so they share its segments, staging and device handling.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple, Optional
 
 import numpy as np
 from mpi4py import MPI
 
-from .algorithms.ring import build_allgather, build_reduce_scatter
-from . import progress
+from . import progress, registry
 from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
 from .context import CALLS, context_for, refcounts, remember_call, setup
@@ -27,14 +27,16 @@ from .executor import Plan
 from .ops import check_dtype, dtype_label, resolve_op
 from .spec import CallSpec
 from .options import Options, options
+from .planner import algorithm_options
 from .validate import agree
 
 __all__ = ["reduce_scatter", "allgather"]
 
 
 def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
-                   comm: MPI.Intracomm = MPI.COMM_WORLD, check: Optional[bool] = None,
-                   segment_size: Optional[int] = None):
+                   comm: MPI.Intracomm = MPI.COMM_WORLD, algorithm: Optional[str] = None,
+                   check: Optional[bool] = None, segment_size: Optional[int] = None,
+                   radix: Optional[int] = None):
     """Reduce ``sendbuf`` over ``comm`` and leave block ``rank`` of the
     result in ``recvbuf``; return ``recvbuf``.
 
@@ -43,20 +45,24 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
     elements, or ``sendbuf.size / comm.size`` when ``recvbuf`` is omitted
     (``MPI_Reduce_scatter_block``).  With ``sendbuf=MPI.IN_PLACE`` the input
     is the whole of ``recvbuf`` and the result lands at its start.  ``op`` as
-    for :func:`~mpi_allreduce.allreduce`."""
-    extra = (None if counts is None else tuple(counts), check, segment_size)
+    for :func:`~mpi_allreduce.allreduce`; a non-commutative one needs an
+    algorithm that combines in rank order (``rabenseifner``, ``knomial``).
+    ``algorithm``: one of :data:`~mpi_allreduce.registry.HALVES` (default
+    and ``auto``: the ring), ``radix`` for ``knomial``."""
+    extra = (None if counts is None else tuple(counts), algorithm, check, segment_size, radix)
     if _repeated("reduce_scatter", sendbuf, recvbuf, op, comm, extra):
         return recvbuf
-    opts = options("halves", check=check, segment_size=segment_size)
+    opts = options("halves", algorithm=algorithm, check=check, segment_size=segment_size,
+                   radix=radix)
     user = (sendbuf, recvbuf, op, extra)
     op = resolve_op(op)
     size, rank = comm.Get_size(), comm.Get_rank()
 
     def validate():
-        if not op.commutative:
-            raise ValueError(f"reduce_scatter runs the ring, which needs a commutative op; "
-                             f"{op.name!r} is not (allreduce it with an algorithm that keeps "
-                             "rank order and take this rank's block)")
+        if not op.commutative and opts.algorithm not in registry.ORDERED:
+            raise ValueError(f"reduce_scatter with {opts.algorithm} needs a commutative op; "
+                             f"{op.name!r} is not (choose one that combines in rank order: "
+                             f"{', '.join(a for a in registry.HALVES if a in registry.ORDERED)})")
         send, recv, datatype = arrays_and_datatype(*messages(sendbuf, recvbuf, op.reduce_local))
         in_place = send is None
         full = recv if in_place else send
@@ -80,7 +86,8 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
 
 
 def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
-              check: Optional[bool] = None, segment_size: Optional[int] = None):
+              algorithm: Optional[str] = None, check: Optional[bool] = None,
+              segment_size: Optional[int] = None, radix: Optional[int] = None):
     """Gather every rank's ``sendbuf`` into ``recvbuf`` on every rank, in
     rank order; return ``recvbuf``.
 
@@ -89,11 +96,12 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
     ``(comm.size,) + sendbuf.shape``); with ``counts`` (one per rank) rank r
     gives ``counts[r]`` elements (``MPI_Allgatherv``).  With
     ``sendbuf=MPI.IN_PLACE`` this rank's block is already in place in
-    ``recvbuf``."""
-    extra = (None if counts is None else tuple(counts), check, segment_size)
+    ``recvbuf``.  ``algorithm`` and ``radix`` as for :func:`reduce_scatter`."""
+    extra = (None if counts is None else tuple(counts), algorithm, check, segment_size, radix)
     if _repeated("allgather", sendbuf, recvbuf, None, comm, extra):
         return recvbuf
-    opts = options("halves", check=check, segment_size=segment_size)
+    opts = options("halves", algorithm=algorithm, check=check, segment_size=segment_size,
+                   radix=radix)
     user = (sendbuf, recvbuf, None, extra)
     size, rank = comm.Get_size(), comm.Get_rank()
 
@@ -168,16 +176,10 @@ def _validated(validate, comm, opts: Options, what: str, fingerprint):
             raise
         values, error = None, exc
     if checking:
-        agree(comm, None if values is None else dict(fingerprint(values), segment_size=segment),
-              error, what)
+        agree(comm, None if values is None else dict(
+            fingerprint(values), segment_size=segment, algorithm=opts.algorithm,
+            options=algorithm_options(opts.algorithm, opts, comm.Get_size())), error, what)
     return values
-
-
-@functools.lru_cache(maxsize=64)
-def _schedule(what: str, rank: int, size: int, blocks: tuple, segment: int, in_place: bool):
-    if what == "reduce_scatter":
-        return build_reduce_scatter(rank, size, blocks, segment, in_place)
-    return build_allgather(rank, size, blocks, segment, in_place)
 
 
 def _repeated(what: str, sendbuf, recvbuf, op, comm, extra: tuple) -> bool:
@@ -217,13 +219,14 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, opts: Options, datatype
         return recv
     context = context_for(comm)
     # in place or not is each rank's own affair: in the cache key, not the spec
-    spec = CallSpec(what, "ring", context.size, sum(blocks), dtype_label(dtype), op.stable,
-                    segment, blocks=blocks)
+    spec = CallSpec(what, opts.algorithm, context.size, sum(blocks), dtype_label(dtype),
+                    op.stable, segment, algorithm_options(opts.algorithm, opts, context.size),
+                    blocks=blocks)
     key = (spec, op.identity, backend, send is None)
 
     def build():
-        schedule = _schedule(what, context.comm.Get_rank(), context.size, blocks, segment,
-                             send is None)
+        schedule = registry.halves(what, spec.algorithm, context.comm.Get_rank(), context.size,
+                                   blocks, segment, send is None, spec.options)
         return Plan(context.comm, schedule, dtype, op, backend, spec)
     call = _Kept(send, recv)
     held = refcounts(call)

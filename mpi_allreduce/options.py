@@ -95,11 +95,12 @@ NAMES = ("algorithm", "check", "segment_size", "ranks_per_node", "inner", "radix
 #: persistent all-reduces, which choose by the decision table and take
 #: ``reproducible`` only where it changes nothing, see
 #: :func:`~mpi_allreduce.iallreduce`; "halves": reduce_scatter and
-#: allgather, which run the ring's halves)
+#: allgather, which run the ring's halves or another algorithm's of
+#: :data:`~mpi_allreduce.registry.HALVES`)
 APPLIES = {
     "allreduce": NAMES,
     "request": tuple(name for name in NAMES if name != "selection"),
-    "halves": ("check", "segment_size"),
+    "halves": ("algorithm", "check", "segment_size", "radix"),
 }
 
 #: the options only some algorithms use: given with another, they are refused
@@ -133,12 +134,16 @@ def options(kind: str = "allreduce", **keywords) -> Options:
                  and not any(value is v or value == v for v in _NEUTRAL.get(name, ()))]
     if misplaced:
         what = {"request": "iallreduce and allreduce_init (and Fusion) choose by the decision "
-                           "table: they take", "halves": "reduce_scatter and allgather run the "
-                           "ring's halves: they take"}[kind]
+                           "table: they take", "halves": "reduce_scatter and allgather take"}[kind]
         raise TypeError(f"no {', '.join(misplaced)} option here: {what} "
                         f"{', '.join(allowed)}")
     env = environment()
     algorithm = registry.check_name(keywords.get("algorithm") or "auto")
+    if kind == "halves":
+        algorithm = "ring" if algorithm == "auto" else algorithm
+        if algorithm not in registry.HALVES:
+            raise ValueError(f"reduce_scatter and allgather run one of "
+                             f"{', '.join(registry.HALVES)}, not {algorithm!r}")
     for name, users in _ALGORITHMS_OF.items():
         if keywords.get(name) is not None and algorithm not in users:
             raise TypeError(f"{name} is an option of {' and '.join(users)}, not of algorithm "
@@ -184,6 +189,10 @@ def keywords_for(given: dict, kind: str, algorithm: Optional[str] = None) -> dic
     command line), those that apply to calls of ``kind`` -- and, where
     ``algorithm`` is named, to that algorithm: what such a wrapper passes
     each call (``--ranks-per-node`` goes to ``verify``'s hierarchical runs)."""
+    if kind == "halves" and given.get("algorithm") not in registry.HALVES:
+        # (an all-reduce algorithm with no halves of its own: they run the ring)
+        given = {name: value for name, value in given.items() if name != "algorithm"}
+        algorithm = algorithm or "ring"
     return {name: value for name, value in given.items() if name in APPLIES[kind]
             and (algorithm is None or algorithm in _ALGORITHMS_OF.get(name, (algorithm,)))}
 

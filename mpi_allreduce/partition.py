@@ -47,6 +47,7 @@ from typing import NamedTuple, Optional
 __all__ = [
     "Block",
     "block_bounds",
+    "blocks_of",
     "block_of",
     "ring_reduce_scatter_steps",
     "ring_allgather_steps",
@@ -90,6 +91,15 @@ def block_bounds(count: int, parts: int) -> list[Block]:
         length = q + (1 if i < r else 0)
         blocks.append(Block(offset, length))
         offset += length
+    return blocks
+
+
+def blocks_of(counts) -> list[Block]:
+    """The blocks of a vector cut into ``counts`` (in order, contiguous)."""
+    blocks, offset = [], 0
+    for c in counts:
+        blocks.append(Block(offset, c))
+        offset += c
     return blocks
 
 

@@ -104,8 +104,8 @@ def runner(context: Context, call: Call):
         bound = plan_for(context, call, name).bind(send, recv, datatype=call.datatype)
         return progress.blocking(bound, context, "allreduce")
     shape = (recv.size, dtype_label(recv.dtype), call.op.identity, call.backend, call.segment_size)
-    candidates = registry.FLAT_ALGORITHMS if call.op.commutative \
-        else tuple(a for a in registry.FLAT_ALGORITHMS if a in registry.ORDERED)
+    candidates = tuple(a for a in registry.candidates(recv.nbytes)
+                       if call.op.commutative or a in registry.ORDERED)
     table_choice = name
 
     def make():

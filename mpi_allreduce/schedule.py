@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 __all__ = ["SEND", "RECV", "SCRATCH", "Ref", "Send", "Recv", "Reduce", "Copy", "Schedule",
-           "Builder", "remap", "exchange", "settle", "BUFFER_NAMES"]
+           "Builder", "remap", "relocate", "exchange", "settle", "BUFFER_NAMES"]
 
 #: the buffers a schedule names
 SEND, RECV, SCRATCH = 0, 1, 2
@@ -188,3 +188,19 @@ def remap(schedule: Schedule, ranks: list, buffers: Optional[dict] = None,
     rounds = tuple(tuple(move(a) for a in r) for r in schedule.rounds)
     return schedule._replace(rank=ranks[schedule.rank], rounds=rounds,
                              scratch=schedule.scratch + scratch_offset)
+
+
+def relocate(schedule: Schedule, bases: dict) -> Schedule:
+    """``schedule`` with buffer ``b`` moved into scratch at element
+    ``bases[b]`` for each ``b`` in ``bases`` (its own scratch stays at the
+    start); the scratch it needs grows to cover the moved buffers, whose
+    lengths the caller adds (the schedule does not know them)."""
+    def move(ref):
+        return Ref(SCRATCH, bases[ref.buf] + ref.offset, ref.length) if ref.buf in bases else ref
+
+    def moved(action):
+        if isinstance(action, (Send, Recv)):
+            return type(action)(action[0], move(action[1]))
+        return type(action)(*map(move, action))
+
+    return schedule._replace(rounds=tuple(tuple(moved(a) for a in r) for r in schedule.rounds))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import mpi_allreduce as mar
-from mpi_allreduce import config, progress
+from mpi_allreduce import config, progress, registry
 
 from .conftest import PATH_VARIANTS
 from .helpers import VARIANTS, expected, mine
@@ -260,6 +260,81 @@ def test_allgather_matches_mpi(comm, dtype):
         comm.Allgatherv(part, [want, counts])
         np.testing.assert_array_equal(mar.allgather(part, None, counts, comm=comm, segment_size=2),
                                       want, err_msg=f"counts {counts}")
+
+
+@pytest.mark.parametrize("algorithm", [a for a in registry.HALVES if a != "ring"])
+def test_halves_of_every_algorithm_match_mpi(comm, algorithm):
+    """Each algorithm's halves (its own peers and ranges, laid out for MPI's
+    blocks): uneven, empty and long blocks, segments, in place, equal to
+    MPI's Reduce_scatter and Allgatherv; a non-commutative op where the
+    algorithm combines in rank order, refused where it does not."""
+    from mpi4py import MPI
+
+    from mpi_allreduce.tools.verify import K, interval, interval_mpi
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    for counts in block_counts(p):
+        n = sum(counts)
+        data = np.arange(n, dtype=np.float64) * (rank + 1) + rank * rank
+        theirs = np.empty(counts[rank])
+        comm.Reduce_scatter(data, theirs, counts, MPI.SUM)
+        for segment in (None, 2):
+            ours = mar.reduce_scatter(data, None, "sum", counts, comm=comm, algorithm=algorithm,
+                                      segment_size=segment)
+            np.testing.assert_array_equal(ours, theirs, err_msg=f"counts {counts}")
+        inplace = data.copy()
+        mar.reduce_scatter(MPI.IN_PLACE, inplace, "sum", counts, comm=comm, algorithm=algorithm)
+        np.testing.assert_array_equal(inplace[:counts[rank]], theirs)
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        part = np.arange(offsets[rank], offsets[rank + 1], dtype=np.int32)
+        want = np.empty(n, np.int32)
+        comm.Allgatherv(part, [want, counts])
+        np.testing.assert_array_equal(
+            mar.allgather(part, None, counts, comm=comm, algorithm=algorithm, segment_size=2),
+            want, err_msg=f"counts {counts}")
+        whole = np.zeros(n, np.int32)
+        whole[offsets[rank]:offsets[rank + 1]] = part
+        mar.allgather(MPI.IN_PLACE, whole, counts, comm=comm, algorithm=algorithm)
+        np.testing.assert_array_equal(whole, want)
+    mine_ = np.full(3 * p, rank * (K + 1), np.int64)
+    if algorithm in registry.ORDERED:
+        op = MPI.Op.Create(interval_mpi, commute=False)
+        try:
+            expected = np.empty(3, np.int64)
+            comm.Reduce_scatter_block(mine_, expected, op)
+            np.testing.assert_array_equal(
+                mar.reduce_scatter(mine_, None, interval, comm=comm, algorithm=algorithm),
+                expected)
+        finally:
+            op.Free()
+    elif p > 1:
+        with pytest.raises(ValueError, match="commutative"):
+            mar.reduce_scatter(mine_, None, interval, comm=comm, algorithm=algorithm)
+
+
+def test_halves_refuse_algorithms_without_halves_and_check_names_what_differs(comm):
+    """An all-reduce algorithm with no halves of its own is refused (the
+    drop-in Comm's halves run the ring for it); ranks that name different
+    algorithms or radices are told apart by check mode."""
+    p, rank = comm.Get_size(), comm.Get_rank()
+    with pytest.raises(ValueError, match="run one of ring"):
+        mar.reduce_scatter(np.ones(p), None, comm=comm, algorithm="tree")
+    with pytest.raises(TypeError, match="radix"):
+        mar.allgather(np.ones(2), None, comm=comm, algorithm="rabenseifner", radix=3)
+    wrapped = mar.Comm(comm, algorithm="recursive_doubling")
+    want = np.arange(2 * p, dtype=np.float64) * p
+    got = np.empty(2)
+    wrapped.Reduce_scatter_block(np.arange(2 * p, dtype=np.float64), got)
+    np.testing.assert_array_equal(got, want[2 * rank:2 * rank + 2])
+    if p == 1:
+        return
+    with pytest.raises(mar.ArgumentMismatch, match="algorithm"):
+        mar.reduce_scatter(np.ones(p), None, comm=comm, check=True,
+                           algorithm="rabenseifner" if rank == 0 else "bine_bandwidth")
+    if p >= 3:  # (radix 2 and 3 differ where the radix is not lowered to p)
+        with pytest.raises(mar.ArgumentMismatch, match="options"):
+            mar.allgather(np.ones(2), None, comm=comm, check=True, algorithm="knomial",
+                          radix=2 if rank == 0 else 3)
 
 
 def test_repeated_halves_skip_validation_and_changed_ones_do_not(comm, monkeypatch):

@@ -12,7 +12,7 @@ from mpi4py import MPI
 import mpi_allreduce as mar
 from mpi_allreduce import config
 from mpi_allreduce.fusion import Fusion
-from mpi_allreduce.options import APPLIES, NAMES, Options, options
+from mpi_allreduce.options import APPLIES, NAMES, Options, keywords_for, options
 
 SELF = MPI.COMM_SELF
 
@@ -58,8 +58,17 @@ def test_a_bad_value_is_refused_where_it_is_given(entry, name, value):
 
 
 def test_the_halves_refuse_what_they_cannot_use_and_take_what_they_can():
-    with pytest.raises(TypeError, match="algorithm"):
+    with pytest.raises(ValueError, match="run one of ring, rabenseifner"):
         options("halves", algorithm="tree")
+    assert options("halves", algorithm="auto").algorithm == "ring"
+    assert options("halves", algorithm="knomial", radix=3).radix == 3
+    with pytest.raises(TypeError, match="radix is an option of"):
+        options("halves", algorithm="bine_bandwidth", radix=3)
+    # a wrapper given an all-reduce algorithm with no halves: its halves run the ring
+    assert keywords_for({"algorithm": "tree", "check": True}, "halves") == {"check": True}
+    assert keywords_for({"algorithm": "recursive_multiplying", "radix": 3}, "halves") == {}
+    assert keywords_for({"algorithm": "knomial", "radix": 3}, "halves") == \
+        {"algorithm": "knomial", "radix": 3}
     with pytest.raises(TypeError, match="reproducible"):
         options("halves", reproducible=True)
     assert options("halves", algorithm="ring", reproducible=False).algorithm == "ring"

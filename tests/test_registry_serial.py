@@ -36,6 +36,20 @@ def test_the_roles_name_registered_flat_algorithms():
         registry._flat("ring", "no_such_algorithm")
 
 
+def test_short_vector_candidates_are_candidates_up_to_their_limit_only():
+    """Every registered flat algorithm is a candidate at some size or named
+    as run by name only; those for short vectors only (allgather-then-
+    reduce) are candidates up to their module's limit, never past it."""
+    assert registry.SHORT_CANDIDATES == {"allgather_reduce": 4096}
+    for name, limit in registry.SHORT_CANDIDATES.items():
+        assert name in registry.candidates(8) and name in registry.candidates(limit)
+        assert name not in registry.candidates(limit + 1)
+        assert name not in registry.FLAT_ALGORITHMS
+    assert registry.candidates(1 << 30) == registry.FLAT_ALGORITHMS
+    placed = set(registry.candidates(8)) | set(registry.NOT_CANDIDATES)
+    assert placed == set(FLAT)
+
+
 def test_scale_predicts_every_algorithm_and_has_forms_for_no_other():
     """A closed form for registered algorithms only; those without one are
     simulated (up to ``scale.SIMULATE_FORMLESS_UP_TO`` ranks)."""

@@ -21,7 +21,8 @@ and a non-commutative op gets MPI's result.
 Cost: ceil(lg p) alpha + (p-1) n beta + (p-1) n gamma: the fewest rounds
 of any all-reduce for every p (recursive doubling needs two more for p not
 a power of two) and p-1 times the ring's bytes, so it only pays for a few
-bytes (and it is not a candidate of ``auto``: ``registry.NOT_CANDIDATES``).
+bytes: it is a candidate of ``tune`` and ``auto`` for vectors of at most
+:data:`CANDIDATE_UP_TO` bytes only (``registry.candidates``).
 
 Scratch is what bounds it: p vectors.  The vector is taken a *piece* at a
 time, ``max(1, segment_size // p)`` elements, so the p copies of a piece
@@ -37,7 +38,12 @@ from ..schedule import RECV, SCRATCH, SEND, Builder, Copy, Recv, Reduce, Ref, Se
 NAME = "allgather_reduce"
 COMMUTATIVE = False
 
-__all__ = ["NAME", "COMMUTATIVE", "build", "piece_size", "bruck_rounds"]
+#: the longest vector (bytes) ``tune`` measures it at and live selection
+#: tries it on: past a few KiB its p-1 vectors a rank cannot win, and
+#: measuring it up to 64 MiB would cost ``tune`` p-1 times the ring's bytes
+CANDIDATE_UP_TO = 4096
+
+__all__ = ["NAME", "COMMUTATIVE", "CANDIDATE_UP_TO", "build", "piece_size", "bruck_rounds"]
 
 
 def piece_size(size: int, segment_size: int) -> int:

@@ -43,38 +43,46 @@ order: the op must be commutative.
 from __future__ import annotations
 
 from ..negabinary import halving
-from ..partition import Block, block_bounds, fold, real_rank, segments
-from ..schedule import RECV, Builder, settle
+from ..partition import Block, block_bounds, fold, real_rank
+from .phases import Phases, allreduce
 from .rabenseifner import allgather, reduce_scatter
 from .recursive_doubling import fold_in, fold_out
 
 NAME = "bine_bandwidth"
 COMMUTATIVE = True
 
-__all__ = ["NAME", "COMMUTATIVE", "build", "steps"]
+__all__ = ["NAME", "COMMUTATIVE", "build", "phases", "steps"]
 
 
 def build(rank: int, size: int, count: int, segment_size: int, options=None):
     """Rank ``rank``'s schedule: MPICH's fold, Bine reduce-scatter and allgather, the fold back."""
-    b = Builder()
+    return allreduce(NAME, phases(rank, size), rank, size, count, segment_size)
+
+
+def phases(rank: int, size: int, options=None) -> Phases:
+    """The fold and Bine's halving and doubling of ``rank``, apart
+    (:mod:`~mpi_allreduce.algorithms.phases`): Rabenseifner's phases on
+    Bine's peers and ranges."""
     role = fold(rank, size)
-    src = fold_in(b, rank, role, segments(Block(0, count), segment_size))
-    if role.newrank is not None:
-        plan = steps(role.newrank, role.pof2, count, lambda new: real_rank(new, role.rem))
-        # Rabenseifner's phases on Bine's peers and ranges
-        reduce_scatter(b, rank, plan, src, segment_size)
-        allgather(b, plan)
-        settle(b, src if not plan else RECV, count)
-    fold_out(b, role, count)
-    return b.schedule(NAME, rank, size, count)
+    return Phases(role, role.pof2,
+                  fold_in=lambda b, pieces: fold_in(b, rank, role, pieces),
+                  fold_out=lambda b, count: fold_out(b, role, count),
+                  plan=lambda blocks: _steps(role.newrank, role.pof2, blocks,
+                                             lambda new: real_rank(new, role.rem)),
+                  reduce_scatter=lambda b, steps, src, cut: reduce_scatter(b, rank, steps, src,
+                                                                           cut),
+                  allgather=lambda b, steps: allgather(b, steps),
+                  kept=lambda steps: steps[-1][1])
 
 
 def steps(newrank: int, pof2: int, count: int, real) -> list:
     """``(peer, kept, sent)`` per reduce-scatter step: the peer's rank in
     the communicator (``real`` maps new ranks) and the element ranges of
     the kept and sent halves, ``count`` elements cut into ``pof2`` blocks."""
-    blocks = block_bounds(count, pof2)
+    return _steps(newrank, pof2, block_bounds(count, pof2), real)
 
+
+def _steps(newrank: int, pof2: int, blocks: list, real) -> list:
     def span(positions):
         first, stop = positions
         return Block(blocks[first].offset, blocks[stop - 1].stop - blocks[first].offset)

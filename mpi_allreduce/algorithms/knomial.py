@@ -45,29 +45,35 @@ the scratch: (k-1) min(n/k, segment) elements.
 
 from __future__ import annotations
 
-from ..partition import Block, block_bounds, segments
+from ..partition import Block, segments
 from ..radix import knomial_ranges, radix_for, recexch_fold, recexch_real_rank
-from ..schedule import RECV, SEND, Builder, Recv, Ref, Send, settle
+from ..schedule import RECV, SEND, Builder, Recv, Ref, Send
+from .phases import Phases, allreduce
 from .recursive_multiplying import DEFAULT_RADIX, OPTIONS, fold_out, group_exchange, resolve
 
 NAME = "knomial"
 COMMUTATIVE = False
 
-__all__ = ["NAME", "COMMUTATIVE", "DEFAULT_RADIX", "OPTIONS", "resolve", "build"]
+__all__ = ["NAME", "COMMUTATIVE", "DEFAULT_RADIX", "OPTIONS", "resolve", "build", "phases"]
 
 
 def build(rank: int, size: int, count: int, segment_size: int, options=None):
+    return allreduce(NAME, phases(rank, size, options), rank, size, count, segment_size)
+
+
+def phases(rank: int, size: int, options=None) -> Phases:
+    """The recursive-exchange fold and the k-nomial reduce-scatter and
+    allgather of ``rank``, apart (:mod:`~mpi_allreduce.algorithms.phases`)."""
     k = radix_for(int((options or {}).get("radix") or DEFAULT_RADIX), size)
-    b = Builder()
     role = recexch_fold(rank, size, k)
-    src = _fold_in(b, rank, role, segments(Block(0, count), segment_size))
-    if role.newrank is not None:
-        steps = _steps(role, k, block_bounds(count, role.pofk))
-        _reduce_scatter(b, rank, steps, src, segment_size)
-        _allgather(b, steps)
-        settle(b, RECV if steps else src, count)
-    fold_out(b, role, count)
-    return b.schedule(NAME, rank, size, count)
+    return Phases(role, role.pofk,
+                  fold_in=lambda b, pieces: _fold_in(b, rank, role, pieces),
+                  fold_out=lambda b, count: fold_out(b, role, count),
+                  plan=lambda blocks: _steps(role, k, blocks),
+                  reduce_scatter=lambda b, steps, src, cut: _reduce_scatter(b, rank, steps, src,
+                                                                            cut),
+                  allgather=lambda b, steps: _allgather(b, steps),
+                  kept=lambda steps: steps[-1][2][steps[-1][1]])
 
 
 def _steps(role, k: int, blocks: list) -> list:

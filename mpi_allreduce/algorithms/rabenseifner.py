@@ -26,16 +26,9 @@ segments, so scratch is one segment at most (min(n, segment) elements).
 
 from __future__ import annotations
 
-from ..partition import (
-    Block,
-    block_bounds,
-    exchange_pairs,
-    fold,
-    halving_steps,
-    real_rank,
-    segments,
-)
-from ..schedule import RECV, Builder, Recv, Ref, Send, exchange, settle
+from ..partition import Block, exchange_pairs, fold, halving_steps, real_rank, segments
+from ..schedule import RECV, Builder, Recv, Ref, Send, exchange
+from .phases import Phases, allreduce
 from .recursive_doubling import fold_in, fold_out
 
 NAME = "rabenseifner"
@@ -43,16 +36,22 @@ COMMUTATIVE = False
 
 
 def build(rank: int, size: int, count: int, segment_size: int, options=None):
-    b = Builder()
+    return allreduce(NAME, phases(rank, size), rank, size, count, segment_size)
+
+
+def phases(rank: int, size: int, options=None) -> Phases:
+    """The fold, halving and doubling of ``rank``, apart
+    (:mod:`~mpi_allreduce.algorithms.phases`: ``reduce_scatter`` and
+    ``allgather`` run them alone)."""
     role = fold(rank, size)
-    src = fold_in(b, rank, role, segments(Block(0, count), segment_size))
-    if role.newrank is not None:
-        steps = _halving(role, block_bounds(count, role.pof2))
-        reduce_scatter(b, rank, steps, src, segment_size)
-        allgather(b, steps)
-        settle(b, src if not steps else RECV, count)
-    fold_out(b, role, count)
-    return b.schedule(NAME, rank, size, count)
+    return Phases(role, role.pof2,
+                  fold_in=lambda b, pieces: fold_in(b, rank, role, pieces),
+                  fold_out=lambda b, count: fold_out(b, role, count),
+                  plan=lambda blocks: _halving(role, blocks),
+                  reduce_scatter=lambda b, steps, src, cut: reduce_scatter(b, rank, steps, src,
+                                                                           cut),
+                  allgather=lambda b, steps: allgather(b, steps),
+                  kept=lambda steps: steps[-1][1])
 
 
 def _halving(role, blocks: list) -> list:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from itertools import zip_longest
 
-from ..partition import (Block, block_bounds, ring_allgather_steps, ring_reduce_scatter_steps,
-                         segments)
+from ..partition import (block_bounds, blocks_of, ring_allgather_steps,
+                         ring_reduce_scatter_steps, segments)
 from ..schedule import RECV, SCRATCH, SEND, Builder, Copy, Recv, Reduce, Ref, Schedule, Send
 
 NAME = "ring"
@@ -88,14 +88,6 @@ def allgather(b: Builder, ring: list, index: int, blocks: list, cut: int,
 
 
 # --- the two halves on their own: MPI's Reduce_scatter and Allgather(v) ---------
-
-def blocks_of(counts: tuple) -> list:
-    """The blocks of a vector cut into ``counts`` (rank order)."""
-    offsets = [0]
-    for c in counts:
-        offsets.append(offsets[-1] + c)
-    return [Block(offsets[r], counts[r]) for r in range(len(counts))]
-
 
 def _ring_order(blocks: list) -> list:
     """``blocks`` as the ring phases index them: after the reduce-scatter

@@ -47,27 +47,40 @@ from itertools import zip_longest
 
 from ..negabinary import shrink, swing_blocks
 from ..partition import Block, block_bounds, segments
-from ..schedule import RECV, SCRATCH, Builder, Recv, Reduce, Ref, Send, settle
+from ..schedule import RECV, SCRATCH, Builder, Recv, Reduce, Ref, Send
+from .phases import Phases, allreduce
 from .recursive_doubling import fold_in, fold_out
 
 NAME = "swing_bandwidth"
 COMMUTATIVE = True
 
-__all__ = ["NAME", "COMMUTATIVE", "build", "runs", "pack", "steps"]
+__all__ = ["NAME", "COMMUTATIVE", "build", "phases", "runs", "pack", "steps"]
 
 
 def build(rank: int, size: int, count: int, segment_size: int, options=None):
     """Rank ``rank``'s schedule: Swing's fold, reduce-scatter, allgather, the fold back."""
-    b = Builder()
+    return allreduce(NAME, phases(rank, size), rank, size, count, segment_size)
+
+
+def phases(rank: int, size: int, options=None) -> Phases:
+    """Swing's fold, reduce-scatter and allgather of ``rank``, apart
+    (:mod:`~mpi_allreduce.algorithms.phases`)."""
     role = shrink(rank, size)
-    src = fold_in(b, rank, role, segments(Block(0, count), segment_size))
-    if role.newrank is not None:
-        plan = steps(role.newrank, role.pof2, count)
-        _reduce_scatter(b, rank, plan, src, segment_size)
-        _allgather(b, plan)
-        settle(b, src if not plan else RECV, count)
-    fold_out(b, role, count)
-    return b.schedule(NAME, rank, size, count)
+    return Phases(role, role.pof2,
+                  fold_in=lambda b, pieces: fold_in(b, rank, role, pieces),
+                  fold_out=lambda b, count: fold_out(b, role, count),
+                  plan=lambda blocks: _steps(role.newrank, role.pof2, blocks),
+                  reduce_scatter=lambda b, plan, src, cut: _reduce_scatter(b, rank, plan, src,
+                                                                           cut),
+                  allgather=lambda b, plan: _allgather(b, plan),
+                  kept=lambda plan: _one(plan[-1][1]))
+
+
+def _one(ranges: list) -> Block:
+    """The one range of ``ranges`` (the last step keeps one block)."""
+    if len(ranges) != 1:
+        raise ValueError(f"expected one range, got {ranges}")
+    return ranges[0]
 
 
 def runs(blocks: list, chosen: list) -> list[Block]:
@@ -106,7 +119,10 @@ def steps(rank: int, pof2: int, count: int) -> list:
     below ``pof2``, the same in the communicator) and the ranges
     (:func:`runs`) of the kept and sent blocks, ``count`` elements cut
     into ``pof2`` blocks."""
-    blocks = block_bounds(count, pof2)
+    return _steps(rank, pof2, block_bounds(count, pof2))
+
+
+def _steps(rank: int, pof2: int, blocks: list) -> list:
     return [(peer, runs(blocks, kept), runs(blocks, sent))
             for peer, kept, sent in swing_blocks(rank, pof2)]
 

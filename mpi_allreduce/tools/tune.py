@@ -25,7 +25,7 @@ import os
 from .arguments import unwritable
 from .bench import bench, metadata
 from ..context import context_for
-from ..registry import FLAT_ALGORITHMS
+from ..registry import candidates
 from ..selection import calibration_key, calibration_path, check_tuning
 
 
@@ -111,8 +111,14 @@ def tune(comm, sizes, iters: int, repeats: int, output, merge: bool) -> int:
             existing_table(output)
         except ValueError as exc:
             raise SystemExit(f"tune: cannot merge: {exc}") from None
-    results = bench(comm, sizes, list(FLAT_ALGORITHMS), iters=iters, warmup=2, repeats=repeats,
-                    progress=comm.Get_rank() == 0)
+    # each size with every candidate for it (those for short vectors only
+    # where they are), interleaved as bench interleaves
+    groups: dict = {}
+    for nbytes in sizes:
+        groups.setdefault(candidates(nbytes), []).append(nbytes)
+    results = [r for names, group in groups.items()
+               for r in bench(comm, group, list(names), iters=iters, warmup=2, repeats=repeats,
+                              progress=comm.Get_rank() == 0)]
     p = comm.Get_size()
     winners = pick_winners([(r.size, r.algorithm, r.time_avg_us) for r in results])
     rule = {"comm_size": p, "table": decision_rows(winners),

@@ -11,8 +11,8 @@ For every algorithm x dtype x op x count x (in place, out of place):
 
 It also checks that every rank holds the same bytes, and that the element
 after the receive buffer is untouched.  Then ``reduce_scatter`` (block and
-vector forms) and ``allgather`` (``Allgather`` and ``Allgatherv`` forms)
-against ``MPI.Reduce_scatter``/``_block`` and ``MPI.Allgather``/``v`` on
+vector forms) and ``allgather`` (``Allgather`` and ``Allgatherv`` forms), on
+the ring and on each verified algorithm that offers its halves, against ``MPI.Reduce_scatter``/``_block`` and ``MPI.Allgather``/``v`` on
 exact data, in place and not.  Then (host buffers, with the default ops)
 MPI's pair type ``DOUBLE_INT`` with MAXLOC and MINLOC on every algorithm,
 and a non-commutative user-defined ``MPI.Op`` that every algorithm keeping
@@ -31,7 +31,7 @@ from typing import Optional
 import numpy as np
 from mpi4py import MPI
 
-from .. import ALGORITHMS, allgather, allreduce, reduce_scatter
+from .. import ALGORITHMS, allgather, allreduce, reduce_scatter, registry
 from ..backend import cuda_aware_support, to_device, to_host
 from ..ops import OPS, SUPPORTED_DTYPES, resolve_op, value_bytes
 from ..options import keywords_for
@@ -222,7 +222,9 @@ def verify(
                             row.not_identical += differing
                             row.kinds.add(kind)
     if halves:
-        rows += verify_halves(comm, dtypes, ops, counts, device)
+        # the ring's halves, and those of every verified algorithm that has them
+        for name in dict.fromkeys(["ring"] + [a for a in algorithms if a in registry.HALVES]):
+            rows += verify_halves(comm, dtypes, ops, counts, device, name)
     if device == "cpu" and "maxloc" in ops:  # (the default: every op)
         rows += verify_user_ops(comm, variants(algorithms, options or {}), counts)
     elapsed = time.perf_counter() - start
@@ -232,9 +234,10 @@ def verify(
     return total
 
 
-def verify_halves(comm, dtypes, ops, counts, device: str = "cpu") -> list:
-    """reduce_scatter and allgather against MPI's on exact data: per dtype,
-    every valid op (reduce_scatter), blocks of every count (block forms) and
+def verify_halves(comm, dtypes, ops, counts, device: str = "cpu", algorithm: str = "ring") -> list:
+    """reduce_scatter and allgather on ``algorithm`` (one of
+    ``registry.HALVES``) against MPI's on exact data: per dtype, every
+    valid op (reduce_scatter), blocks of every count (block forms) and
     uneven blocks (vector forms), in place and not."""
     size, rank = comm.Get_size(), comm.Get_rank()
     rows = []
@@ -243,12 +246,15 @@ def verify_halves(comm, dtypes, ops, counts, device: str = "cpu") -> list:
         dtype = np.dtype(dtype_name)
         if wire_type(dtype) == MPI.BYTE:
             continue  # no MPI type to reduce with (float16): nothing to compare against
-        scatter, gather = Row("reduce_scatter", dtype_name), Row("allgather", dtype_name)
+        suffix = "" if algorithm == "ring" else f":{algorithm}"
+        scatter = Row("reduce_scatter" + suffix, dtype_name)
+        gather = Row("allgather" + suffix, dtype_name)
         for op in valid_ops(dtype, ops):
             scatter.ops.append(op)
             for blocks in [[c] * size for c in counts] + uneven:
                 for in_place in (False, True):
-                    wrong = _check_reduce_scatter(comm, dtype, op, blocks, in_place, device)
+                    wrong = _check_reduce_scatter(comm, dtype, op, blocks, in_place, device,
+                                                  algorithm)
                     scatter.cases += 1
                     scatter.max_count = max(scatter.max_count, sum(blocks))
                     scatter.wrong += wrong
@@ -261,10 +267,11 @@ def verify_halves(comm, dtypes, ops, counts, device: str = "cpu") -> list:
                 got = np.zeros(sum(blocks), dtype)
                 if in_place:
                     got[sum(blocks[:rank]):sum(blocks[:rank + 1])] = part
-                    result = allgather(MPI.IN_PLACE, to_device(got, device), blocks, comm=comm)
+                    result = allgather(MPI.IN_PLACE, to_device(got, device), blocks, comm=comm,
+                                       algorithm=algorithm)
                 else:
                     result = allgather(to_device(part, device), to_device(got, device), blocks,
-                                       comm=comm)
+                                       comm=comm, algorithm=algorithm)
                 gather.cases += 1
                 gather.max_count = max(gather.max_count, sum(blocks))
                 gather.wrong += comm.allreduce(int(np.count_nonzero(to_host(result) != want)))
@@ -360,7 +367,7 @@ def _check_ordered(comm, op, count, ordered: bool, algorithm, options) -> int:
     return comm.allreduce(int(np.count_nonzero(got != want)))
 
 
-def _check_reduce_scatter(comm, dtype, op, blocks, in_place, device) -> int:
+def _check_reduce_scatter(comm, dtype, op, blocks, in_place, device, algorithm) -> int:
     rank = comm.Get_rank()
     ours = resolve_op(op)
     data = make_data(dtype, op, sum(blocks), rank, "exact", 13)
@@ -370,9 +377,11 @@ def _check_reduce_scatter(comm, dtype, op, blocks, in_place, device) -> int:
         ours.finalize(want, comm.Get_size(), out=want)
     if in_place:
         buf = to_device(data.copy(), device)
-        got = to_host(reduce_scatter(MPI.IN_PLACE, buf, op, blocks, comm=comm))[:blocks[rank]]
+        got = to_host(reduce_scatter(MPI.IN_PLACE, buf, op, blocks, comm=comm,
+                                     algorithm=algorithm))[:blocks[rank]]
     else:
-        got = to_host(reduce_scatter(to_device(data, device), None, op, blocks, comm=comm))
+        got = to_host(reduce_scatter(to_device(data, device), None, op, blocks, comm=comm,
+                                     algorithm=algorithm))
     return comm.allreduce(int(np.count_nonzero(got != want)))
 
 
