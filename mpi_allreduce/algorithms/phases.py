@@ -149,16 +149,21 @@ def reduce_scatter(name: str, phases_of: Callable, rank: int, size: int, counts:
         ph.reduce_scatter(inner, steps, src, cut)
         settle(inner, RECV if steps else src, n)
     part = inner.schedule(name, rank, size, n)
+    result = Ref(RECV, 0, mine.length)
+    # out of place, the steps that reduce this rank's block for the last
+    # time write it straight into the caller's array (no copy out)
+    sunk = None if in_place or ph.role.newrank is None else \
+        _last_writes_into(part, Ref(RECV, mine.offset, mine.length), result)
     own, into = part.scratch, part.scratch + (0 if lay.identity else n)
     b = Builder()
     if not lay.identity:
         _lay_out(b, lay, counts, own)
-    b.extend(relocate(part, {RECV: into} if lay.identity else {SEND: own, RECV: into}))
-    result = Ref(RECV, 0, mine.length)
+    moved = relocate(sunk or part, {RECV: into} if lay.identity else {SEND: own, RECV: into})
+    b.extend(moved._replace(rounds=_unmoved(moved.rounds)) if sunk else moved)
     if ph.role.newrank is None:
         b.round(Recv(ph.role.partner, result))
     else:
-        if mine.length:
+        if mine.length and not sunk:
             b.local(Copy(result, Ref(SCRATCH, into + mine.offset, mine.length)))
         b.round(*(Send(x, Ref(SCRATCH, into + lay.place[x].offset, counts[x]))
                   for x in _group(lay, rank)))
@@ -186,7 +191,7 @@ def allgather(name: str, phases_of: Callable, rank: int, size: int, counts: tupl
         return b.schedule(name, rank, size, n)
     inner = Builder()
     ph.allgather(inner, ph.plan(lay.blocks))
-    part = inner.schedule(name, rank, size, n)
+    part = _sends_from(inner.schedule(name, rank, size, n), lay.place[rank], own)
     # the logical vector: RECV itself where the layout is MPI's, else
     # scratch after the phase's own
     buf, base = (RECV, 0) if lay.identity else (SCRATCH, part.scratch)
@@ -194,7 +199,8 @@ def allgather(name: str, phases_of: Callable, rank: int, size: int, counts: tupl
         b.local(Copy(Ref(buf, base + lay.place[rank].offset, c), own))
     b.round(*(Recv(x, Ref(buf, base + lay.place[x].offset, counts[x]))
               for x in _group(lay, rank)))
-    b.extend(part if lay.identity else relocate(part, {RECV: base}))
+    moved = part if lay.identity else relocate(part, {RECV: base})
+    b.extend(moved._replace(rounds=_unmoved(moved.rounds)))
     if not lay.identity:
         for x, block in enumerate(blocks_of(counts)):
             if counts[x]:
@@ -212,3 +218,119 @@ def _lay_out(b: Builder, lay: Layout, counts: tuple, base: int) -> None:
         if counts[x]:
             b.local(Copy(Ref(SCRATCH, base + lay.place[x].offset, counts[x]),
                          Ref(SEND, block.offset, counts[x])))
+
+
+#: a buffer id no schedule uses: marks the refs :func:`relocate` must leave
+#: as they are (``RECV`` proper, the caller's array), restored after it
+_RESULT = -1
+
+
+def _writes(action) -> list:
+    if isinstance(action, Recv):
+        return [action.dst]
+    if isinstance(action, Send):
+        return []
+    return [action[0]]
+
+
+def _reads(action) -> list:
+    if isinstance(action, Send):
+        return [action.src]
+    if isinstance(action, Recv):
+        return []
+    return list(action[1:])
+
+
+def _overlap(a: Ref, b: Ref) -> bool:
+    return a.buf == b.buf and a.offset < b.stop and b.offset < a.stop
+
+
+def _last_writes_into(part: Schedule, block: Ref, result: Ref) -> "Schedule | None":
+    """``part`` with the last writes of ``block`` (this rank's reduced
+    block, in ``RECV`` of the logical vector) made into ``result`` instead
+    (marked :data:`_RESULT` until relocated); a local action that writes
+    the block and its neighbours (the block of a rank the fold stands for)
+    is cut at the block's bounds.  Earlier writes (partial results the last
+    ones read, as k-nomial's chain of reductions) stay where they were.
+    None where that is not clearly safe (a later read of the block, a
+    message that lands partly in it): the caller then copies the block out."""
+    if not block.length:
+        return None
+    rounds = [list(r) for r in part.rounds]
+    covered: list = []  # the block's last writes found so far
+    later: list = []  # what the actions after the one at hand read
+
+    def inside(ref: Ref) -> int:  # elements of ``ref`` already claimed by a later write
+        return sum(max(0, min(ref.stop, c.stop) - max(ref.offset, c.offset)) for c in covered)
+
+    for number in range(len(rounds) - 1, -1, -1):
+        kept = []
+        for action in reversed(rounds[number]):  # backwards in time
+            writes = [w for w in _writes(action) if _overlap(w, block)]
+            pieces = [action]
+            if writes:
+                if isinstance(action, Recv) and (writes[0].offset < block.offset
+                                                 or writes[0].stop > block.stop):
+                    return None  # a message that lands partly in the block
+                pieces = _cut(action, block)
+            for piece in reversed(pieces):
+                out = _writes(piece)[0] if _writes(piece) else None
+                if out is not None and _overlap(out, block):
+                    claimed = inside(out)
+                    if claimed == 0:  # its last write
+                        if any(_overlap(out, r) for r in later):
+                            return None  # read after its last write
+                        covered.append(out)
+                        target = Ref(_RESULT, result.offset + out.offset - block.offset,
+                                     out.length)
+                        piece = Recv(piece.peer, target) if isinstance(piece, Recv) else \
+                            type(piece)(target, *piece[1:])
+                    elif claimed != out.length:
+                        return None  # partly claimed: not a clean partial result
+                kept.append(piece)
+            later.extend(_reads(action))
+        rounds[number] = kept[::-1]
+        if sum(c.length for c in covered) == block.length:
+            return part._replace(rounds=tuple(tuple(r) for r in rounds))
+    return None
+
+
+def _cut(action, block: Ref) -> list:
+    """A local action cut where its output crosses ``block``'s bounds (its
+    operands alike): elementwise work, so the pieces do what it did."""
+    if isinstance(action, (Send, Recv)):
+        return [action]
+    out = action[0]
+    bounds = sorted({out.offset, out.stop} | {x for x in (block.offset, block.stop)
+                                              if out.offset < x < out.stop})
+    return [type(action)(*(Ref(r.buf, r.offset + lo - out.offset, hi - lo) for r in action))
+            for lo, hi in zip(bounds, bounds[1:])]
+
+
+def _unmoved(rounds: tuple) -> tuple:
+    """``rounds`` with the :data:`_RESULT` marks made ``RECV`` again."""
+    def fix(ref):
+        return Ref(RECV, ref.offset, ref.length) if ref.buf == _RESULT else ref
+
+    def fixed(action):
+        if isinstance(action, (Send, Recv)):
+            return type(action)(action[0], fix(action[1]))
+        return type(action)(*map(fix, action))
+    return tuple(tuple(fixed(a) for a in r) for r in rounds)
+
+
+def _sends_from(part: Schedule, place: Block, own: Ref) -> Schedule:
+    """``part`` (an allgather on the logical vector) with every message of
+    this rank's own block, or of a piece of it, sent from where the caller
+    has it (``own``; in ``RECV``: marked :data:`_RESULT` until the part is
+    relocated) rather than from the copy just written: a message
+    whose sender just wrote it costs more (Open MPI's single-copy path on
+    fresh pages, as the ring's allgather avoids)."""
+    def moved(action):
+        if isinstance(action, Send) and action.src.buf == RECV and action.src.length and \
+                place.offset <= action.src.offset and action.src.stop <= place.stop:
+            return Send(action.peer, Ref(_RESULT if own.buf == RECV else own.buf,
+                                         own.offset + action.src.offset - place.offset,
+                                         action.src.length))
+        return action
+    return part._replace(rounds=tuple(tuple(moved(a) for a in r) for r in part.rounds))
