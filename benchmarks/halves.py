@@ -1,4 +1,4 @@
-"""reduce_scatter and allgather on each algorithm that offers them, against the vendor's, side by side.
+"""reduce_scatter and allgather on each algorithm that has them, beside the vendor's.
 
 Per size (bytes of the whole vector per rank; float32; block forms), in
 interleaved repeats (the order of the calls shuffled the same way on every
@@ -9,7 +9,8 @@ calls, median of ``--repeats``: ``mar.reduce_scatter`` on each algorithm of
 element after the timing (``#wrong``: wrong elements over every rank).  Run::
 
     mpiexec -n 2 python benchmarks/halves.py -r 7 > benchmarks/results/halves-np2.txt
-    mpiexec -n 4 --oversubscribe python benchmarks/halves.py -r 7 > benchmarks/results/halves-np4.txt
+    mpiexec -n 4 --oversubscribe python benchmarks/halves.py -r 7 \
+        > benchmarks/results/halves-np4.txt
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ from .algorithms import FLAT, hierarchical, phases as _phases, ring as _ring
 from .schedule import Schedule
 
 __all__ = ["ALGORITHMS", "FLAT_ALGORITHMS", "NOT_CANDIDATES", "INNER_CANDIDATES", "ORDERED",
-           "SHORT_CANDIDATES", "candidates", "HALVES", "in_rank_order", "get", "builder", "check_name", "schedule", "halves"]
+           "SHORT_CANDIDATES", "HALVES", "candidates", "in_rank_order", "get", "builder",
+           "check_name", "schedule", "halves"]
 
 #: the flat algorithms, with hierarchical (composed above them) after the first three
 _ALGORITHMS = dict(list(FLAT.items())[:3] + [(hierarchical.NAME, hierarchical)]

@@ -11,7 +11,10 @@ name them (``torchrun`` does), importing this module fills in ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` (rank 0's host name) and
 ``MASTER_PORT`` (a free port on rank 0) from ``MPI.COMM_WORLD``, so torch's
 default ``env://`` rendezvous works unchanged -- importing it is collective
-over ``COMM_WORLD``.
+over ``COMM_WORLD``.  Under ``mpiexec`` (more than one rank in
+``COMM_WORLD``) a ``file://`` or ``tcp://`` ``init_method`` that names no
+rank and world size takes them from MPI too, as torch's own MPI backend
+does.
 
 What runs where:
 
@@ -52,12 +55,14 @@ every call completes before it returns.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import queue
 import socket
 import threading
 from collections import OrderedDict
 from typing import Optional
+from urllib.parse import urlparse, urlunparse
 
 import numpy as np
 import torch
@@ -339,6 +344,7 @@ def _array(tensor: torch.Tensor, keep: bool = False):
 
 def _view(tensor: torch.Tensor):
     """The array over ``tensor``'s memory (see :func:`_array`)."""
+    _dense([tensor], "calls")
     tensor = tensor.detach()
     if tensor.device.type == "cuda":
         if tensor.dtype == torch.bfloat16:
@@ -452,6 +458,57 @@ def _staged(method, group, args, kwargs) -> "_Work":
                  getattr(work, "_status", None))
 
 
+def _dense(tensors, what: str) -> None:
+    """Refuse sparse tensors with a clear message (as torch's MPI backend
+    refuses them): the library reduces arrays of values."""
+    for tensor in tensors:
+        if tensor.layout != torch.strided:
+            raise RuntimeError(f"the {BACKEND} backend's {what} takes dense tensors, got one "
+                               f"of layout {tensor.layout} (call .to_dense() first)")
+
+
+class _Chained(dist.Work):
+    """A call's Work with one step after it (unpacking a coalesced
+    all-reduce): ``wait()`` and the future run it once the call is done."""
+
+    def __init__(self, work, after, result):
+        super().__init__()
+        self._work, self._after, self._result = work, after, result
+        self._lock = threading.Lock()
+        self._ran = False
+
+    def _finish(self) -> None:
+        with self._lock:
+            if not self._ran:
+                self._ran = True
+                self._after()
+
+    def wait(self, timeout=None) -> bool:
+        self._work.wait()
+        self._finish()
+        return True
+
+    def is_completed(self) -> bool:
+        if self._work.is_completed():
+            if self._work.exception() is None:
+                self._finish()
+            return True
+        return False
+
+    def is_success(self) -> bool:
+        return self._work.is_success()
+
+    def exception(self):
+        return self._work.exception()
+
+    def get_future(self) -> Future:
+        def then(future):
+            future.value()  # (raises the call's error)
+            self._finish()
+            return self._result
+        return self._work.get_future().then(then)
+
+
 def _in_place(tensor: torch.Tensor, run) -> None:
     """``run(array)`` on ``tensor``'s memory, or on a contiguous copy written back."""
     work, back = _contiguous(tensor)
@@ -462,6 +519,7 @@ def _in_place(tensor: torch.Tensor, run) -> None:
 
 def _contiguous(tensor: torch.Tensor) -> tuple:
     """(a contiguous tensor over ``tensor``'s values, what writes it back or None)."""
+    _dense([tensor], "calls")
     if tensor.is_contiguous():
         return tensor, None
     work = tensor.contiguous()
@@ -515,11 +573,16 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     # --- ours ------------------------------------------------------------------------------
     @_on_device(ours=True)
     def allreduce(self, tensors, opts=None):
+        _dense(tensors, "all_reduce")
         op, factor = _reduction(opts)
         if factor is not None:
             for tensor in tensors:
                 tensor.mul_(factor)
-        if not _overlaps(opts) or _OPTIONS.get("reproducible"):  # (a blocking sum)
+        # async_op is each rank's own choice in torch: it must not change the
+        # messages, so both take the non-blocking call where MPI runs threads
+        # (the synchronous one waits at once); a reproducible sum is blocking
+        # whatever async_op says
+        if not ASYNC or _OPTIONS.get("reproducible"):
             for tensor in tensors:
                 _in_place(tensor, lambda t: allreduce(MPI.IN_PLACE, t, op, comm=self.comm,
                                                       **_OPTIONS))
@@ -534,7 +597,22 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         return self._started("all_reduce", requests, tensors, opts, after)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        return self.allreduce(tensors, opts)
+        """One all-reduce of every tensor packed together (as gloo's):
+        one call, and a tensor given twice is reduced once (each copy in
+        the flat buffer holds the sum) and written back from it."""
+        _dense(tensors, "all_reduce_coalesced")
+        if len(tensors) < 2:
+            return self.allreduce(tensors, opts)
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+
+        def unpack():
+            for tensor, piece in zip(tensors, torch.split(flat, [t.numel() for t in tensors])):
+                tensor.copy_(piece.reshape(tensor.shape))
+        work = self.allreduce([flat], opts)
+        if work.is_completed():
+            unpack()
+            return _Done(tensors)
+        return _Chained(work, unpack, tensors)
 
     @_on_device(ours=True)
     def reduce_scatter(self, outputs, inputs, opts=None):
@@ -585,7 +663,14 @@ class MPIAllreduceGroup(dist.ProcessGroup):
 
     # --- the coalesced forms: one call per tensor ---------------------------------------
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        return self.allgather(output_lists, inputs, opts)
+        """torch's layout: ``output_lists[rank][i]`` receives rank
+        ``rank``'s ``inputs[i]`` (one allgather per input)."""
+        if len(output_lists) != self.size() or any(len(o) != len(inputs) for o in output_lists):
+            raise ValueError(f"all_gather_coalesced: output_tensor_lists must hold "
+                             f"{self.size()} lists (one a rank) of {len(inputs)} tensors "
+                             "(one an input)")
+        return self.allgather([[output_lists[r][i] for r in range(self.size())]
+                               for i in range(len(inputs))], inputs, opts)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         for output, tensor in zip(outputs, inputs):
@@ -789,6 +874,35 @@ def _fill_environment() -> None:
                        "MASTER_PORT": str(port)})
 
 
+def _ranks_from_mpi(handler):
+    """torch's rendezvous ``handler`` (``file://``, ``tcp://``) with this
+    process's rank and the world size from MPI where the URL names neither
+    and mpiexec started more than one rank (a lone process, as under
+    torchrun, keeps torch's own error)."""
+    def rendezvous(url: str, **kwargs):
+        parts = urlparse(url)
+        query = dict(pair.split("=", 1) for pair in parts.query.split("&") if "=" in pair)
+        world = MPI.COMM_WORLD
+        if "rank" not in query and "world_size" not in query and world.Get_size() > 1:
+            query.update(rank=str(world.Get_rank()), world_size=str(world.Get_size()))
+            url = urlunparse(parts._replace(query="&".join(f"{k}={v}"
+                                                           for k, v in query.items())))
+        return handler(url, **kwargs)
+    rendezvous.wrapped = handler
+    return rendezvous
+
+
+def _take_ranks_from_mpi() -> None:
+    module = importlib.import_module("torch.distributed.rendezvous")
+    handlers = getattr(module, "_rendezvous_handlers", None)
+    if not isinstance(handlers, dict):  # (torch's internals: elsewhere, torch's own)
+        return
+    for scheme in ("file", "tcp"):
+        if scheme in handlers and not hasattr(handlers[scheme], "wrapped"):
+            handlers[scheme] = _ranks_from_mpi(handlers[scheme])
+
+
 if BACKEND not in dist.Backend.backend_list:
     dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+_take_ranks_from_mpi()
 _fill_environment()

@@ -565,6 +565,93 @@ def test_destroy_and_init_again(group):
     assert t.tolist() == [float(p)] * 3
 
 
+@pytest.mark.parametrize("scheme", ["file", "tcp"])
+def test_file_and_tcp_init_take_rank_and_size_from_mpi(group, scheme, tmp_path):
+    """``init_method="file://..."`` or ``"tcp://host:port"`` naming no rank
+    or world size, under mpiexec: both come from MPI (as torch's own MPI
+    backend takes them); afterwards the default group is made again."""
+    import socket
+
+    world = MPI.COMM_WORLD
+    p = world.Get_size()
+    if p == 1:
+        pytest.skip("one rank: nothing for MPI to tell torch (torch's own error stands)")
+    if scheme == "file":
+        url = world.bcast(f"file://{tmp_path}/store" if world.Get_rank() == 0 else None)
+    else:
+        address = None
+        if world.Get_rank() == 0:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                address = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+        url = world.bcast(address)
+    dist.destroy_process_group()
+    try:
+        dist.init_process_group("mpi_allreduce", init_method=url)
+        assert (dist.get_rank(), dist.get_world_size()) == (world.Get_rank(), p)
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        assert t.tolist() == [float(p)] * 3
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group("mpi_allreduce")
+
+
+def test_all_reduce_coalesced_packs_its_tensors_and_reduces_each_once(group):
+    """One all-reduce of the tensors packed together, as gloo's: a tensor
+    given twice holds the sum once (not the sum of sums); tensors of
+    different sizes and shapes; synchronous and asynchronous."""
+    p = dist.get_world_size()
+    twice = torch.ones(3)
+    dist.all_reduce_coalesced([twice, twice])
+    assert twice.tolist() == [float(p)] * 3
+    for async_op in (False, True):
+        a = torch.full((2, 3), float(dist.get_rank()))
+        b = torch.arange(5, dtype=torch.float32)
+        work = dist.all_reduce_coalesced([a, b], async_op=async_op)
+        if async_op:
+            work.wait()
+        assert a.tolist() == [[float(p * (p - 1) // 2)] * 3] * 2
+        assert b.tolist() == [float(p * i) for i in range(5)]
+
+
+def test_all_gather_coalesced_fills_torchs_rank_by_input_layout(group):
+    """``output_tensor_lists[rank][i]`` gets rank ``rank``'s ``i``-th
+    input, with as many inputs as ranks too (where a transposed layout
+    would pass unnoticed in shape)."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    for n_inputs in sorted({2, p}):
+        inputs = [torch.full((i + 1,), float(10 * r + i)) for i in range(n_inputs)]
+        outputs = [[torch.zeros(i + 1) for i in range(n_inputs)] for _ in range(p)]
+        dist.all_gather_coalesced(outputs, inputs)
+        for q in range(p):
+            for i in range(n_inputs):
+                assert outputs[q][i].tolist() == [float(10 * q + i)] * (i + 1), (q, i)
+
+
+def test_async_op_is_each_ranks_own_choice(group):
+    """One rank waits on an async all_reduce while the others call it
+    synchronously (torch lets each rank choose): the same messages, the
+    right sum on every rank, at a short and a long vector."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    for count in (3, 1 << 15):
+        t = torch.full((count,), float(r + 1))
+        if r == 0:
+            dist.all_reduce(t, async_op=True).wait()
+        else:
+            dist.all_reduce(t)
+        assert torch.equal(t, torch.full((count,), float(p * (p + 1) // 2)))
+
+
+def test_sparse_tensors_are_refused_with_a_clear_message(group):
+    sparse = torch.ones(4).to_sparse()
+    with pytest.raises(RuntimeError, match="dense tensors"):
+        dist.all_reduce(sparse)
+    with pytest.raises(RuntimeError, match="dense tensors"):
+        dist.broadcast(sparse, 0)
+
+
 def test_fsdp2_trains_as_one_process_would(group):
     """FSDP2 (``fully_shard`` on a CPU DeviceMesh) on the backend: after a few
     steps on different data per rank, the gathered weights equal those of

@@ -111,10 +111,13 @@ def layout(phases_of: Callable, size: int, counts: tuple) -> Layout:
     if sorted(position.values()) != list(range(len(position))) or len(position) != roles[0].parts:
         raise RuntimeError(f"the reduce-scatter leaves blocks {sorted(position.values())} on "
                            f"{len(position)} ranks; expected each of {roles[0].parts} once")
+    groups: dict = {}
+    for x, r in enumerate(stands_for):
+        groups.setdefault(r, []).append(x)
     blocks, place, offset = [], [None] * size, 0
     for r in sorted(position, key=position.get):
         start = offset
-        for x in (x for x in range(size) if stands_for[x] == r):
+        for x in groups[r]:
             place[x] = Block(offset, counts[x])
             offset += counts[x]
         blocks.append(Block(start, offset - start))
@@ -131,14 +134,15 @@ def _group(lay: Layout, rank: int) -> list:
 def reduce_scatter(name: str, phases_of: Callable, rank: int, size: int, counts: tuple,
                    cut: int, in_place: bool = False) -> Schedule:
     """MPI's Reduce_scatter on the algorithm's phases: ``SEND`` holds
-    ``sum(counts)`` elements (in place: ``RECV`` is that array, and the
-    same schedule serves: the input is read before the result is written);
-    rank r ends with the reduced block r in ``RECV[:counts[r]]``.
+    ``sum(counts)`` elements (in place: ``RECV`` is that array, read
+    before the result is written); rank r ends with the reduced block r in
+    ``RECV[:counts[r]]``.
 
     The fold and the reduce-scatter run on the logical vector (the input,
     laid out in scratch unless the layout is MPI's) with its partial sums in
-    scratch; the rank then copies its own block out and sends the ranks it
-    stands for theirs."""
+    scratch; out of place the last reductions of this rank's block write
+    ``RECV`` itself, in place the block is copied out at the end; the rank
+    then sends the ranks it stands for their blocks."""
     lay = layout(phases_of, size, counts)
     ph = phases_of(rank)
     n, mine = sum(counts), lay.place[rank]

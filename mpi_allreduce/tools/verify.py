@@ -12,8 +12,9 @@ For every algorithm x dtype x op x count x (in place, out of place):
 It also checks that every rank holds the same bytes, and that the element
 after the receive buffer is untouched.  Then ``reduce_scatter`` (block and
 vector forms) and ``allgather`` (``Allgather`` and ``Allgatherv`` forms), on
-the ring and on each verified algorithm that offers its halves, against ``MPI.Reduce_scatter``/``_block`` and ``MPI.Allgather``/``v`` on
-exact data, in place and not.  Then (host buffers, with the default ops)
+the ring and on each verified algorithm that offers its halves, against
+``MPI.Reduce_scatter``/``_block`` and ``MPI.Allgather``/``v`` on exact
+data, in place and not.  Then (host buffers, with the default ops)
 MPI's pair type ``DOUBLE_INT`` with MAXLOC and MINLOC on every algorithm,
 and a non-commutative user-defined ``MPI.Op`` that every algorithm keeping
 rank order must run to MPI's result and every other must refuse.  A wrong
@@ -393,11 +394,12 @@ def print_table(rows, comm, counts, elapsed, out, device="cpu") -> None:
           f"{', '.join('/'.join(c) for c in LARGE_CASES)}); in place and out of place", file=out)
     print("# exact data must match MPI.Allreduce bit for bit; random float data within "
           "p*p*eps absolute; 'differ' = ranks whose result bytes differ from rank 0's", file=out)
-    header = (f"{'algorithm':<19} {'dtype':<10} {'ops':<41} {'data':<12} {'cases':>6} "
+    width = max([19] + [len(r.algorithm) for r in rows])
+    header = (f"{'algorithm':<{width}} {'dtype':<10} {'ops':<41} {'data':<12} {'cases':>6} "
               f"{'max count':>9} {'differ':>6} {'#wrong':>6}")
     print(header, file=out)
     for r in rows:
-        print(f"{r.algorithm:<19} {r.dtype:<10} {','.join(r.ops):<41} "
+        print(f"{r.algorithm:<{width}} {r.dtype:<10} {','.join(r.ops):<41} "
               f"{'+'.join(sorted(r.kinds)):<12} {r.cases:>6} {r.max_count:>9} "
               f"{r.not_identical:>6} {r.wrong:>6}", file=out)
     wrong = sum(r.wrong for r in rows)
