@@ -6,8 +6,8 @@ updated shards are allgathered back.  Both follow MPI's conventions
 (``MPI_Reduce_scatter``/``_block``, ``MPI_Allgather``/``v``): blocks in rank
 order, ``counts`` per rank for the vector forms, ``MPI.IN_PLACE``.  They run
 the phase functions of the ring (the default) or of a bandwidth-optimal
-algorithm (:data:`~mpi_allreduce.registry.HALVES`; laid out for MPI's
-blocks by :mod:`~mpi_allreduce.algorithms.phases`) as schedules through the
+algorithm (``registry.HALVES``; laid out for MPI's
+blocks by ``algorithms/phases.py``) as schedules through the
 one executor, so they share its segments, staging and device handling.
 """
 
@@ -47,7 +47,7 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
     is the whole of ``recvbuf`` and the result lands at its start.  ``op`` as
     for :func:`~mpi_allreduce.allreduce`; a non-commutative one needs an
     algorithm that combines in rank order (``rabenseifner``, ``knomial``).
-    ``algorithm``: one of :data:`~mpi_allreduce.registry.HALVES` (default
+    ``algorithm``: one of ``registry.HALVES`` (default
     and ``auto``: the ring), ``radix`` for ``knomial``."""
     extra = (None if counts is None else tuple(counts), algorithm, check, segment_size, radix)
     if _repeated("reduce_scatter", sendbuf, recvbuf, op, comm, extra):

@@ -96,7 +96,7 @@ NAMES = ("algorithm", "check", "segment_size", "ranks_per_node", "inner", "radix
 #: ``reproducible`` only where it changes nothing, see
 #: :func:`~mpi_allreduce.iallreduce`; "halves": reduce_scatter and
 #: allgather, which run the ring's halves or another algorithm's of
-#: :data:`~mpi_allreduce.registry.HALVES`)
+#: ``registry.HALVES``)
 APPLIES = {
     "allreduce": NAMES,
     "request": tuple(name for name in NAMES if name != "selection"),
