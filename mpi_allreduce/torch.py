@@ -892,6 +892,46 @@ def _ranks_from_mpi(handler):
     return rendezvous
 
 
+#: the group's methods and the names torch's backends give their profiler
+#: events (``<backend>:<name>``, as gloo's ``gloo:all_reduce``)
+_PROFILED = {
+    "allreduce": "all_reduce", "allreduce_coalesced": "allreduce_coalesced",
+    "reduce_scatter": "reduce_scatter", "reduce_scatter_single": "_reduce_scatter_base",
+    "_reduce_scatter_base": "_reduce_scatter_base", "allgather": "all_gather",
+    "all_gather_single": "_allgather_base", "_allgather_base": "_allgather_base",
+    "allgather_coalesced": "allgather_coalesced",
+    "allgather_into_tensor_coalesced": "allgather_into_tensor_coalesced",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
+    "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+    "alltoall_base": "all_to_all", "alltoall": "all_to_all", "send": "send", "recv": "recv",
+    "recv_anysource": "recvAnySource", "barrier": "barrier",
+}
+
+
+def _profiled(method, title: str):
+    """``method`` recording an event ``<backend>:<title>`` in torch's
+    profiler while one runs (``torch.profiler``, the autograd profiler):
+    it starts with the call and ends when the call's work completes, so an
+    asynchronous call's event spans its messages.  Nothing is recorded, and
+    one check is the cost, while no profiler runs."""
+    name = f"{BACKEND}:{title}"
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if not torch.autograd._profiler_enabled():
+            return method(self, *args, **kwargs)
+        with torch.autograd.profiler.record_function(name) as event:
+            work = method(self, *args, **kwargs)
+            event._call_end_callbacks_on_future(work.get_future())
+        return work
+    return call
+
+
+for _method, _title in _PROFILED.items():
+    setattr(MPIAllreduceGroup, _method, _profiled(getattr(MPIAllreduceGroup, _method), _title))
+del _method, _title
+
+
 def _take_ranks_from_mpi() -> None:
     module = importlib.import_module("torch.distributed.rendezvous")
     handlers = getattr(module, "_rendezvous_handlers", None)

@@ -644,6 +644,36 @@ def test_async_op_is_each_ranks_own_choice(group):
         assert torch.equal(t, torch.full((count,), float(p * (p + 1) // 2)))
 
 
+def test_the_profiler_shows_every_call_as_torchs_backends_name_theirs(group):
+    """Under torch's profiler each collective and point-to-point call is an
+    event ``mpi_allreduce:<name>`` (gloo's are ``gloo:<name>``), once per
+    call, synchronous and asynchronous; none is recorded outside it."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    t = torch.ones(4)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        dist.all_reduce(t)
+        dist.all_reduce(t, async_op=True).wait()
+        dist.broadcast(t, 0)
+        out = [torch.zeros(4) for _ in range(p)]
+        dist.all_gather(out, t)
+        dist.barrier()
+        if p > 1:
+            if r == 0:
+                dist.send(t, 1)
+            elif r == 1:
+                dist.recv(t, 0)
+    counts = {}
+    for event in prof.events():
+        if event.name.startswith("mpi_allreduce:"):
+            counts[event.name] = counts.get(event.name, 0) + 1
+    want = {"mpi_allreduce:all_reduce": 2, "mpi_allreduce:broadcast": 1,
+            "mpi_allreduce:all_gather": 1, "mpi_allreduce:barrier": 1}
+    if p > 1 and r < 2:
+        want["mpi_allreduce:send" if r == 0 else "mpi_allreduce:recv"] = 1
+    assert counts == want
+    assert t.tolist() == [float(p * p)] * 4
+
+
 def test_sparse_tensors_are_refused_with_a_clear_message(group):
     sparse = torch.ones(4).to_sparse()
     with pytest.raises(RuntimeError, match="dense tensors"):
