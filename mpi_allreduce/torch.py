@@ -73,6 +73,7 @@ from torch.futures import Future
 from . import collectives
 from .api import allreduce, iallreduce
 from .backend import device_view, has_device_arrays, on_stream
+from .context import release, setup
 from .errors import Stalled
 from .options import keywords_for, options as resolve_options
 from .progress import mpi_request
@@ -816,6 +817,20 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     def barrier(self, opts=None):
         return self._started("barrier", [self.comm.Ibarrier()], None, opts)
 
+    def shutdown(self) -> None:
+        """torch destroys the group (``destroy_process_group``, every member
+        calls it): the library's duplicate communicator and caches for it
+        and the group's own communicator are freed; a later call on the
+        group raises."""
+        comm, self.comm = self.comm, MPI.COMM_NULL
+        if comm != MPI.COMM_NULL:
+            release(comm)
+            comm.Free()
+        try:  # (the do-nothing backend that holds the group's name)
+            super().shutdown()
+        except (AttributeError, RuntimeError):
+            pass
+
     def __repr__(self) -> str:
         return f"<{BACKEND} process group: rank {self.rank()} of {self.size()}>"
 
@@ -833,6 +848,9 @@ def _create(options, backend_options=None) -> MPIAllreduceGroup:
         raise RuntimeError(f"{BACKEND}: torch's group (rank {options.group_rank} of "
                            f"{options.group_size}) is not MPI's (rank {comm.Get_rank()} of "
                            f"{comm.Get_size()}): launch every process with mpiexec or srun")
+    # the library's set-up (its own duplicate of the communicator), collective
+    # here as the group's making is in torch, not at the group's first call
+    setup(comm)
     group = MPIAllreduceGroup(options.group_rank, options.group_size, comm)
     _hold_name(group)
     return group
