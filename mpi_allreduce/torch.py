@@ -581,9 +581,10 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                 tensor.mul_(factor)
         # async_op is each rank's own choice in torch: it must not change the
         # messages, so both take the non-blocking call where MPI runs threads
-        # (the synchronous one waits at once); a reproducible sum is blocking
-        # whatever async_op says
-        if not ASYNC or _OPTIONS.get("reproducible"):
+        # (the synchronous one waits at once); a reproducible sum and live
+        # selection (which times blocking calls) are blocking whatever
+        # async_op says
+        if not ASYNC or _OPTIONS.get("reproducible") or _OPTIONS.get("selection") == "live":
             for tensor in tensors:
                 _in_place(tensor, lambda t: allreduce(MPI.IN_PLACE, t, op, comm=self.comm,
                                                       **_OPTIONS))

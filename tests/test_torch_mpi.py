@@ -635,14 +635,23 @@ def test_async_op_is_each_ranks_own_choice(group):
     """One rank waits on an async all_reduce while the others call it
     synchronously (torch lets each rank choose): the same messages, the
     right sum on every rank, at a short and a long vector."""
+    from mpi_allreduce.torch import configure
+
     p, r = dist.get_world_size(), dist.get_rank()
-    for count in (3, 1 << 15):
-        t = torch.full((count,), float(r + 1))
-        if r == 0:
-            dist.all_reduce(t, async_op=True).wait()
-        else:
-            dist.all_reduce(t)
-        assert torch.equal(t, torch.full((count,), float(p * (p + 1) // 2)))
+    # as configured too: live selection and reproducible sums (blocking calls
+    # on every rank, whatever async_op says)
+    for options in ({}, {"selection": "live"}, {"reproducible": True}):
+        configure(**options)
+        try:
+            for count in (3, 1 << 15):
+                t = torch.full((count,), float(r + 1))
+                if r == 0:
+                    dist.all_reduce(t, async_op=True).wait()
+                else:
+                    dist.all_reduce(t)
+                assert torch.equal(t, torch.full((count,), float(p * (p + 1) // 2))), options
+        finally:
+            configure()
 
 
 def test_the_profiler_shows_every_call_as_torchs_backends_name_theirs(group):
