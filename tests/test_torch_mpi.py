@@ -715,6 +715,35 @@ def test_groups_made_and_destroyed_keep_nothing(group):
     assert grown_kib < 8 << 10, f"{grown_kib} KiB more after 300 groups"
 
 
+def test_calls_complete_whatever_order_each_rank_waits_in(group, watchdog):
+    """Async all-reduces on two groups whose futures the ranks ask for in
+    opposite orders, then whose works they wait in opposite orders (a short
+    vector at 3 ranks or more takes several rounds, each of which moves
+    only when someone tests or waits): every call completes, none waits for
+    another (raise mode, 20 s)."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p < 3:
+        pytest.skip("at 1 and 2 ranks a short all-reduce is one round, posted at its start")
+    watchdog("20", "raise")
+    a, b = dist.new_group(list(range(p))), dist.new_group(list(range(p)))
+    for _ in range(3):
+        ta, tb = torch.ones(5), torch.full((5,), 2.0)
+        works = [dist.all_reduce(ta, group=a, async_op=True),
+                 dist.all_reduce(tb, group=b, async_op=True)]
+        futures = [w.get_future() for w in (works if r % 2 == 0 else works[::-1])]
+        torch.futures.wait_all(futures)
+        assert ta.tolist() == [float(p)] * 5 and tb.tolist() == [2.0 * p] * 5
+        # and waited in opposite orders on the caller's thread
+        ta, tb = torch.ones(5), torch.full((5,), 2.0)
+        works = [dist.all_reduce(ta, group=a, async_op=True),
+                 dist.all_reduce(tb, group=b, async_op=True)]
+        for work in (works if r % 2 == 0 else works[::-1]):
+            work.wait()
+        assert ta.tolist() == [float(p)] * 5 and tb.tolist() == [2.0 * p] * 5
+    dist.destroy_process_group(a)
+    dist.destroy_process_group(b)
+
+
 def test_sparse_tensors_are_refused_with_a_clear_message(group):
     sparse = torch.ones(4).to_sparse()
     with pytest.raises(RuntimeError, match="dense tensors"):
