@@ -740,8 +740,19 @@ def test_calls_complete_whatever_order_each_rank_waits_in(group, watchdog):
         for work in (works if r % 2 == 0 else works[::-1]):
             work.wait()
         assert ta.tolist() == [float(p)] * 5 and tb.tolist() == [2.0 * p] * 5
-    dist.destroy_process_group(a)
-    dist.destroy_process_group(b)
+    # two fresh groups whose first calls the ranks start in opposite orders
+    # (MPI lets calls on different communicators come in any order): nothing
+    # collective waits for a group's first call
+    c, d = dist.new_group(list(range(p))), dist.new_group(list(range(p)))
+    tc, td = torch.ones(5), torch.full((5,), 2.0)
+    starts = [lambda: dist.all_reduce(tc, group=c, async_op=True),
+              lambda: dist.all_reduce(td, group=d, async_op=True)]
+    works = [start() for start in (starts if r % 2 == 0 else starts[::-1])]
+    for work in works:
+        work.wait()
+    assert tc.tolist() == [float(p)] * 5 and td.tolist() == [2.0 * p] * 5
+    for g in (a, b, c, d):
+        dist.destroy_process_group(g)
 
 
 def test_sparse_tensors_are_refused_with_a_clear_message(group):
