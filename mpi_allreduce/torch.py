@@ -937,13 +937,21 @@ def _profiled(method, title: str):
 
     @functools.wraps(method)
     def call(self, *args, **kwargs):
-        if not torch.autograd._profiler_enabled():
+        if not torch.autograd._profiler_enabled() or getattr(_RECORDING, "on", False):
             return method(self, *args, **kwargs)
-        with torch.autograd.profiler.record_function(name) as event:
-            work = method(self, *args, **kwargs)
-            event._call_end_callbacks_on_future(work.get_future())
+        _RECORDING.on = True  # (a coalesced call's inner calls are part of its event)
+        try:
+            with torch.autograd.profiler.record_function(name) as event:
+                work = method(self, *args, **kwargs)
+                event._call_end_callbacks_on_future(work.get_future())
+        finally:
+            _RECORDING.on = False
         return work
     return call
+
+
+#: whether this thread is inside a recorded call
+_RECORDING = threading.local()
 
 
 for _method, _title in _PROFILED.items():

@@ -667,6 +667,7 @@ def test_the_profiler_shows_every_call_as_torchs_backends_name_theirs(group):
         out = [torch.zeros(4) for _ in range(p)]
         dist.all_gather(out, t)
         dist.barrier()
+        dist.all_reduce_coalesced([t, torch.ones(2)])  # one event, not one per inner call
         if p > 1:
             if r == 0:
                 dist.send(t, 1)
@@ -677,11 +678,12 @@ def test_the_profiler_shows_every_call_as_torchs_backends_name_theirs(group):
         if event.name.startswith("mpi_allreduce:"):
             counts[event.name] = counts.get(event.name, 0) + 1
     want = {"mpi_allreduce:all_reduce": 2, "mpi_allreduce:broadcast": 1,
-            "mpi_allreduce:all_gather": 1, "mpi_allreduce:barrier": 1}
+            "mpi_allreduce:all_gather": 1, "mpi_allreduce:barrier": 1,
+            "mpi_allreduce:allreduce_coalesced": 1}
     if p > 1 and r < 2:
         want["mpi_allreduce:send" if r == 0 else "mpi_allreduce:recv"] = 1
     assert counts == want
-    assert t.tolist() == [float(p * p)] * 4
+    assert t.tolist() == [float(p * p * p)] * 4
 
 
 def test_groups_made_and_destroyed_keep_nothing(group):
