@@ -357,7 +357,7 @@ def table(results: list[Result], meta: dict) -> str:
     return "\n".join(lines)
 
 
-_WIDTHS = (11, 10, 9, 6, 20, 8, 11, 11, 11, 12, 12, 8, 7)
+_WIDTHS = (11, 10, 9, 6, 23, 8, 11, 11, 11, 12, 12, 8, 7)
 
 
 def metadata(comm, args_line: str, iters: int, warmup: int, repeats: int) -> dict:
