@@ -16,10 +16,10 @@ reversal of ``i``; k-nomial: the digit reversal; Swing: ``i``; Bine:
 ``nu(i)``), read here from the module's own steps on unit blocks, never
 restated.  MPI wants rank ``r``'s block (``counts[r]`` elements, in rank
 order) on rank ``r``, so the halves lay the logical vector out for that:
-the logical block at a rank's position is its own MPI block followed by
-those of the ranks its fold stands for, and the rank hands those on at the
-end (the ring's halves need no such layout: block ``r`` ends on rank ``r``
-by construction)::
+the logical block at a rank's position holds the MPI blocks of the rank
+and of the ranks its fold stands for, in rank order, and the rank hands
+theirs on at the end (the ring's halves need no such layout: block ``r``
+ends on rank ``r`` by construction)::
 
     Rabenseifner, p = 4, counts c0..c3     new 0   new 1   new 2   new 3
     position after the reduce-scatter        0       2       1       3
@@ -29,8 +29,10 @@ Where the layout is MPI's own (the positions follow the ranks and no rank
 sits out: Swing at a power of two), the phases run on the caller's arrays;
 elsewhere the input is laid out in scratch first (one local copy of the
 vector, as MPICH's non-commutative reduce-scatter permutes its input) and
-the allgather's result is copied back into rank order.  Scratch: the
-phases' own, plus one or two vectors.  Operands meet in the order the
+the allgather's result is copied back into rank order.  Out of place, the
+last reductions of a rank's block write the caller's array, and the
+allgather sends the rank's own block from the caller's input, not from
+the copy just made.  Scratch: the phases' own, plus one or two vectors.  Operands meet in the order the
 algorithm's all-reduce has them meet, so a non-commutative op gets MPI's
 result exactly where it does there.
 """
