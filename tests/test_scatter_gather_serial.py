@@ -40,7 +40,7 @@ def case_id(counts) -> str:
 
 @pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
 @pytest.mark.parametrize("segment", [1, 2, 1 << 10], ids=lambda s: f"seg{s}")
-@pytest.mark.parametrize("p", SIZES + [4, 9, 16], ids=lambda p: f"p{p}")
+@pytest.mark.parametrize("p", SIZES + [4, 6, 9, 16], ids=lambda p: f"p{p}")
 @pytest.mark.parametrize("algorithm", ALGORITHMS, ids=ALGORITHM_IDS)
 def test_reduce_scatter_schedule(algorithm, p, segment, in_place):
     """In place, ``SEND`` and ``RECV`` are one array (the whole vector, the
@@ -70,7 +70,7 @@ def test_reduce_scatter_schedule(algorithm, p, segment, in_place):
 
 @pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
 @pytest.mark.parametrize("segment", [1, 2, 1 << 10], ids=lambda s: f"seg{s}")
-@pytest.mark.parametrize("p", SIZES + [4, 9, 16], ids=lambda p: f"p{p}")
+@pytest.mark.parametrize("p", SIZES + [4, 6, 9, 16], ids=lambda p: f"p{p}")
 @pytest.mark.parametrize("algorithm", ALGORITHMS, ids=ALGORITHM_IDS)
 def test_allgather_schedule(algorithm, p, segment, in_place):
     for counts in count_cases(p):
