@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 __all__ = ["SEND", "RECV", "SCRATCH", "Ref", "Send", "Recv", "Reduce", "Copy", "Schedule",
-           "Builder", "remap", "relocate", "exchange", "settle", "BUFFER_NAMES"]
+           "Builder", "remap", "map_refs", "relocate", "exchange", "settle", "BUFFER_NAMES"]
 
 #: the buffers a schedule names
 SEND, RECV, SCRATCH = 0, 1, 2
@@ -190,17 +190,21 @@ def remap(schedule: Schedule, ranks: list, buffers: Optional[dict] = None,
                              scratch=schedule.scratch + scratch_offset)
 
 
-def relocate(schedule: Schedule, bases: dict) -> Schedule:
-    """``schedule`` with buffer ``b`` moved into scratch at element
-    ``bases[b]`` for each ``b`` in ``bases`` (its own scratch stays at the
-    start); the scratch it needs grows to cover the moved buffers, whose
-    lengths the caller adds (the schedule does not know them)."""
-    def move(ref):
-        return Ref(SCRATCH, bases[ref.buf] + ref.offset, ref.length) if ref.buf in bases else ref
-
+def map_refs(schedule: Schedule, move) -> Schedule:
+    """``schedule`` with ``move(ref)`` in place of every range its actions
+    name (peers, order and kinds of action unchanged)."""
     def moved(action):
         if isinstance(action, (Send, Recv)):
             return type(action)(action[0], move(action[1]))
         return type(action)(*map(move, action))
 
     return schedule._replace(rounds=tuple(tuple(moved(a) for a in r) for r in schedule.rounds))
+
+
+def relocate(schedule: Schedule, bases: dict) -> Schedule:
+    """``schedule`` with buffer ``b`` moved into scratch at element
+    ``bases[b]`` for each ``b`` in ``bases`` (its own scratch stays at the
+    start).  Its ``scratch`` is left as it is: the caller, who knows how
+    long the moved buffers are, says how much scratch the whole needs."""
+    return map_refs(schedule, lambda ref: Ref(SCRATCH, bases[ref.buf] + ref.offset, ref.length)
+                    if ref.buf in bases else ref)

@@ -32,9 +32,9 @@ vector, as MPICH's non-commutative reduce-scatter permutes its input) and
 the allgather's result is copied back into rank order.  Out of place, the
 last reductions of a rank's block write the caller's array, and the
 allgather sends the rank's own block from the caller's input, not from
-the copy just made.  Scratch: the phases' own, plus one or two vectors.  Operands meet in the order the
-algorithm's all-reduce has them meet, so a non-commutative op gets MPI's
-result exactly where it does there.
+the copy just made.  Scratch: the phases' own, plus one or two vectors.
+Operands meet in the order the algorithm's all-reduce has them meet, so a
+non-commutative op gets MPI's result exactly where it does there.
 """
 
 from __future__ import annotations
@@ -102,17 +102,17 @@ class Layout(NamedTuple):
 def layout(phases_of: Callable, size: int, counts: tuple) -> Layout:
     """The logical vector's layout for MPI blocks ``counts`` (one a rank),
     ``phases_of(rank)`` the algorithm's :class:`Phases` of each rank."""
-    roles = [phases_of(r) for r in range(size)]
+    everyone = [phases_of(r) for r in range(size)]
     stands_for = [r if ph.role.newrank is not None else ph.role.partner
-                  for r, ph in enumerate(roles)]
+                  for r, ph in enumerate(everyone)]
     position = {}
-    for r, ph in enumerate(roles):
+    for r, ph in enumerate(everyone):
         if ph.role.newrank is not None:
             steps = ph.plan(block_bounds(ph.parts, ph.parts))  # unit blocks: offset == index
             position[r] = ph.kept(steps).offset if steps else 0
-    if sorted(position.values()) != list(range(len(position))) or len(position) != roles[0].parts:
+    if sorted(position.values()) != list(range(len(position))) or len(position) != everyone[0].parts:
         raise RuntimeError(f"the reduce-scatter leaves blocks {sorted(position.values())} on "
-                           f"{len(position)} ranks; expected each of {roles[0].parts} once")
+                           f"{len(position)} ranks; expected each of {everyone[0].parts} once")
     groups: dict = {}
     for x, r in enumerate(stands_for):
         groups.setdefault(r, []).append(x)
@@ -155,17 +155,17 @@ def reduce_scatter(name: str, phases_of: Callable, rank: int, size: int, counts:
         ph.reduce_scatter(inner, steps, src, cut)
         settle(inner, RECV if steps else src, n)
     part = inner.schedule(name, rank, size, n)
+    own, into = part.scratch, part.scratch + (0 if lay.identity else n)
+    part = relocate(part, {RECV: into} if lay.identity else {SEND: own, RECV: into})
     result = Ref(RECV, 0, mine.length)
     # out of place, the steps that reduce this rank's block for the last
     # time write it straight into the caller's array (no copy out)
     sunk = None if in_place or ph.role.newrank is None else \
-        _last_writes_into(part, Ref(RECV, mine.offset, mine.length), result)
-    own, into = part.scratch, part.scratch + (0 if lay.identity else n)
+        _last_writes_into(part, Ref(SCRATCH, into + mine.offset, mine.length), result)
     b = Builder()
     if not lay.identity:
         _lay_out(b, lay, counts, own)
-    moved = relocate(sunk or part, {RECV: into} if lay.identity else {SEND: own, RECV: into})
-    b.extend(moved._replace(rounds=_unmoved(moved.rounds)) if sunk else moved)
+    b.extend(sunk or part)
     if ph.role.newrank is None:
         b.round(Recv(ph.role.partner, result))
     else:
@@ -197,16 +197,16 @@ def allgather(name: str, phases_of: Callable, rank: int, size: int, counts: tupl
         return b.schedule(name, rank, size, n)
     inner = Builder()
     ph.allgather(inner, ph.plan(lay.blocks))
-    part = _sends_from(inner.schedule(name, rank, size, n), lay.place[rank], own)
+    part = inner.schedule(name, rank, size, n)
     # the logical vector: RECV itself where the layout is MPI's, else
     # scratch after the phase's own
     buf, base = (RECV, 0) if lay.identity else (SCRATCH, part.scratch)
+    mine = Ref(buf, base + lay.place[rank].offset, c)
     if c and not (lay.identity and in_place):
-        b.local(Copy(Ref(buf, base + lay.place[rank].offset, c), own))
+        b.local(Copy(mine, own))
     b.round(*(Recv(x, Ref(buf, base + lay.place[x].offset, counts[x]))
               for x in _group(lay, rank)))
-    moved = part if lay.identity else relocate(part, {RECV: base})
-    b.extend(moved._replace(rounds=_unmoved(moved.rounds)))
+    b.extend(_sends_from(part if lay.identity else relocate(part, {RECV: base}), mine, own))
     if not lay.identity:
         for x, block in enumerate(blocks_of(counts)):
             if counts[x]:
@@ -224,11 +224,6 @@ def _lay_out(b: Builder, lay: Layout, counts: tuple, base: int) -> None:
         if counts[x]:
             b.local(Copy(Ref(SCRATCH, base + lay.place[x].offset, counts[x]),
                          Ref(SEND, block.offset, counts[x])))
-
-
-#: a buffer id no schedule uses: marks the refs :func:`relocate` must leave
-#: as they are (``RECV`` proper, the caller's array), restored after it
-_RESULT = -1
 
 
 def _writes(action) -> list:
@@ -253,13 +248,13 @@ def _overlap(a: Ref, b: Ref) -> bool:
 
 def _last_writes_into(part: Schedule, block: Ref, result: Ref) -> "Schedule | None":
     """``part`` with the last writes of ``block`` (this rank's reduced
-    block, in ``RECV`` of the logical vector) made into ``result`` instead
-    (marked :data:`_RESULT` until relocated); a local action that writes
-    the block and its neighbours (the block of a rank the fold stands for)
-    is cut at the block's bounds.  Earlier writes (partial results the last
-    ones read, as k-nomial's chain of reductions) stay where they were.
-    None where that is not clearly safe (a later read of the block, a
-    message that lands partly in it): the caller then copies the block out."""
+    block in the logical vector) made into ``result`` instead; a local
+    action that writes the block and its neighbours (the block of a rank
+    the fold stands for) is cut at the block's bounds.  Earlier writes
+    (partial results the last ones read, as k-nomial's chain of reductions)
+    stay where they were.  None where that is not clearly safe (a later
+    read of the block, a message that lands partly in it): the caller then
+    copies the block out."""
     if not block.length:
         return None
     rounds = [list(r) for r in part.rounds]
@@ -287,7 +282,7 @@ def _last_writes_into(part: Schedule, block: Ref, result: Ref) -> "Schedule | No
                         if any(_overlap(out, r) for r in later):
                             return None  # read after its last write
                         covered.append(out)
-                        target = Ref(_RESULT, result.offset + out.offset - block.offset,
+                        target = Ref(result.buf, result.offset + out.offset - block.offset,
                                      out.length)
                         piece = Recv(piece.peer, target) if isinstance(piece, Recv) else \
                             type(piece)(target, *piece[1:])
@@ -313,30 +308,17 @@ def _cut(action, block: Ref) -> list:
             for lo, hi in zip(bounds, bounds[1:])]
 
 
-def _unmoved(rounds: tuple) -> tuple:
-    """``rounds`` with the :data:`_RESULT` marks made ``RECV`` again."""
-    def fix(ref):
-        return Ref(RECV, ref.offset, ref.length) if ref.buf == _RESULT else ref
-
-    def fixed(action):
-        if isinstance(action, (Send, Recv)):
-            return type(action)(action[0], fix(action[1]))
-        return type(action)(*map(fix, action))
-    return tuple(tuple(fixed(a) for a in r) for r in rounds)
-
-
-def _sends_from(part: Schedule, place: Block, own: Ref) -> Schedule:
-    """``part`` (an allgather on the logical vector) with every message of
-    this rank's own block, or of a piece of it, sent from where the caller
-    has it (``own``; in ``RECV``: marked :data:`_RESULT` until the part is
-    relocated) rather than from the copy just written: a message
-    whose sender just wrote it costs more (Open MPI's single-copy path on
-    fresh pages, as the ring's allgather avoids)."""
+def _sends_from(part: Schedule, mine: Ref, own: Ref) -> Schedule:
+    """``part`` (an allgather on the logical vector, where this rank's block
+    is ``mine``) with every message of that block, or of a piece of it,
+    sent from where the caller has it (``own``) rather than from the copy
+    just written: a message whose sender just wrote it costs more (Open
+    MPI's single-copy path on fresh pages, as the ring's allgather avoids)."""
     def moved(action):
-        if isinstance(action, Send) and action.src.buf == RECV and action.src.length and \
-                place.offset <= action.src.offset and action.src.stop <= place.stop:
-            return Send(action.peer, Ref(_RESULT if own.buf == RECV else own.buf,
-                                         own.offset + action.src.offset - place.offset,
-                                         action.src.length))
+        src = action.src if isinstance(action, Send) else None
+        if src is not None and src.length and src.buf == mine.buf and \
+                mine.offset <= src.offset and src.stop <= mine.stop:
+            return Send(action.peer, Ref(own.buf, own.offset + src.offset - mine.offset,
+                                         src.length))
         return action
     return part._replace(rounds=tuple(tuple(moved(a) for a in r) for r in part.rounds))

@@ -23,7 +23,8 @@ from itertools import zip_longest
 
 from ..partition import (block_bounds, blocks_of, ring_allgather_steps,
                          ring_reduce_scatter_steps, segments)
-from ..schedule import RECV, SCRATCH, SEND, Builder, Copy, Recv, Reduce, Ref, Schedule, Send
+from ..schedule import (RECV, SCRATCH, SEND, Builder, Copy, Recv, Reduce, Ref, Schedule, Send,
+                        map_refs)
 
 NAME = "ring"
 COMMUTATIVE = True
@@ -122,12 +123,7 @@ def build_reduce_scatter(rank: int, size: int, counts: tuple, segment_size: int,
             return Ref(RECV, ref.offset - mine.offset, ref.length)
         return Ref(SCRATCH, work + ref.offset, ref.length)
 
-    def moved(action):
-        if isinstance(action, (Send, Recv)):
-            return type(action)(action[0], move(action[1]))
-        return type(action)(*map(move, action))
-
-    rounds = tuple(tuple(moved(a) for a in r) for r in phase.rounds)
+    rounds = map_refs(phase, move).rounds
     if in_place:
         rounds += ((Copy(Ref(RECV, 0, mine.length), Ref(SCRATCH, work + mine.offset,
                                                          mine.length)),),)
