@@ -345,7 +345,7 @@ def _array(tensor: torch.Tensor, keep: bool = False):
 
 def _view(tensor: torch.Tensor):
     """The array over ``tensor``'s memory (see :func:`_array`)."""
-    _dense([tensor], "calls")
+    _dense([tensor])
     tensor = tensor.detach()
     if tensor.device.type == "cuda":
         if tensor.dtype == torch.bfloat16:
@@ -459,13 +459,13 @@ def _staged(method, group, args, kwargs) -> "_Work":
                  getattr(work, "_status", None))
 
 
-def _dense(tensors, what: str) -> None:
+def _dense(tensors) -> None:
     """Refuse sparse tensors with a clear message (as torch's MPI backend
     refuses them): the library reduces arrays of values."""
     for tensor in tensors:
         if tensor.layout != torch.strided:
-            raise RuntimeError(f"the {BACKEND} backend's {what} takes dense tensors, got one "
-                               f"of layout {tensor.layout} (call .to_dense() first)")
+            raise RuntimeError(f"the {BACKEND} backend takes dense tensors, got one of layout "
+                               f"{tensor.layout} (call .to_dense() first)")
 
 
 class _Chained(dist.Work):
@@ -520,7 +520,7 @@ def _in_place(tensor: torch.Tensor, run) -> None:
 
 def _contiguous(tensor: torch.Tensor) -> tuple:
     """(a contiguous tensor over ``tensor``'s values, what writes it back or None)."""
-    _dense([tensor], "calls")
+    _dense([tensor])
     if tensor.is_contiguous():
         return tensor, None
     work = tensor.contiguous()
@@ -574,7 +574,6 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     # --- ours ------------------------------------------------------------------------------
     @_on_device(ours=True)
     def allreduce(self, tensors, opts=None):
-        _dense(tensors, "all_reduce")
         op, factor = _reduction(opts)
         if factor is not None:
             for tensor in tensors:
@@ -602,7 +601,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         """One all-reduce of every tensor packed together (as gloo's):
         one call, and a tensor given twice is reduced once (each copy in
         the flat buffer holds the sum) and written back from it."""
-        _dense(tensors, "all_reduce_coalesced")
+        _dense(tensors)
         if len(tensors) < 2:
             return self.allreduce(tensors, opts)
         flat = torch.cat([t.reshape(-1) for t in tensors])
