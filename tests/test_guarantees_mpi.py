@@ -216,6 +216,34 @@ def test_counts_mismatch_with_the_same_total(fresh, watchdog, what):
     _disagree(fresh, call, want)
 
 
+#: what ranks may name differently for the halves' messages (radix 2 and 3
+#: are one radix at 2 ranks, where k-nomial lowers it to p)
+HALVES_OPTIONS = {
+    "algorithm": lambda r: {"algorithm": "rabenseifner" if r == 0 else "swing_bandwidth"},
+    "radix": lambda r: {"algorithm": "knomial", "radix": 2 if r == 0 else 3},
+}
+
+
+@pytest.mark.parametrize("case", list(HALVES_OPTIONS))
+@pytest.mark.parametrize("what", ["reduce_scatter", "allgather"])
+def test_halves_algorithms_that_differ_between_ranks(fresh, watchdog, what, case):
+    """The halves' algorithm and radix are in their messages' tags: ranks
+    that name different ones stall and are reported, never mix."""
+    _need(fresh, 3)
+    watchdog(0.5)
+    p, r = fresh.Get_size(), fresh.Get_rank()
+    options = HALVES_OPTIONS[case](r)
+    if what == "reduce_scatter":
+        data = np.arange(3.0 * p) + r
+        want = (np.arange(3.0 * p) * p + p * (p - 1) / 2)[3 * r:3 * r + 3]
+        call = lambda: mar.reduce_scatter(data, None, "sum", comm=fresh, **options)  # noqa: E731
+    else:
+        data = np.full(3, float(r))
+        want = np.repeat(np.arange(p, dtype=float), 3).reshape(p, 3)
+        call = lambda: mar.allgather(data, None, comm=fresh, **options)  # noqa: E731
+    _disagree(fresh, call, want)
+
+
 REPRODUCIBLE = {
     "float64-complex128": lambda r: (np.ones(8, np.float64 if r == 0 else np.complex128), "sum"),
     "float32-float16": lambda r: (np.ones(8, np.float32 if r == 0 else np.float16), "sum"),
