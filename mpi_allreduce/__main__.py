@@ -198,8 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-a", "--algorithms", type=listed(algorithm(extra=("auto", VENDOR)),
                                                      "algorithms"), default=None,
                    help="comma-separated; 'mpi' (MPI.Allreduce) is always added; default: all + auto")
-    b.add_argument("--label-vendor", default="mpi",
-                   help="name for the MPI.Allreduce rows (e.g. mpi:ring when a vendor algorithm is forced)")
+    b.add_argument("--vendor-algorithms", nargs="?", const="all", default=None, metavar="LIST",
+                   help="also time the vendor's own all-reduce algorithms, each forced through "
+                        "its library's control (Open MPI, MPICH; rows mpi:<name>): all, or "
+                        "comma-separated names or numbers")
+    b.add_argument("--label-vendor", default=None,
+                   help="name for the MPI.Allreduce rows (default: mpi, or mpi:<name> / "
+                        "mpi:tuned for the vendor's algorithm or tuning file in force at launch)")
     b.add_argument("-i", "--inplace", choices=["no", "yes", "both"], default="no")
     b.add_argument("-c", "--check", action="store_true", help="count wrong elements (#wrong)")
     b.add_argument("--memory", action="store_true",
@@ -309,6 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("-r", "--repeats", type=whole(1, MAX_REPEATS), default=7)
     tu.add_argument("--merge", action="store_true",
                     help="keep the rules for other communicator sizes already in the output file")
+    tu.add_argument("--export", nargs=2, metavar=("MPI", "FILE"), default=None,
+                    help="write the vendor's own tuning file instead: MPI is openmpi, mpich "
+                         "or impi; its algorithms are timed here (Open MPI, MPICH) or read "
+                         "from --from files")
+    tu.add_argument("--from", dest="sources", type=bench_results, nargs="+", default=None,
+                    metavar="JSON", help="with --export: bench --vendor-algorithms JSON files "
+                                         "to choose from instead of timing")
 
     info = sub.add_parser("info", help="MPI library, communicator layout, GPU path")
     _device_arg(info)
@@ -352,9 +364,37 @@ def _check_dtype_op(args, error) -> None:
         error(f"-d/--dtype {args.dtype} with -o/--op {args.op}: {exc}")
 
 
+def _check_vendor(args, error) -> None:
+    """bench: the vendor settings in force at launch (a forced algorithm the
+    library would refuse or ignore, a tuning file it cannot read), and the
+    algorithms of --vendor-algorithms, before anything is timed."""
+    from . import vendor
+
+    args.vendor, args.vendor_label, args.vendor_chosen = None, None, []
+    try:
+        args.vendor = vendor.running()
+    except vendor.UnknownVendor as exc:
+        if args.vendor_algorithms is not None:
+            error(f"--vendor-algorithms: {exc}")
+        return
+    try:
+        args.vendor_label = args.vendor.in_force()
+        if args.vendor_algorithms is None:
+            return
+        if not args.vendor.in_process:
+            args.vendor.forcing(None, None)  # (says how instead)
+        names = [a.name for a in args.vendor.algorithms()] \
+            if args.vendor_algorithms == "all" else args.vendor_algorithms.split(",")
+        chosen = [args.vendor.algorithm(n.strip()) for n in names]
+    except vendor.VendorSettingError as exc:
+        error(f"{'--vendor-algorithms' if args.vendor_algorithms else 'environment'}: {exc}")
+    args.vendor_chosen = list(dict.fromkeys(chosen))
+
+
 def _check_bench(args, error) -> None:
     _check_measured(args, error)
     _check_dtype_op(args, error)
+    _check_vendor(args, error)
     _check_row_size(args, error, MPI.COMM_WORLD.Get_size(), args.algorithms)
     if args.json and args.json == args.csv:
         error(f"--json and --csv both name {args.json!r}")
@@ -431,9 +471,40 @@ def _check_trace(args, error) -> None:
 
 
 def _check_tune(args, error) -> None:
+    from . import vendor
     from .tools.tune import existing_table
 
     _check_measured(args, error)
+    if args.sources and not args.export:
+        error("--from goes with --export")
+    if args.export:
+        kind, path = args.export
+        if kind not in vendor.LIBRARIES:
+            error(f"--export: {kind!r} is not one of {', '.join(vendor.LIBRARIES)}")
+        if args.output is not None or args.merge:
+            error("--export writes the vendor's file: no -o/--merge with it")
+        why = unwritable(path)
+        if why:
+            error(f"--export: cannot write {path}: {why}")
+        args.library = vendor.by_key(kind)
+        if not args.sources:
+            try:
+                running = vendor.running()
+            except vendor.UnknownVendor as exc:
+                error(f"--export: {exc}")
+            if running.key != kind:
+                error(f"--export {kind}: this run is under {running.title}; time under "
+                      f"{args.library.title}, or give its bench --vendor-algorithms files "
+                      "with --from")
+            try:
+                if not running.in_process:
+                    running.forcing(None, None)
+                if running.in_force() != vendor.VENDOR:
+                    raise vendor.VendorSettingError(
+                        f"a vendor setting is in force ({running.in_force()}): tune the "
+                        "library's own choice without it")
+            except vendor.VendorSettingError as exc:
+                error(f"--export: {exc}")
     if args.output is not None and args.merge:
         try:
             existing_table(args.output)
@@ -471,15 +542,28 @@ def cmd_bench(args) -> int:
     from .backend import select_device
 
     where = select_device(comm, args.device)
+    # each forced algorithm's communicator (made collectively, in the same order everywhere)
+    forcings = {a.label: args.vendor.forcing(comm, a) for a in args.vendor_chosen}
+    algorithms[1:1] = list(forcings)
     results = bench.bench(comm, _size_range(args), algorithms, args.dtype, args.op, args.iters,
                           args.warmup, modes, args.check, args.repeats, _options(args),
-                          progress=not args.quiet, memory=args.memory, device=args.device)
+                          progress=not args.quiet, memory=args.memory, device=args.device,
+                          forcings=forcings)
+    for forced, _, _ in forcings.values():
+        if forced is not comm:
+            forced.Free()
+    label = args.label_vendor or args.vendor_label or bench.VENDOR
     for r in results:
         if r.algorithm == bench.VENDOR:
-            r.algorithm = args.label_vendor
+            r.algorithm = label
     meta = bench.metadata(comm, " ".join(["python -m mpi_allreduce"] + sys.argv[1:]),
                           args.iters, args.warmup, args.repeats)
     meta["device"] = where
+    if args.vendor is not None:
+        meta["vendor"] = {"library": args.vendor.key, "default_row": label,
+                          "forced": {a.label: " ".join(f"{k}={v}" for k, v in
+                                                       args.vendor.force_env(a).items())
+                                     for a in args.vendor_chosen}}
     if comm.Get_rank() == 0:
         print(bench.table(results, meta), flush=True)
         if args.json:
@@ -558,8 +642,11 @@ def cmd_model(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from .tools.tune import tune
+    from .tools.tune import export, tune
 
+    if args.export:
+        return export(MPI.COMM_WORLD, args.library, args.export[1], _size_range(args),
+                      args.iters, args.repeats, args.sources)
     return tune(MPI.COMM_WORLD, _size_range(args), args.iters, args.repeats, args.output,
                 args.merge)
 

@@ -36,9 +36,9 @@ from ..context import context_for
 from ..executor import wire_type
 from ..selection import choose
 from ..topology import on_node
+from ..vendor import VENDOR
 from .verify import make_data, mpi_library, reference
 
-VENDOR = "mpi"
 BUSBW_NOTE = "busbw = algbw * 2(p-1)/p; GB/s are decimal (1e9 bytes/s); times are microseconds, max over ranks"
 
 
@@ -102,18 +102,31 @@ class Result:
     moves: Optional[int] = None  # how often "auto"'s watch moved to another algorithm
 
 
+def is_vendor(algorithm: str) -> bool:
+    """``mpi`` or ``mpi:<one of the vendor's own algorithms>``."""
+    return algorithm == VENDOR or algorithm.startswith(VENDOR + ":")
+
+
 class Runner:
-    """Runs one algorithm on fixed buffers; ``mpi`` is the vendor's Allreduce.
+    """Runs one algorithm on fixed buffers; ``mpi`` is the vendor's Allreduce,
+    ``mpi:<name>`` the vendor's with one of its own algorithms forced
+    (``forcing``: :meth:`~mpi_allreduce.vendor.Library.forcing`'s
+    communicator and the functions that put the control in force around a
+    batch of calls, :meth:`forced`).
 
     On a device without a CUDA-aware MPI the vendor runs on host copies of
     the buffers (it cannot read device memory)."""
 
-    def __init__(self, comm, algorithm, send, recv, op, in_place, options):
+    def __init__(self, comm, algorithm, send, recv, op, in_place, options, forcing=None):
         self.comm, self.algorithm = comm, algorithm
         self.send, self.recv, self.in_place = send, recv, in_place
         self.op = resolve_op(op)
-        self.options = keywords_for(options, "allreduce", algorithm)  # (those it uses)
-        if algorithm == VENDOR:
+        self.enter = self.leave = None
+        if forcing is not None:
+            self.comm, self.enter, self.leave = forcing
+        self.vendor = is_vendor(algorithm)
+        self.options = {} if self.vendor else keywords_for(options, "allreduce", algorithm)
+        if self.vendor:
             self.mpitype = wire_type(send.dtype)
             if backend_for(send).device and not backend_for(send).direct:
                 self.send, self.recv = to_host(send), to_host(recv)
@@ -121,8 +134,12 @@ class Runner:
                 if self.op.finalize is not None else None
             backend_for(self.recv).synchronize()
 
+    def forced(self):
+        """A context in which the vendor's forced algorithm is in force."""
+        return _Forced(self.enter, self.leave)
+
     def __call__(self):
-        if self.algorithm == VENDOR:
+        if self.vendor:
             sbuf = MPI.IN_PLACE if self.in_place else [self.send, self.mpitype]
             self.comm.Allreduce(sbuf, [self.recv, self.mpitype], self.op.mpi_op)
             if self.finalize is not None:
@@ -130,6 +147,19 @@ class Runner:
         else:
             allreduce(MPI.IN_PLACE if self.in_place else self.send, self.recv, self.op,
                       comm=self.comm, algorithm=self.algorithm, **self.options)
+
+
+class _Forced:
+    def __init__(self, enter, leave):
+        self.enter, self.leave = enter, leave
+
+    def __enter__(self):
+        if self.enter is not None:
+            self.enter()
+
+    def __exit__(self, *exc):
+        if self.leave is not None:
+            self.leave()
 
 
 def batch_mean_us(comm, call, iters: int, warmup: int) -> float:
@@ -146,27 +176,31 @@ def batch_mean_us(comm, call, iters: int, warmup: int) -> float:
 
 def time_runner(comm, run, iters: int, warmup: int) -> np.ndarray:
     """Per-iteration seconds, each the maximum over ranks."""
-    for _ in range(warmup):
-        run()
     times = np.empty(iters)
-    comm.Barrier()
-    for i in range(iters):
-        t0 = MPI.Wtime()
-        run()
-        times[i] = MPI.Wtime() - t0
+    with run.forced() if isinstance(run, Runner) else _Forced(None, None):
+        for _ in range(warmup):
+            run()
+        comm.Barrier()
+        for i in range(iters):
+            t0 = MPI.Wtime()
+            run()
+            times[i] = MPI.Wtime() - t0
     worst = np.empty_like(times)
     comm.Allreduce(times, worst, MPI.MAX)
     return worst
 
 
-def count_wrong(comm, algorithm, dtype, op, count, in_place, options, device="cpu") -> int:
-    """Run once on exact data and count elements that differ from the vendor's result."""
+def count_wrong(comm, algorithm, dtype, op, count, in_place, options, device="cpu",
+                forcing=None) -> int:
+    """Run once on exact data and count elements that differ from the vendor's
+    result (with its default algorithm)."""
     data = make_data(np.dtype(dtype), op, count, comm.Get_rank(), "exact", 11)
     expected = reference(comm, data, op, device)
     send = to_device(data, device)
     recv = send.copy() if in_place else to_device(np.empty_like(data), device)
-    runner = Runner(comm, algorithm, send, recv, op, in_place, options)
-    runner()
+    runner = Runner(comm, algorithm, send, recv, op, in_place, options, forcing)
+    with runner.forced():
+        runner()
     got = to_host(runner.recv)
     return comm.allreduce(int(np.count_nonzero(got != expected)), op=MPI.SUM)
 
@@ -174,7 +208,7 @@ def count_wrong(comm, algorithm, dtype, op, count, in_place, options, device="cp
 def scratch_of(comm, algorithm, count, dtype) -> Optional[int]:
     """Bytes of scratch the algorithm's cached plan holds (max over ranks);
     for ``auto``, the plan of what it ran."""
-    if algorithm == VENDOR or comm.Get_size() == 1:
+    if is_vendor(algorithm) or comm.Get_size() == 1:
         return None
     if algorithm == "auto":
         algorithm = auto_ran(comm, count, dtype)
@@ -263,7 +297,10 @@ def repeat_order(algorithms: list, nbytes: int, repeat: int) -> list:
 
 def bench(comm, sizes, algorithms, dtype="float32", op="sum", iters=20, warmup=5,
           modes=(False,), check=False, repeats=1, options=None, progress=True,
-          memory=False, device="cpu") -> list[Result]:
+          memory=False, device="cpu", forcings=None) -> list[Result]:
+    """Results of every algorithm at every size; ``forcings`` maps each
+    ``mpi:<name>`` among ``algorithms`` to its :meth:`Runner`'s forcing."""
+    forcings = forcings or {}
     dtype = np.dtype(dtype)
     options = options or {}
     p = comm.Get_size()
@@ -277,7 +314,8 @@ def bench(comm, sizes, algorithms, dtype="float32", op="sum", iters=20, warmup=5
             host = timing_data(dtype, op, count, comm.Get_rank(), in_place)
             send = to_device(host, device)
             recv = send.copy() if in_place else to_device(np.empty_like(host), device)
-            runners = {a: Runner(comm, a, send, recv, op, in_place, options) for a in algorithms}
+            runners = {a: Runner(comm, a, send, recv, op, in_place, options, forcings.get(a))
+                       for a in algorithms}
             per_repeat = {a: [] for a in algorithms}
             samples = {a: [] for a in algorithms}
             for repeat in range(repeats):
@@ -297,7 +335,8 @@ def bench(comm, sizes, algorithms, dtype="float32", op="sum", iters=20, warmup=5
                     res.runs = auto_ran(comm, count, dtype)
                     res.moves = auto_moves(comm, count, dtype)
                 if check:
-                    res.wrong = count_wrong(comm, a, dtype, op, count, in_place, options, device)
+                    res.wrong = count_wrong(comm, a, dtype, op, count, in_place, options, device,
+                                            forcings.get(a))
                 if memory:
                     res.scratch_bytes = scratch_of(comm, a, count, dtype)
                     res.steady_alloc_bytes = peak_traced_bytes(comm, runners[a])

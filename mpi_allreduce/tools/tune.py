@@ -14,6 +14,15 @@ With no ``-o`` the table goes where ``auto`` finds it by itself: the file of
 machine and ranks per node, merged with the rules already there for other
 communicator sizes.  A file named with ``-o`` is loaded with
 ``allreduce(..., tuning=path)`` or ``MPI_ALLREDUCE_TUNING=path``.
+
+``--export openmpi|mpich|impi FILE`` writes the vendor's own tuning file
+instead (:mod:`mpi_allreduce.vendor`): the vendor's algorithms, each forced
+in turn, are timed beside its default (or read from ``bench
+--vendor-algorithms`` JSON files with ``--from``, for a library that takes
+its control at start-up only), the fastest per size is chosen as above
+(5% tolerance, the library's own choice kept where the file can say so and
+it is within it), and the file is written once every rank holds the same
+text, with the environment that puts it in force printed.
 """
 
 from __future__ import annotations
@@ -21,9 +30,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 
 from .arguments import unwritable
-from .bench import bench, metadata
+from .bench import bench, is_vendor, load_results, metadata
+from .. import vendor
 from ..context import context_for
 from ..registry import candidates
 from ..selection import calibration_key, calibration_path, check_tuning
@@ -150,4 +161,83 @@ def tune(comm, sizes, iters: int, repeats: int, output, merge: bool) -> int:
             print("auto reads it by itself under this MPI library, on this kind of machine, "
                   f"with {key['ranks_per_node']} rank(s) per node")
     comm.Barrier()  # the file is whole before any rank goes on (and may read it)
+    return 0
+
+
+def vendor_winners(library, timings: list[tuple[int, str, float]], ranks: int):
+    """[(size, ``mpi`` or ``mpi:<name>``, time)] -> [(size, winner label)]:
+    :func:`pick_winners` at 5% among what the file may name at each size,
+    the library's own choice (``mpi``) kept at a size where it is within
+    that of the fastest and the file can name it."""
+    default_allowed = library.key != "mpich"
+    timings = [t for t in timings if (t[1] == vendor.VENDOR and default_allowed) or
+               (t[1] != vendor.VENDOR and library.usable(t[1].split(":", 1)[1], t[0], ranks))]
+    winners = pick_winners(timings, tolerance=0.05)
+    if default_allowed:
+        at = {}
+        for size, name, time in timings:
+            at.setdefault(size, {})[name] = time
+        winners = [(size, vendor.VENDOR if at[size].get(vendor.VENDOR, float("inf"))
+                    <= min(at[size].values()) * 1.05 else name) for size, name in winners]
+    return winners
+
+
+def vendor_choices(library, winners: list[tuple[int, str]]) -> list:
+    """[(size, winner label)] -> [(from bytes, Algorithm or None)], a boundary
+    between two measured sizes at their geometric mean, neighbours with the
+    same winner merged."""
+    names = {a.label: a for a in library.algorithms()}
+    choices = []
+    for i, (size, label) in enumerate(winners):
+        start = 0 if i == 0 else int(math.sqrt(winners[i - 1][0] * size)) + 1
+        algorithm = None if label == vendor.VENDOR else names[label]
+        if not choices or choices[-1][1] != algorithm:
+            choices.append((start, algorithm))
+    return choices
+
+
+def export(comm, library, path: str, sizes, iters: int, repeats: int, sources) -> int:
+    """Measure the vendor's algorithms (or read ``sources``, bench JSON files)
+    and write ``library``'s tuning file to ``path``.  Collective."""
+    p = comm.Get_size()
+    if sources:
+        results, metas = load_results(sources)
+        for meta, source in zip(metas, sources):
+            if vendor.identify(meta["mpi_library"]).key != library.key:
+                raise SystemExit(f"tune --export {library.key}: {source} was measured under "
+                                 f"{meta['mpi_library'].splitlines()[0]}")
+            if meta["ranks"] != p and p > 1:
+                raise SystemExit(f"tune --export: {source} was measured on {meta['ranks']} "
+                                 f"ranks, this run has {p}")
+        p = metas[0]["ranks"]
+        timings = [(r["size"], r["algorithm"], r["time_avg_us"]) for r in results
+                   if is_vendor(r["algorithm"]) and r["algorithm"] != f"{vendor.VENDOR}:{vendor.TUNED}"
+                   and not r.get("in_place")]
+    else:
+        forcings = {a.label: library.forcing(comm, a) for a in library.algorithms()}
+        results = bench(comm, sizes, [vendor.VENDOR] + list(forcings), iters=iters, warmup=2,
+                        repeats=repeats, progress=comm.Get_rank() == 0, forcings=forcings)
+        for forced, _, _ in forcings.values():
+            if forced is not comm:
+                forced.Free()
+        timings = [(r.size, r.algorithm, r.time_avg_us) for r in results]
+    known = {a.label for a in library.algorithms()} | {vendor.VENDOR}
+    timings = [t for t in timings if t[1] in known]
+    if not timings:
+        raise SystemExit("tune --export: no timings of the vendor's algorithms to choose from")
+    winners = vendor_winners(library, timings, p)
+    text = library.export(vendor_choices(library, winners), p)
+    library.read(text)  # (what we write, the library's parser takes)
+    texts = comm.allgather(text)
+    if any(t != text for t in texts):
+        raise SystemExit("tune --export: the ranks measured different winners; nothing written")
+    if comm.Get_rank() == 0:
+        with open(path, "w") as f:
+            f.write(text)
+        for size, label in winners:
+            print(f"  {size:>12} B: {label}")
+        print(f"wrote {path} ({library.title}, {p} ranks); to use it, set:")
+        for key, value in library.tuned_env(path).items():
+            print(f"  export {key}={shlex.quote(value)}")
+    comm.Barrier()
     return 0
