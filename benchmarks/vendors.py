@@ -10,7 +10,7 @@ and this checkout, editable) and, under that MPI's ``mpiexec``:
    (``I_MPI_ADJUST_ALLREDUCE=<id>``) where it reads it at start-up only
    (Intel MPI); every row checked (``-c``, #wrong);
 2. writes the vendor's tuning file from those rows
-   (``tune --export <mpi> FILE --from ...``);
+   (``tune --export <mpi> -o FILE --from ...``);
 3. checks the file: ``--rounds`` pairs of launches, alternating, the
    vendor's default ``MPI_Allreduce`` (and ours) without the file, then
    with the environment ``tune --export`` printed; per size the medians
@@ -97,7 +97,7 @@ def measure(name: str, bin_dir: Path, args, where: Path) -> dict:
             forced += bench(name, bin_dir, args, path, ["-a", "mpi"], library.force_env(a))
             sources.append(path)
     tuned_file = where / f"tuned{library.suffix}"
-    _launch(name, bin_dir, args, ["tune", "--export", name, str(tuned_file), "--from"]
+    _launch(name, bin_dir, args, ["tune", "--export", name, "-o", str(tuned_file), "--from"]
             + [str(p) for p in sources], {})
     env = library.tuned_env(str(tuned_file))
     rounds = {"default": [], "tuned": []}

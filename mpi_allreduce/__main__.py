@@ -43,6 +43,17 @@ def _inner():
     return algorithm(extra=("auto",), exclude=("hierarchical",))
 
 
+def _vendor_list(text: str) -> str:
+    """--vendor-algorithms' type: all, or comma-separated names or numbers
+    (which the running library has is checked after parsing)."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not 'all' or comma-separated "
+                                         "algorithm names or numbers")
+    return text
+
+
 def _hierarchy_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks-per-node", type=whole(1, 1 << 31), default=None,
                         help="hierarchical: emulate nodes of this many consecutive ranks")
@@ -199,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "algorithms"), default=None,
                    help="comma-separated; 'mpi' (MPI.Allreduce) is always added; default: all + auto")
     b.add_argument("--vendor-algorithms", nargs="?", const="all", default=None, metavar="LIST",
+                   type=_vendor_list,
                    help="also time the vendor's own all-reduce algorithms, each forced through "
                         "its library's control (Open MPI, MPICH; rows mpi:<name>): all, or "
                         "comma-separated names or numbers")
@@ -314,10 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("-r", "--repeats", type=whole(1, MAX_REPEATS), default=7)
     tu.add_argument("--merge", action="store_true",
                     help="keep the rules for other communicator sizes already in the output file")
-    tu.add_argument("--export", nargs=2, metavar=("MPI", "FILE"), default=None,
-                    help="write the vendor's own tuning file instead: MPI is openmpi, mpich "
-                         "or impi; its algorithms are timed here (Open MPI, MPICH) or read "
-                         "from --from files")
+    tu.add_argument("--export", choices=("openmpi", "mpich", "impi"), default=None,
+                    help="write this vendor MPI's own tuning file to -o FILE instead: its "
+                         "algorithms are timed here (Open MPI, MPICH) or read from --from files")
     tu.add_argument("--from", dest="sources", type=bench_results, nargs="+", default=None,
                     metavar="JSON", help="with --export: bench --vendor-algorithms JSON files "
                                          "to choose from instead of timing")
@@ -478,14 +489,9 @@ def _check_tune(args, error) -> None:
     if args.sources and not args.export:
         error("--from goes with --export")
     if args.export:
-        kind, path = args.export
-        if kind not in vendor.LIBRARIES:
-            error(f"--export: {kind!r} is not one of {', '.join(vendor.LIBRARIES)}")
-        if args.output is not None or args.merge:
-            error("--export writes the vendor's file: no -o/--merge with it")
-        why = unwritable(path)
-        if why:
-            error(f"--export: cannot write {path}: {why}")
+        kind = args.export
+        if args.output is None or args.merge:
+            error("--export writes the vendor's file to -o FILE (no --merge)")
         args.library = vendor.by_key(kind)
         if not args.sources:
             try:
@@ -645,7 +651,7 @@ def cmd_tune(args) -> int:
     from .tools.tune import export, tune
 
     if args.export:
-        return export(MPI.COMM_WORLD, args.library, args.export[1], _size_range(args),
+        return export(MPI.COMM_WORLD, args.library, args.output, _size_range(args),
                       args.iters, args.repeats, args.sources)
     return tune(MPI.COMM_WORLD, _size_range(args), args.iters, args.repeats, args.output,
                 args.merge)

@@ -80,6 +80,25 @@ def test_bench_job_writes_json_csv_png(cluster, tmp_path):
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_vendor_job_times_the_vendors_algorithms_and_checks_its_tuning_file(cluster, tmp_path):
+    """slurm/vendor.sbatch under srun on two nodes: every algorithm of the
+    vendor's own has a checked row, tune --export wrote the vendor's file,
+    and the launch with it names its vendor row mpi:tuned."""
+    job, text = submit(cluster, "vendor.sbatch", tmp_path,
+                       {"MAR_MAXBYTES": "4K", "MAR_STEPFACTOR": "64",
+                        "MAR_BENCH_ARGS": "-n 3 -w 1 -c", "MAR_RESULTS": str(tmp_path / "res")})
+    out = tmp_path / "res" / f"vendor-{job}"
+    rows = json.loads((out / "algorithms.json").read_text())["results"]
+    assert {"mpi:ring", "mpi:recursive_doubling"} <= {r["algorithm"] for r in rows}, text[-3000:]
+    assert all(r["wrong"] == 0 for r in rows)
+    assert "export OMPI_MCA_coll_tuned_dynamic_rules_filename=" in text
+    assert (out / "tuned.openmpi").read_text().splitlines()[1].startswith("2 ")
+    tuned = json.loads((out / "tuned.json").read_text())["results"]
+    assert {r["algorithm"] for r in tuned} == {"mpi:tuned", "auto"}
+    assert all(r["wrong"] == 0 for r in tuned)
+    assert (out / "vendor.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_launchers_job_runs_srun_and_mpiexec_side_by_side(cluster, tmp_path):
     """srun and mpiexec in one allocation, each verify with 0 wrong; times printed."""
     job, text = submit(cluster, "launchers.sbatch", tmp_path,

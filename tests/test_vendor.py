@@ -163,7 +163,7 @@ def test_vendor_algorithms_are_timed_checked_and_tuned_end_to_end(tmp_path):
     assert all(r["wrong"] == 0 for r in rows)
     path = tmp_path / f"tuned{library.suffix}"
     tuned = run_mpi(2, [sys.executable, "-m", "mpi_allreduce", "tune", "--export", key,
-                        str(path), "--from", str(out)], timeout=120, cwd=str(ROOT))
+                        "-o", str(path), "--from", str(out)], timeout=120, cwd=str(ROOT))
     assert tuned.returncode == 0, tuned.stdout[-3000:]
     assert "to use it, set:" in tuned.stdout
     if key == "openmpi":

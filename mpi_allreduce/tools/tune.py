@@ -15,7 +15,7 @@ machine and ranks per node, merged with the rules already there for other
 communicator sizes.  A file named with ``-o`` is loaded with
 ``allreduce(..., tuning=path)`` or ``MPI_ALLREDUCE_TUNING=path``.
 
-``--export openmpi|mpich|impi FILE`` writes the vendor's own tuning file
+``--export openmpi|mpich|impi -o FILE`` writes the vendor's own tuning file
 instead (:mod:`mpi_allreduce.vendor`): the vendor's algorithms, each forced
 in turn, are timed beside its default (or read from ``bench
 --vendor-algorithms`` JSON files with ``--from``, for a library that takes
