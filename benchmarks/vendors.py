@@ -12,8 +12,10 @@ and this checkout, editable) and, under that MPI's ``mpiexec``:
 2. writes the vendor's tuning file from those rows
    (``tune --export <mpi> -o FILE --from ...``);
 3. checks the file: ``--rounds`` pairs of launches, alternating, the
-   vendor's default ``MPI_Allreduce`` (and ours) without the file, then
-   with the environment ``tune --export`` printed; per size the medians
+   vendor's default ``MPI_Allreduce`` and ours without the file, then the
+   same with the environment ``tune --export`` printed (the same calls in
+   both, so that neither launch's vendor row is the first thing to touch
+   its buffers after start-up); per size the medians
    over rounds and the ratio tuned/default taken round by round (median
    and quartiles: "side by side" is launch after launch here, since every
    library reads its tuning file at start-up).
@@ -74,8 +76,9 @@ def _launch(name: str, bin_dir: Path, args, tool: list, env: dict) -> None:
 def bench(name: str, bin_dir: Path, args, out: Path, extra: list, env=None) -> list:
     """One bench launch under this MPI; its results."""
     _launch(name, bin_dir, args, ["bench", "-b", args.minbytes, "-e", args.maxbytes, "-f",
-                                  str(args.stepfactor), "-n", str(args.iters), "-r",
-                                  str(args.repeats), "-c", "--quiet", "--json", str(out)]
+                                  str(args.stepfactor), "-n", str(args.iters), "-w",
+                                  str(args.warmup), "-r", str(args.repeats), "-c", "--quiet",
+                                  "--json", str(out)]
             + extra, env or {})
     return load_results([str(out)])[0]
 
@@ -103,8 +106,7 @@ def measure(name: str, bin_dir: Path, args, where: Path) -> dict:
     rounds = {"default": [], "tuned": []}
     for k in range(args.rounds):
         rounds["default"].append(bench(name, bin_dir, args, where / f"default-{k}.json", ours))
-        rounds["tuned"].append(bench(name, bin_dir, args, where / f"tuned-{k}.json",
-                                     ["-a", "mpi"], env))
+        rounds["tuned"].append(bench(name, bin_dir, args, where / f"tuned-{k}.json", ours, env))
     return {"forced": forced, **rounds, "file": tuned_file, "env": env}
 
 
@@ -135,10 +137,10 @@ def table(runs: dict) -> str:
             q = quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
             vendor_forced = {a: t for a, t in forced[size].items() if a.startswith("mpi:")}
             best_forced = min(vendor_forced, key=vendor_forced.get)
-            ours = {a: median(t[size][a] for t in default) for a in default[0][size]
+            ours = {a: median(t[size][a] for t in default + tuned) for a in default[0][size]
                     if a not in ("default", "auto")}
             best = min(ours, key=ours.get)
-            auto = median(t[size]["auto"] for t in default) if "auto" in default[0][size] \
+            auto = median(t[size]["auto"] for t in default + tuned) if "auto" in default[0][size] \
                 else None
             lines.append(
                 f"| {name} | {size} | {median(d):.1f} | {median(u):.1f} | "
@@ -158,6 +160,7 @@ def main() -> None:
     parser.add_argument("-e", "--maxbytes", default="16M")
     parser.add_argument("-f", "--stepfactor", type=float, default=8.0)
     parser.add_argument("-n", "--iters", type=int, default=20)
+    parser.add_argument("-w", "--warmup", type=int, default=10)
     parser.add_argument("-r", "--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternating launches without and with the tuning file")
@@ -187,7 +190,7 @@ def main() -> None:
               f"vendor default and tuned: medians over {args.rounds} alternating launches each; "
               "tuned/default: the ratio taken launch pair by launch pair, median [quartiles]; "
               "fastest forced: the vendor's own algorithm that was fastest in the launch of "
-              "step 1; our best among `" + args.ours + "` (medians over the default launches). "
+              "step 1; our best among `" + args.ours + "` (medians over all launches of step 3). "
               "Raw data and the tuning files in `" + Path(args.out).name + "-<mpi>/`.", ""]
     for name, measured in runs.items():
         header.append(f"* {name}: {libraries[name].splitlines()[0]}; tuning file "

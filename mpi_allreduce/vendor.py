@@ -183,10 +183,6 @@ def tool() -> Optional[_Tool]:
 
 # --- the libraries ------------------------------------------------------------
 
-def _size_text(nbytes: int) -> str:
-    return str(int(nbytes))
-
-
 class Library:
     """What we know of one MPI library's all-reduce algorithms."""
 
@@ -289,7 +285,7 @@ class OpenMPI(Library):
     def export(self, choices, ranks):
         lines = ["1  # collectives", f"{self.COLLECTIVE_ID}  # all-reduce",
                  "1  # communicator sizes", f"{ranks}  # ranks", f"{len(choices)}  # sizes"]
-        lines += [f"{_size_text(size)} {0 if a is None else a.value} 0 0  # from {size} B: "
+        lines += [f"{int(size)} {0 if a is None else a.value} 0 0  # from {size} B: "
                   + ("Open MPI's own choice" if a is None else a.name) for size, a in choices]
         return "\n".join(lines) + "\n"
 
@@ -316,7 +312,8 @@ class OpenMPI(Library):
             for _ in range(take()):
                 comm_size = take()
                 for _ in range(take()):
-                    size, alg, _fan, _seg = take(), take(), take(), take()
+                    size, alg = take(), take()
+                    take(), take()  # (fan-in/out and segment size)
                     if collective == self.COLLECTIVE_ID:
                         if alg not in valid:
                             raise VendorSettingError(
@@ -373,9 +370,12 @@ class MPICH(Library):
     #: on, the CH4 device's own selection (a shared-memory algorithm within a
     #: node) comes before the MPIR algorithms and their selection file
     DEVICE = "MPIR_CVAR_ALLREDUCE_DEVICE_COLLECTIVE"
-    #: choices the selection file should not name: smp needs a parent
-    #: communicator, and an algorithm named by the file runs unchecked
-    NOT_IN_FILES = ("smp", "nb")
+    #: choices the selection file does not name: smp needs a parent communicator;
+    #: nb stalled here when a file named it; and the ones with parameters (k, tree
+    #: type, chunk size) take them from the file, where one without them leaves
+    #: them at 0 (recursive_multiplying stalled here): the file names the others
+    NOT_IN_FILES = ("smp", "nb", "recursive_multiplying", "tree", "recexch",
+                    "k_reduce_scatter_allgather")
     #: choices that need at least a power of two of elements (MPICH's
     #: restriction size-ge-pof2): not named for sizes below 8 bytes a rank
     POF2_COUNT = ("reduce_scatter_allgather", "k_reduce_scatter_allgather")
@@ -452,9 +452,14 @@ class MPICH(Library):
             by_size[key] = {f"algorithm={self.LEAF[algorithm.name]}": {}}
         table = self.builtin_selection()
         own = table["collective=allreduce"]["comm_type=intra"]
+        # (an algorithm a file names runs unchecked: ours only for built-in
+        # commutative ops, which all of them take)
+        guarded = {"is_op_built_in=yes": {"is_commutative=yes": by_size,
+                                          "is_commutative=no": own},
+                   "is_op_built_in=no": own}
         table["collective=allreduce"]["comm_type=intra"] = {
             **({f"comm_size<{ranks}": own} if ranks > 1 else {}),
-            f"comm_size<={ranks}": by_size, "any": own}
+            f"comm_size<={ranks}": guarded, "any": own}
         return json.dumps(table, indent=1) + "\n"
 
     def read(self, text):

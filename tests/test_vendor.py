@@ -99,9 +99,11 @@ def test_mpich_file_is_the_librarys_own_with_allreduce_for_this_size_changed(mon
     own = BUILT_IN["collective=allreduce"]["comm_type=intra"]
     assert list(intra) == ["comm_size<4", "comm_size<=4", "any"]
     assert intra["comm_size<4"] == own and intra["any"] == own
-    assert intra["comm_size<=4"] == {
+    ours = intra["comm_size<=4"]["is_op_built_in=yes"]["is_commutative=yes"]
+    assert ours == {
         "avg_msg_size<=8192": {"algorithm=MPIR_Allreduce_intra_recursive_doubling": {}},
         "avg_msg_size=any": {"algorithm=MPIR_Allreduce_intra_ring": {}}}
+    assert intra["comm_size<=4"]["is_op_built_in=no"] == own
     assert (4, 8192, "MPIR_Allreduce_intra_recursive_doubling") in library.read(text)
     with pytest.raises(vendor.VendorSettingError, match="names an algorithm at every size"):
         library.export([(0, None)], 4)
@@ -125,6 +127,7 @@ def test_mpich_winners_never_name_the_default_or_unusable_choices():
     library.choices = lambda: list(vendor.MPICH.KNOWN)
     timings = [(8, "mpi", 1.0), (8, "mpi:reduce_scatter_allgather", 2.0),
                (8, "mpi:recursive_doubling", 3.0), (8, "mpi:smp", 0.5),
+               (8, "mpi:recursive_multiplying", 0.5),
                (65536, "mpi:reduce_scatter_allgather", 10.0), (65536, "mpi:ring", 20.0)]
     assert vendor_winners(library, timings, 2) == [(8, "mpi:recursive_doubling"),
                                                     (65536, "mpi:reduce_scatter_allgather")]

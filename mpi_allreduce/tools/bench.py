@@ -14,6 +14,7 @@ is reported (ratios are taken side by side in one run).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -134,9 +135,16 @@ class Runner:
                 if self.op.finalize is not None else None
             backend_for(self.recv).synchronize()
 
+    @contextlib.contextmanager
     def forced(self):
         """A context in which the vendor's forced algorithm is in force."""
-        return _Forced(self.enter, self.leave)
+        if self.enter is not None:
+            self.enter()
+        try:
+            yield
+        finally:
+            if self.leave is not None:
+                self.leave()
 
     def __call__(self):
         if self.vendor:
@@ -147,19 +155,6 @@ class Runner:
         else:
             allreduce(MPI.IN_PLACE if self.in_place else self.send, self.recv, self.op,
                       comm=self.comm, algorithm=self.algorithm, **self.options)
-
-
-class _Forced:
-    def __init__(self, enter, leave):
-        self.enter, self.leave = enter, leave
-
-    def __enter__(self):
-        if self.enter is not None:
-            self.enter()
-
-    def __exit__(self, *exc):
-        if self.leave is not None:
-            self.leave()
 
 
 def batch_mean_us(comm, call, iters: int, warmup: int) -> float:
@@ -177,7 +172,7 @@ def batch_mean_us(comm, call, iters: int, warmup: int) -> float:
 def time_runner(comm, run, iters: int, warmup: int) -> np.ndarray:
     """Per-iteration seconds, each the maximum over ranks."""
     times = np.empty(iters)
-    with run.forced() if isinstance(run, Runner) else _Forced(None, None):
+    with getattr(run, "forced", contextlib.nullcontext)():
         for _ in range(warmup):
             run()
         comm.Barrier()
