@@ -161,8 +161,8 @@ def main() -> None:
     parser.add_argument("-f", "--stepfactor", type=float, default=8.0)
     parser.add_argument("-n", "--iters", type=int, default=20)
     parser.add_argument("-w", "--warmup", type=int, default=10)
-    parser.add_argument("-r", "--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("-r", "--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5,
                         help="alternating launches without and with the tuning file")
     parser.add_argument("--ours", default="ring,ring_pipelined,rabenseifner,recursive_doubling,"
                         "tree,knomial,swing_bandwidth,bine_bandwidth,auto",

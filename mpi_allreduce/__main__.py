@@ -750,6 +750,19 @@ def cmd_simulate(args) -> int:
     return 1 if failed else 0
 
 
+def _vendor_line() -> str:
+    """info: the vendor's own all-reduce algorithms, and the setting in force."""
+    from . import vendor
+
+    try:
+        library = vendor.running()
+        algorithms = ", ".join(f"{a.value} {a.name}" for a in library.algorithms())
+        return (f"{library.title}'s own: {algorithms}; MPI.Allreduce runs as "
+                f"{library.in_force()} (bench --vendor-algorithms times them)")
+    except (vendor.UnknownVendor, vendor.VendorSettingError) as exc:
+        return str(exc)
+
+
 def _simulated_options(args, name: str) -> dict:
     """simulate's options for ``name``: hierarchical on nodes of --ranks-per-node
     (default: one node), recursive doubling among the leaders unless --inner;
@@ -811,6 +824,7 @@ def cmd_info(args) -> int:
         if any(slurm_nodes):
             print(f"slurm nodes : {', '.join(sorted(set(n for n in slurm_nodes if n)))}")
         print(f"algorithms  : {', '.join(ALGORITHMS)}")
+        print(f"vendor's    : {_vendor_line()}")
         state = "oversubscribed: more ranks than CPUs on a node" if over else "not oversubscribed"
         print(f"auto        : {auto_table} ({state})")
         print(f"auto table  : {table_source()}")

@@ -196,6 +196,8 @@ class Library:
     in_process = False
     #: the tuning file's suffix
     suffix = ".txt"
+    #: whether the tuning file can leave a size to the library's own choice
+    own_choice_in_file = False
 
     def algorithms(self) -> list[Algorithm]:
         raise NotImplementedError
@@ -257,6 +259,7 @@ class OpenMPI(Library):
     key, title = "openmpi", "Open MPI"
     in_process = True
     suffix = ".rules"
+    own_choice_in_file = True  # (algorithm 0)
     ALGORITHM = "coll_tuned_allreduce_algorithm"
     DYNAMIC = "coll_tuned_use_dynamic_rules"
     FILE = "coll_tuned_dynamic_rules_filename"

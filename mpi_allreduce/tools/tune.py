@@ -169,7 +169,7 @@ def vendor_winners(library, timings: list[tuple[int, str, float]], ranks: int):
     :func:`pick_winners` at 5% among what the file may name at each size,
     the library's own choice (``mpi``) kept at a size where it is within
     that of the fastest and the file can name it."""
-    default_allowed = library.key != "mpich"
+    default_allowed = library.own_choice_in_file
     timings = [t for t in timings if (t[1] == vendor.VENDOR and default_allowed) or
                (t[1] != vendor.VENDOR and library.usable(t[1].split(":", 1)[1], t[0], ranks))]
     winners = pick_winners(timings, tolerance=0.05)
