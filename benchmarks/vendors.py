@@ -8,7 +8,8 @@ and this checkout, editable) and, under that MPI's ``mpiexec``:
    ours: one ``bench --vendor-algorithms`` launch where the library takes
    its control at run time (Open MPI, MPICH), one launch per algorithm
    (``I_MPI_ADJUST_ALLREDUCE=<id>``) where it reads it at start-up only
-   (Intel MPI); every row checked (``-c``, #wrong);
+   (Intel MPI; ours run in each of them too, so that every launch makes
+   the same calls); every row checked (``-c``, #wrong);
 2. writes the vendor's tuning file from those rows
    (``tune --export <mpi> -o FILE --from ...``);
 3. checks the file: ``--rounds`` pairs of launches, alternating, the
@@ -97,7 +98,7 @@ def measure(name: str, bin_dir: Path, args, where: Path) -> dict:
         sources = [where / "algorithms.json"]
         for a in library.algorithms():
             path = where / f"algorithm-{a.value}.json"
-            forced += bench(name, bin_dir, args, path, ["-a", "mpi"], library.force_env(a))
+            forced += bench(name, bin_dir, args, path, ours, library.force_env(a))
             sources.append(path)
     tuned_file = where / f"tuned{library.suffix}"
     _launch(name, bin_dir, args, ["tune", "--export", name, "-o", str(tuned_file), "--from"]

@@ -539,6 +539,7 @@ class IntelMPI(Library):
     key, title = "impi", "Intel MPI"
     in_process = False
     suffix = ".env"
+    own_choice_in_file = True  # (sizes no condition covers)
     CONTROL = "I_MPI_ADJUST_ALLREDUCE"
     #: the developer reference's numbered list (2019-2021 pages; from 2021.13 on it
     #: says that presets outnumber algorithms, so a later id may mean a variant)
@@ -559,11 +560,17 @@ class IntelMPI(Library):
             return {self.CONTROL: f.read().strip()}
 
     def export(self, choices, ranks):
+        # (a size no condition covers keeps Intel's own choice: its tuned table;
+        # preset 0 inside a value is its "basic logic", which is not that)
         parts = []
         for (size, algorithm), following in zip(choices, choices[1:] + [(None, None)]):
-            upper = "" if following[0] is None else str(following[0] - 1)
-            parts.append(f"{0 if algorithm is None else algorithm.value}:"
-                         f"{size}-{upper or 2 ** 62}@{ranks}-{ranks}")
+            if algorithm is None:
+                continue
+            upper = 2 ** 62 if following[0] is None else following[0] - 1
+            parts.append(f"{algorithm.value}:{size}-{upper}@{ranks}-{ranks}")
+        if not parts:
+            raise VendorSettingError("Intel MPI's own choice wins at every size: no value "
+                                     "to write")
         return ";".join(parts) + "\n"
 
     def read(self, text):
