@@ -8,8 +8,9 @@ and this checkout, editable) and, under that MPI's ``mpiexec``:
    ours: one ``bench --vendor-algorithms`` launch where the library takes
    its control at run time (Open MPI, MPICH), one launch per algorithm
    (``I_MPI_ADJUST_ALLREDUCE=<id>``) where it reads it at start-up only
-   (Intel MPI; ours run in each of them too, so that every launch makes
-   the same calls); every row checked (``-c``, #wrong);
+   (Intel MPI: ``--rounds`` launches of each, interleaved, medians; ours run
+   in each of them too, so that every launch makes the same calls); every
+   row checked (``-c``, #wrong);
 2. writes the vendor's tuning file from those rows
    (``tune --export <mpi> -o FILE --from ...``);
 3. checks the file: ``--rounds`` pairs of launches, alternating, the
@@ -94,12 +95,16 @@ def measure(name: str, bin_dir: Path, args, where: Path) -> dict:
                        ours + ["--vendor-algorithms"])
         sources = [where / "algorithms.json"]
     else:
-        forced = bench(name, bin_dir, args, where / "algorithms.json", ours)
-        sources = [where / "algorithms.json"]
-        for a in library.algorithms():
-            path = where / f"algorithm-{a.value}.json"
-            forced += bench(name, bin_dir, args, path, ours, library.force_env(a))
-            sources.append(path)
+        # one launch per algorithm, and launch-to-launch differences as large as
+        # the algorithms' (2x at 8 B here): --rounds launches of each, interleaved
+        forced, sources = [], []
+        for k in range(args.rounds):
+            runs = [(where / f"algorithms-{k}.json", {})] + [
+                (where / f"algorithm-{a.value}-{k}.json", library.force_env(a))
+                for a in library.algorithms()]
+            for path, env in runs:
+                forced += bench(name, bin_dir, args, path, ours, env)
+                sources.append(path)
     tuned_file = where / f"tuned{library.suffix}"
     _launch(name, bin_dir, args, ["tune", "--export", name, "-o", str(tuned_file), "--from"]
             + [str(p) for p in sources], {})
@@ -112,12 +117,13 @@ def measure(name: str, bin_dir: Path, args, where: Path) -> dict:
 
 
 def _times(rows: list, label=None) -> dict:
-    """{size: {algorithm: time}} of one launch's rows (the vendor row as ``label``)."""
-    out = defaultdict(dict)
+    """{size: {algorithm: time}} of rows (the vendor row as ``label``); an
+    algorithm timed in several launches: the median of them."""
+    times = defaultdict(lambda: defaultdict(list))
     for r in rows:
         name = label if label and r["algorithm"].startswith("mpi") else r["algorithm"]
-        out[r["size"]][name] = r["time_avg_us"]
-    return out
+        times[r["size"]][name].append(r["time_avg_us"])
+    return {size: {name: median(ts) for name, ts in at.items()} for size, at in times.items()}
 
 
 def table(runs: dict) -> str:
@@ -182,16 +188,18 @@ def main() -> None:
         where = Path(f"{args.out}-{name}")
         where.mkdir(parents=True, exist_ok=True)
         runs[name] = measure(name, bin_dir, args, where)
-        libraries[name] = load_results([str(where / "algorithms.json")])[1][0]["mpi_library"]
+        libraries[name] = load_results([str(sorted(where.glob("algorithms*.json"))[0])])[1][0][
+            "mpi_library"]
     command = " ".join(["python", "benchmarks/vendors.py"] + sys.argv[1:])
-    first = load_results([str(Path(f"{args.out}-{next(iter(runs))}") / "algorithms.json")])[1][0]
+    first = load_results([str(sorted(Path(f"{args.out}-{next(iter(runs))}").glob(
+        "algorithms*.json"))[0])])[1][0]
     header = [f"# The vendors' own algorithms, their tuning files, and ours (`{command}`)", "",
               f"{args.ranks} ranks on {first['machine']}, float32 sum, medians of "
               f"{args.repeats} interleaved repeats of {args.iters} calls (fewer above 1 MiB); "
               f"vendor default and tuned: medians over {args.rounds} alternating launches each; "
               "tuned/default: the ratio taken launch pair by launch pair, median [quartiles]; "
-              "fastest forced: the vendor's own algorithm that was fastest in the launch of "
-              "step 1; our best among `" + args.ours + "` (medians over all launches of step 3). "
+              "fastest forced: the vendor's own algorithm that was fastest in step 1 (its "
+              "median over launches where each had launches of its own); our best among `" + args.ours + "` (medians over all launches of step 3). "
               "Raw data and the tuning files in `" + Path(args.out).name + "-<mpi>/`.", ""]
     for name, measured in runs.items():
         header.append(f"* {name}: {libraries[name].splitlines()[0]}; tuning file "

@@ -19,7 +19,8 @@ communicator sizes.  A file named with ``-o`` is loaded with
 instead (:mod:`mpi_allreduce.vendor`): the vendor's algorithms, each forced
 in turn, are timed beside its default (or read from ``bench
 --vendor-algorithms`` JSON files with ``--from``, for a library that takes
-its control at start-up only), the fastest per size is chosen as above
+its control at start-up only: an algorithm timed in several launches counts
+with the median of them), the fastest per size is chosen as above
 (5% tolerance, the library's own choice kept where the file can say so and
 it is within it), and the file is written once every rank holds the same
 text, with the environment that puts it in force printed.
@@ -31,6 +32,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 
 from .arguments import unwritable
 from .bench import bench, is_vendor, load_results, metadata
@@ -210,9 +212,13 @@ def export(comm, library, path: str, sizes, iters: int, repeats: int, sources) -
                 raise SystemExit(f"tune --export: {source} was measured on {meta['ranks']} "
                                  f"ranks, this run has {p}")
         p = metas[0]["ranks"]
-        timings = [(r["size"], r["algorithm"], r["time_avg_us"]) for r in results
-                   if is_vendor(r["algorithm"]) and r["algorithm"] != f"{vendor.VENDOR}:{vendor.TUNED}"
-                   and not r.get("in_place")]
+        # (one algorithm timed in several launches: the median of them)
+        times: dict = {}
+        for r in results:
+            if is_vendor(r["algorithm"]) and not r.get("in_place") \
+                    and r["algorithm"] != f"{vendor.VENDOR}:{vendor.TUNED}":
+                times.setdefault((r["size"], r["algorithm"]), []).append(r["time_avg_us"])
+        timings = [(size, name, statistics.median(ts)) for (size, name), ts in times.items()]
     else:
         forcings = {a.label: library.forcing(comm, a) for a in library.algorithms()}
         results = bench(comm, sizes, [vendor.VENDOR] + list(forcings), iters=iters, warmup=2,
