@@ -20,7 +20,8 @@ instead (:mod:`mpi_allreduce.vendor`): the vendor's algorithms, each forced
 in turn, are timed beside its default (or read from ``bench
 --vendor-algorithms`` JSON files with ``--from``, for a library that takes
 its control at start-up only: an algorithm timed in several launches counts
-with the median of them), the fastest per size is chosen as above
+with the median of them, and replaces the library's own choice only where
+its upper quartile lies below the default's lower quartile), the fastest per size is chosen as above
 (5% tolerance, the library's own choice kept where the file can say so and
 it is within it), and the file is written once every rank holds the same
 text, with the environment that puts it in force printed.
@@ -218,7 +219,18 @@ def export(comm, library, path: str, sizes, iters: int, repeats: int, sources) -
             if is_vendor(r["algorithm"]) and not r.get("in_place") \
                     and r["algorithm"] != f"{vendor.VENDOR}:{vendor.TUNED}":
                 times.setdefault((r["size"], r["algorithm"]), []).append(r["time_avg_us"])
-        timings = [(size, name, statistics.median(ts)) for (size, name), ts in times.items()]
+        default = {size: ts for (size, name), ts in times.items() if name == vendor.VENDOR}
+
+        def clearly_faster(size, ts) -> bool:
+            """Over launches of their own, an algorithm replaces the library's
+            choice only where its upper quartile is below the default's lower."""
+            own = default.get(size, [])
+            if len(ts) < 2 or len(own) < 2:
+                return True
+            return statistics.quantiles(ts, n=4, method="inclusive")[2] < \
+                statistics.quantiles(own, n=4, method="inclusive")[0]
+        timings = [(size, name, statistics.median(ts)) for (size, name), ts in times.items()
+                   if name == vendor.VENDOR or clearly_faster(size, ts)]
     else:
         forcings = {a.label: library.forcing(comm, a) for a in library.algorithms()}
         results = bench(comm, sizes, [vendor.VENDOR] + list(forcings), iters=iters, warmup=2,
