@@ -392,8 +392,7 @@ def _check_vendor(args, error) -> None:
         args.vendor_label = args.vendor.in_force()
         if args.vendor_algorithms is None:
             return
-        if not args.vendor.in_process:
-            args.vendor.forcing(None, None)  # (says how instead)
+        args.vendor.require_in_process()
         names = [a.name for a in args.vendor.algorithms()] \
             if args.vendor_algorithms == "all" else args.vendor_algorithms.split(",")
         chosen = [args.vendor.algorithm(n.strip()) for n in names]
@@ -503,8 +502,7 @@ def _check_tune(args, error) -> None:
                       f"{args.library.title}, or give its bench --vendor-algorithms files "
                       "with --from")
             try:
-                if not running.in_process:
-                    running.forcing(None, None)
+                running.require_in_process()
                 if running.in_force() != vendor.VENDOR:
                     raise vendor.VendorSettingError(
                         f"a vendor setting is in force ({running.in_force()}): tune the "

@@ -185,11 +185,6 @@ def tool() -> Optional[_Tool]:
 
 class Library:
     """What we know of one MPI library's all-reduce algorithms."""
-
-    def usable(self, algorithm: str, nbytes: int, ranks: int) -> bool:
-        """Whether the tuning file may name ``algorithm`` for ``nbytes`` a rank."""
-        return True
-
     key = ""
     title = ""
     #: whether a forced algorithm can change after start-up (MPI_T)
@@ -201,6 +196,14 @@ class Library:
 
     def algorithms(self) -> list[Algorithm]:
         raise NotImplementedError
+
+    def usable(self, algorithm: str, nbytes: int, ranks: int) -> bool:
+        """Whether the tuning file may name ``algorithm`` for ``nbytes`` a rank."""
+        return True
+
+    def require_in_process(self) -> None:
+        """VendorSettingError saying how to force the algorithms of a library
+        that reads its control at start-up only."""
 
     def algorithm(self, text: str) -> Algorithm:
         """An algorithm by its name or number; VendorSettingError naming the
@@ -242,6 +245,7 @@ class Library:
         raise NotImplementedError
 
     def check_file(self, path: str) -> list:
+        """:meth:`read` of the file at ``path``, naming it in any error."""
         try:
             with open(path) as f:
                 text = f.read()
@@ -604,11 +608,14 @@ class IntelMPI(Library):
             return self.algorithm(str(rules[0][2])).label if rules[0][2] else VENDOR
         return f"{VENDOR}:{TUNED}"
 
-    def forcing(self, comm, algorithm):
+    def require_in_process(self):
         raise VendorSettingError(
             f"{self.title} reads {self.CONTROL} at start-up only: launch once per algorithm "
             f"with {self.CONTROL}=<id> (bench then names its MPI row mpi:<name>); ids: "
             + ", ".join(f"{a.value} {a.name}" for a in self.algorithms()))
+
+    def forcing(self, comm, algorithm):
+        self.require_in_process()
 
 
 LIBRARIES = {cls.key: cls for cls in (OpenMPI, MPICH, IntelMPI)}
