@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mpi_allreduce.launch import mpiexec_command, mpiexec_env, run  # noqa: E402
-from mpi_allreduce.tools.bench import load_results  # noqa: E402
+from mpi_allreduce.tools.bench import is_vendor, load_results  # noqa: E402
 from mpi_allreduce.vendor import LIBRARIES  # noqa: E402
 
 #: name -> the pip packages that bring that MPI
@@ -87,7 +87,8 @@ def bench(name: str, bin_dir: Path, args, out: Path, extra: list, env=None) -> l
 
 def measure(name: str, bin_dir: Path, args, where: Path) -> dict:
     """Steps 1-3 for one MPI: {"forced": rows, "default": [rows per round],
-    "tuned": [rows per round], "file": path, "env": {...}}."""
+    "tuned": [rows per round], "file": path, "env": {...}, "meta": step 1's
+    metadata}."""
     library = LIBRARIES[name]()
     ours = ["-a", args.ours]
     if library.in_process:
@@ -113,7 +114,8 @@ def measure(name: str, bin_dir: Path, args, where: Path) -> dict:
     for k in range(args.rounds):
         rounds["default"].append(bench(name, bin_dir, args, where / f"default-{k}.json", ours))
         rounds["tuned"].append(bench(name, bin_dir, args, where / f"tuned-{k}.json", ours, env))
-    return {"forced": forced, **rounds, "file": tuned_file, "env": env}
+    meta = load_results([str(sources[0])])[1][0]
+    return {"forced": forced, **rounds, "file": tuned_file, "env": env, "meta": meta}
 
 
 def _times(rows: list, label=None) -> dict:
@@ -121,7 +123,7 @@ def _times(rows: list, label=None) -> dict:
     algorithm timed in several launches: the median of them."""
     times = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        name = label if label and r["algorithm"].startswith("mpi") else r["algorithm"]
+        name = label if label and is_vendor(r["algorithm"]) else r["algorithm"]
         times[r["size"]][name].append(r["time_avg_us"])
     return {size: {name: median(ts) for name, ts in at.items()} for size, at in times.items()}
 
@@ -182,27 +184,25 @@ def main() -> None:
     unknown = set(args.mpis.split(",")) - set(WHEELS)
     if unknown:
         raise SystemExit(f"unknown MPI {sorted(unknown)}; choose from {', '.join(WHEELS)}")
-    runs, libraries = {}, {}
+    runs = {}
     for name in args.mpis.split(","):
         bin_dir = environment(name, Path(args.envs))
         where = Path(f"{args.out}-{name}")
         where.mkdir(parents=True, exist_ok=True)
         runs[name] = measure(name, bin_dir, args, where)
-        libraries[name] = load_results([str(sorted(where.glob("algorithms*.json"))[0])])[1][0][
-            "mpi_library"]
     command = " ".join(["python", "benchmarks/vendors.py"] + sys.argv[1:])
-    first = load_results([str(sorted(Path(f"{args.out}-{next(iter(runs))}").glob(
-        "algorithms*.json"))[0])])[1][0]
+    first = next(iter(runs.values()))["meta"]
     header = [f"# The vendors' own algorithms, their tuning files, and ours (`{command}`)", "",
               f"{args.ranks} ranks on {first['machine']}, float32 sum, medians of "
               f"{args.repeats} interleaved repeats of {args.iters} calls (fewer above 1 MiB); "
               f"vendor default and tuned: medians over {args.rounds} alternating launches each; "
               "tuned/default: the ratio taken launch pair by launch pair, median [quartiles]; "
               "fastest forced: the vendor's own algorithm that was fastest in step 1 (its "
-              "median over launches where each had launches of its own); our best among `" + args.ours + "` (medians over all launches of step 3). "
+              "median over launches where each had launches of its own); our best among `"
+              + args.ours + "` (medians over all launches of step 3). "
               "Raw data and the tuning files in `" + Path(args.out).name + "-<mpi>/`.", ""]
     for name, measured in runs.items():
-        header.append(f"* {name}: {libraries[name].splitlines()[0]}; tuning file "
+        header.append(f"* {name}: {measured['meta']['mpi_library'].splitlines()[0]}; tuning file "
                       f"`{Path(measured['file']).name}`, used with "
                       + " ".join(f"`{k}={Path(v).name if k.endswith(('FILE', 'filename')) else v}`"
                                  for k, v in measured["env"].items()))

@@ -503,10 +503,11 @@ def _check_tune(args, error) -> None:
                       "with --from")
             try:
                 running.require_in_process()
-                if running.in_force() != vendor.VENDOR:
+                in_force = running.in_force()
+                if in_force != vendor.VENDOR:
                     raise vendor.VendorSettingError(
-                        f"a vendor setting is in force ({running.in_force()}): tune the "
-                        "library's own choice without it")
+                        f"a vendor setting is in force ({in_force}): tune the library's own "
+                        "choice without it")
             except vendor.VendorSettingError as exc:
                 error(f"--export: {exc}")
     if args.output is not None and args.merge:
@@ -546,16 +547,12 @@ def cmd_bench(args) -> int:
     from .backend import select_device
 
     where = select_device(comm, args.device)
-    # each forced algorithm's communicator (made collectively, in the same order everywhere)
-    forcings = {a.label: args.vendor.forcing(comm, a) for a in args.vendor_chosen}
-    algorithms[1:1] = list(forcings)
-    results = bench.bench(comm, _size_range(args), algorithms, args.dtype, args.op, args.iters,
-                          args.warmup, modes, args.check, args.repeats, _options(args),
-                          progress=not args.quiet, memory=args.memory, device=args.device,
-                          forcings=forcings)
-    for forced, _, _ in forcings.values():
-        if forced is not comm:
-            forced.Free()
+    with bench.vendor_forcings(comm, args.vendor, args.vendor_chosen) as forcings:
+        algorithms[1:1] = list(forcings)
+        results = bench.bench(comm, _size_range(args), algorithms, args.dtype, args.op,
+                              args.iters, args.warmup, modes, args.check, args.repeats,
+                              _options(args), progress=not args.quiet, memory=args.memory,
+                              device=args.device, forcings=forcings)
     label = args.label_vendor or args.vendor_label or bench.VENDOR
     for r in results:
         if r.algorithm == bench.VENDOR:

@@ -157,6 +157,20 @@ class Runner:
                       comm=self.comm, algorithm=self.algorithm, **self.options)
 
 
+@contextlib.contextmanager
+def vendor_forcings(comm, library, algorithms):
+    """{``mpi:<name>``: :meth:`Runner`'s forcing} of each of the vendor
+    ``library``'s ``algorithms`` on ``comm`` (made collectively, in the same
+    order on every rank), their communicators freed at the end."""
+    forcings = {a.label: library.forcing(comm, a) for a in algorithms}
+    try:
+        yield forcings
+    finally:
+        for forced, _, _ in forcings.values():
+            if forced is not comm:
+                forced.Free()
+
+
 def batch_mean_us(comm, call, iters: int, warmup: int) -> float:
     """Microseconds per call of ``iters`` back-to-back calls after ``warmup``
     untimed ones, timed as one batch; the slowest rank's."""

@@ -36,7 +36,7 @@ import shlex
 import statistics
 
 from .arguments import unwritable
-from .bench import bench, is_vendor, load_results, metadata
+from .bench import bench, is_vendor, load_results, metadata, vendor_forcings
 from .. import vendor
 from ..context import context_for
 from ..registry import candidates
@@ -167,36 +167,39 @@ def tune(comm, sizes, iters: int, repeats: int, output, merge: bool) -> int:
     return 0
 
 
+#: how much slower than the fastest a vendor algorithm may be and still win a size
+VENDOR_TOLERANCE = 0.05
+
+
 def vendor_winners(library, timings: list[tuple[int, str, float]], ranks: int):
     """[(size, ``mpi`` or ``mpi:<name>``, time)] -> [(size, winner label)]:
-    :func:`pick_winners` at 5% among what the file may name at each size,
-    the library's own choice (``mpi``) kept at a size where it is within
-    that of the fastest and the file can name it."""
+    :func:`pick_winners` at :data:`VENDOR_TOLERANCE` among what the file may
+    name at each size, the library's own choice (``mpi``) kept at a size
+    where it is within that of the fastest and the file can name it."""
     default_allowed = library.own_choice_in_file
     timings = [t for t in timings if (t[1] == vendor.VENDOR and default_allowed) or
                (t[1] != vendor.VENDOR and library.usable(t[1].split(":", 1)[1], t[0], ranks))]
-    winners = pick_winners(timings, tolerance=0.05)
+    winners = pick_winners(timings, tolerance=VENDOR_TOLERANCE)
     if default_allowed:
         at = {}
         for size, name, time in timings:
             at.setdefault(size, {})[name] = time
         winners = [(size, vendor.VENDOR if at[size].get(vendor.VENDOR, float("inf"))
-                    <= min(at[size].values()) * 1.05 else name) for size, name in winners]
+                    <= min(at[size].values()) * (1 + VENDOR_TOLERANCE) else name)
+                   for size, name in winners]
     return winners
 
 
 def vendor_choices(library, winners: list[tuple[int, str]]) -> list:
-    """[(size, winner label)] -> [(from bytes, Algorithm or None)], a boundary
-    between two measured sizes at their geometric mean, neighbours with the
-    same winner merged."""
+    """[(size, winner label)] -> [(from bytes, Algorithm or None)]: the rows
+    of :func:`decision_rows` (a boundary between two measured sizes at their
+    geometric mean, neighbours with the same winner merged), each from the
+    byte after the row before it."""
     names = {a.label: a for a in library.algorithms()}
-    choices = []
-    for i, (size, label) in enumerate(winners):
-        start = 0 if i == 0 else int(math.sqrt(winners[i - 1][0] * size)) + 1
-        algorithm = None if label == vendor.VENDOR else names[label]
-        if not choices or choices[-1][1] != algorithm:
-            choices.append((start, algorithm))
-    return choices
+    rows = decision_rows(winners)
+    starts = [0] + [row["max_bytes"] + 1 for row in rows[:-1]]
+    return [(start, None if row["algorithm"] == vendor.VENDOR else names[row["algorithm"]])
+            for start, row in zip(starts, rows)]
 
 
 def export(comm, library, path: str, sizes, iters: int, repeats: int, sources) -> int:
@@ -217,7 +220,7 @@ def export(comm, library, path: str, sizes, iters: int, repeats: int, sources) -
         times: dict = {}
         for r in results:
             if is_vendor(r["algorithm"]) and not r.get("in_place") \
-                    and r["algorithm"] != f"{vendor.VENDOR}:{vendor.TUNED}":
+                    and r["algorithm"] != vendor.TUNED_LABEL:
                 times.setdefault((r["size"], r["algorithm"]), []).append(r["time_avg_us"])
         default = {size: ts for (size, name), ts in times.items() if name == vendor.VENDOR}
 
@@ -232,12 +235,10 @@ def export(comm, library, path: str, sizes, iters: int, repeats: int, sources) -
         timings = [(size, name, statistics.median(ts)) for (size, name), ts in times.items()
                    if name == vendor.VENDOR or clearly_faster(size, ts)]
     else:
-        forcings = {a.label: library.forcing(comm, a) for a in library.algorithms()}
-        results = bench(comm, sizes, [vendor.VENDOR] + list(forcings), iters=iters, warmup=2,
-                        repeats=repeats, progress=comm.Get_rank() == 0, forcings=forcings)
-        for forced, _, _ in forcings.values():
-            if forced is not comm:
-                forced.Free()
+        with vendor_forcings(comm, library, library.algorithms()) as forcings:
+            results = bench(comm, sizes, [vendor.VENDOR] + list(forcings), iters=iters,
+                            warmup=2, repeats=repeats, progress=comm.Get_rank() == 0,
+                            forcings=forcings)
         timings = [(r.size, r.algorithm, r.time_avg_us) for r in results]
     known = {a.label for a in library.algorithms()} | {vendor.VENDOR}
     timings = [t for t in timings if t[1] in known]
