@@ -17,7 +17,10 @@ and this checkout, editable) and, under that MPI's ``mpiexec``:
    vendor's default ``MPI_Allreduce`` and ours without the file, then the
    same with the environment ``tune --export`` printed (the same calls in
    both, so that neither launch's vendor row is the first thing to touch
-   its buffers after start-up); per size the medians
+   its buffers after start-up), and between them a control launch with the
+   library's tuning path switched on and nothing chosen (Open MPI's dynamic
+   rules without a file, MPICH's device selection off; Intel MPI has no such
+   setting): what any tuning file costs by being read at all; per size the medians
    over rounds and the ratio tuned/default taken round by round (median
    and quartiles: "side by side" is launch after launch here, since every
    library reads its tuning file at start-up).
@@ -110,12 +113,16 @@ def measure(name: str, bin_dir: Path, args, where: Path) -> dict:
     _launch(name, bin_dir, args, ["tune", "--export", name, "-o", str(tuned_file), "--from"]
             + [str(p) for p in sources], {})
     env = library.tuned_env(str(tuned_file))
-    rounds = {"default": [], "tuned": []}
+    arms = {"default": {}, "control": library.control_env(), "tuned": env}
+    rounds = {arm: [] for arm, arm_env in arms.items() if arm_env or arm == "default"}
     for k in range(args.rounds):
-        rounds["default"].append(bench(name, bin_dir, args, where / f"default-{k}.json", ours))
-        rounds["tuned"].append(bench(name, bin_dir, args, where / f"tuned-{k}.json", ours, env))
+        for arm in rounds:
+            rounds[arm].append(bench(name, bin_dir, args, where / f"{arm}-{k}.json", ours,
+                                     arms[arm]))
+    rounds.setdefault("control", [])
     meta = load_results([str(sources[0])])[1][0]
-    return {"forced": forced, **rounds, "file": tuned_file, "env": env, "meta": meta}
+    return {"forced": forced, **rounds, "file": tuned_file, "env": env,
+            "control_env": arms["control"], "meta": meta}
 
 
 def _times(rows: list, label=None) -> dict:
@@ -128,22 +135,30 @@ def _times(rows: list, label=None) -> dict:
     return {size: {name: median(ts) for name, ts in at.items()} for size, at in times.items()}
 
 
+def _ratio(before: list, after: list) -> str:
+    """after/before taken launch pair by launch pair: "median [q1, q3]"."""
+    ratios = sorted(b / a for a, b in zip(before, after))
+    q = quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+    return f"{median(ratios):.2f} [{q[0]:.2f}, {q[2]:.2f}]"
+
+
 def table(runs: dict) -> str:
     lines = ["| MPI | size (B) | vendor default (us) | vendor tuned (us) | tuned/default "
-             "[q1, q3] | fastest forced | its time (us) | our best (us) | best | best/tuned "
-             "| auto (us) | #wrong |",
-             "|---|---:|---:|---:|---|---|---:|---:|---|---:|---:|---:|"]
+             "[q1, q3] | control/default [q1, q3] | fastest forced | its time (us) "
+             "| our best (us) | best | best/tuned | auto (us) | #wrong |",
+             "|---|---:|---:|---:|---|---|---|---:|---:|---|---:|---:|---:|"]
     for name, measured in runs.items():
         forced = _times(measured["forced"])
         default = [_times(rows, "default") for rows in measured["default"]]
+        control = [_times(rows, "control") for rows in measured["control"]]
         tuned = [_times(rows, "tuned") for rows in measured["tuned"]]
         wrong = sum(r.get("wrong") or 0 for rows in [measured["forced"], *measured["default"],
+                                                      *measured["control"],
                                                       *measured["tuned"]] for r in rows)
         for size in sorted(forced):
             d = [t[size]["default"] for t in default]
             u = [t[size]["tuned"] for t in tuned]
-            ratios = sorted(b / a for a, b in zip(d, u))
-            q = quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+            c = [t[size]["control"] for t in control]
             vendor_forced = {a: t for a, t in forced[size].items() if a.startswith("mpi:")}
             best_forced = min(vendor_forced, key=vendor_forced.get)
             ours = {a: median(t[size][a] for t in default + tuned) for a in default[0][size]
@@ -153,7 +168,7 @@ def table(runs: dict) -> str:
                 else None
             lines.append(
                 f"| {name} | {size} | {median(d):.1f} | {median(u):.1f} | "
-                f"{median(ratios):.2f} [{q[0]:.2f}, {q[2]:.2f}] | {best_forced[4:]} | "
+                f"{_ratio(d, u)} | {_ratio(d, c) if c else '-'} | {best_forced[4:]} | "
                 f"{vendor_forced[best_forced]:.1f} | {ours[best]:.1f} | {best} | "
                 f"{ours[best] / median(u):.2f} | "
                 + (f"{auto:.1f}" if auto else "-") + f" | {wrong} |")
@@ -197,6 +212,8 @@ def main() -> None:
               f"{args.repeats} interleaved repeats of {args.iters} calls (fewer above 1 MiB); "
               f"vendor default and tuned: medians over {args.rounds} alternating launches each; "
               "tuned/default: the ratio taken launch pair by launch pair, median [quartiles]; "
+              "control/default: the same for the control launches (the library's tuning path "
+              "on, nothing chosen: the floor of any tuning file); "
               "fastest forced: the vendor's own algorithm that was fastest in step 1 (its "
               "median over launches where each had launches of its own); our best among `"
               + args.ours + "` (medians over all launches of step 3). "
@@ -205,7 +222,11 @@ def main() -> None:
         header.append(f"* {name}: {measured['meta']['mpi_library'].splitlines()[0]}; tuning file "
                       f"`{Path(measured['file']).name}`, used with "
                       + " ".join(f"`{k}={Path(v).name if k.endswith(('FILE', 'filename')) else v}`"
-                                 for k, v in measured["env"].items()))
+                                 for k, v in measured["env"].items())
+                      + ("; control (the tuning path on, nothing chosen): "
+                         + " ".join(f"`{k}={v}`" for k, v in measured["control_env"].items())
+                         if measured["control_env"] else "; no control launches (the "
+                         "library has no tuning path to switch on without a choice)"))
     text = "\n".join(header) + "\n\n" + table(runs) + "\n"
     Path(f"{args.out}.md").write_text(text)
     print(text)

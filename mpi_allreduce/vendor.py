@@ -219,6 +219,12 @@ class Library:
     #: whether the tuning file can leave a size to the library's own choice
     own_choice_in_file = False
 
+    def control_env(self) -> dict:
+        """The environment that switches the library's tuning path on with no
+        algorithm chosen: what any tuning file costs by being read at all
+        (benchmarks/vendors.py times it beside the default and the file)."""
+        return {}
+
     def algorithms(self) -> list[Algorithm]:
         raise NotImplementedError
 
@@ -309,8 +315,11 @@ class OpenMPI(Library):
     def force_env(self, algorithm):
         return {f"OMPI_MCA_{self.DYNAMIC}": "1", f"OMPI_MCA_{self.ALGORITHM}": str(algorithm.value)}
 
+    def control_env(self):
+        return {f"OMPI_MCA_{self.DYNAMIC}": "1"}
+
     def tuned_env(self, path):
-        return {f"OMPI_MCA_{self.DYNAMIC}": "1", f"OMPI_MCA_{self.FILE}": os.path.abspath(path)}
+        return {**self.control_env(), f"OMPI_MCA_{self.FILE}": os.path.abspath(path)}
 
     def export(self, choices, ranks):
         lines = ["1  # collectives", f"{self.COLLECTIVE_ID}  # all-reduce",
@@ -439,8 +448,11 @@ class MPICH(Library):
     def force_env(self, algorithm):
         return {self.DEVICE: "0", self.ALGORITHM: algorithm.name}
 
+    def control_env(self):
+        return {self.DEVICE: "0", self.ALGORITHM: "auto"}
+
     def tuned_env(self, path):
-        return {self.DEVICE: "0", self.ALGORITHM: "auto", self.FILE: os.path.abspath(path)}
+        return {**self.control_env(), self.FILE: os.path.abspath(path)}
 
     def usable(self, algorithm: str, nbytes: int, ranks: int) -> bool:
         """Whether the selection file may name ``algorithm`` for ``nbytes`` a rank."""
@@ -559,7 +571,11 @@ class IntelMPI(Library):
     key, title = "impi", "Intel MPI"
     in_process = False
     suffix = ".env"
-    own_choice_in_file = True  # (sizes no condition covers: see export)
+    # (a size the value leaves out does not keep Intel's own choice, nor does
+    # preset 0 inside a value, Intel's "basic logic": setting the variable at all
+    # replaces Intel's tuned table, whose presets are not all among the numbered
+    # algorithms -- measured up to 3.3x the default on 4 ranks; docs/results.md)
+    own_choice_in_file = False
     CONTROL = "I_MPI_ADJUST_ALLREDUCE"
     #: the developer reference's numbered list (2019-2021 pages; from 2021.13 on it
     #: says that presets outnumber algorithms, so a later id may mean a variant)
@@ -580,16 +596,11 @@ class IntelMPI(Library):
             return {self.CONTROL: f.read().strip()}
 
     def export(self, choices, ranks):
-        # (a size where Intel's own choice won is left out of the value, as
-        # preset 0 inside a value, Intel's "basic logic", measured slower than its
-        # default; but a size left out measured slower than the default too, up to
-        # 3.3x on 4 ranks: the value replaces Intel's own tuned table; docs/results)
-        parts = [f"{algorithm.value}:{start}-{2 ** 62 if end is None else end}@{ranks}-{ranks}"
-                 for start, end, algorithm in _ranges(choices) if algorithm is not None]
-        if not parts:
-            raise VendorSettingError("Intel MPI's own choice wins at every size: no value "
-                                     "to write")
-        return ";".join(parts) + "\n"
+        if any(algorithm is None for _, algorithm in choices):
+            raise VendorSettingError("Intel MPI's value names an algorithm at every size "
+                                     "(a size left out does not keep Intel's own choice)")
+        return ";".join(f"{algorithm.value}:{start}-{2 ** 62 if end is None else end}"
+                        f"@{ranks}-{ranks}" for start, end, algorithm in _ranges(choices)) + "\n"
 
     def read(self, text):
         text = text.strip()

@@ -67,10 +67,14 @@ def test_an_unknown_algorithm_is_refused_with_the_librarys_list():
 
 def test_intel_value_reads_back_and_names_what_is_in_force(monkeypatch):
     library = vendor.IntelMPI()
-    text = library.export([(0, library.algorithm("1")), (4097, None),
+    text = library.export([(0, library.algorithm("1")), (4097, library.algorithm("10")),
                            (65537, library.algorithm("ring"))], 2)
-    assert text.strip() == f"1:0-4096@2-2;8:65537-{2 ** 62}@2-2"
-    assert library.read(text) == [(2, 0, 1), (2, 65537, 8)]
+    assert text.strip() == f"1:0-4096@2-2;10:4097-65536@2-2;8:65537-{2 ** 62}@2-2"
+    assert library.read(text) == [(2, 0, 1), (2, 4097, 10), (2, 65537, 8)]
+    with pytest.raises(vendor.VendorSettingError, match="at every size"):
+        library.export([(0, library.algorithm("1")), (4097, None)], 2)
+    assert vendor_winners(library, [(8, "mpi", 1.0), (8, "mpi:ring", 2.0),
+                                    (8, "mpi:rabenseifner", 3.0)], 2) == [(8, "mpi:ring")]
     monkeypatch.setenv("I_MPI_ADJUST_ALLREDUCE", "8")
     assert library.in_force() == "mpi:ring"
     monkeypatch.setenv("I_MPI_ADJUST_ALLREDUCE", text.strip())

@@ -226,9 +226,10 @@ def export(comm, library, path: str, sizes, iters: int, repeats: int, sources) -
 
         def clearly_faster(size, ts) -> bool:
             """Over launches of their own, an algorithm replaces the library's
-            choice only where its upper quartile is below the default's lower."""
+            choice only where its upper quartile is below the default's lower
+            (where the file can keep that choice at all)."""
             own = default.get(size, [])
-            if len(ts) < 2 or len(own) < 2:
+            if not library.own_choice_in_file or len(ts) < 2 or len(own) < 2:
                 return True
             return statistics.quantiles(ts, n=4, method="inclusive")[2] < \
                 statistics.quantiles(own, n=4, method="inclusive")[0]
