@@ -13,6 +13,21 @@ import sys
 from .launch import find_mpiexec, run_mpi
 
 
+#: (what it shows, the tool's arguments): the main job's steps
+STEPS = (
+    ("verify: every algorithm against MPI.Allreduce", ["verify"]),
+    ("bench: float32 sum, 8 B to 16 MiB, side by side with MPI.Allreduce",
+     ["bench", "-b", "8", "-e", "16M", "-f", "8", "-n", "10", "-w", "3", "-c", "--quiet"]),
+)
+
+
+def typed(ranks: int = 4, timeout: int = 900) -> list[str]:
+    """The steps as a user types them (the README lists these; a test checks
+    that it does): Open MPI's ``mpiexec`` with the time limit the demo sets."""
+    return [f"mpiexec -n {ranks} --oversubscribe --timeout {timeout} python -m mpi_allreduce "
+            + " ".join(cmd) for _, cmd in STEPS]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpi_allreduce.demo", description=__doc__)
     parser.add_argument("-n", "--ranks", type=int, default=4)
@@ -22,15 +37,8 @@ def main(argv=None) -> int:
         print("no mpiexec found: pip install 'mpi_allreduce[mpi]' or load your MPI module",
               file=sys.stderr)
         return 2
-    steps = [
-        ("verify: every algorithm against MPI.Allreduce",
-         ["verify"]),
-        ("bench: float32 sum, 8 B to 16 MiB, side by side with MPI.Allreduce",
-         ["bench", "-b", "8", "-e", "16M", "-f", "8", "-n", "10", "-w", "3", "-c", "--quiet"]),
-    ]
-    for title, cmd in steps:
-        print(f"\n== mpiexec -n {args.ranks} python -m mpi_allreduce {' '.join(cmd)}\n   ({title})",
-              flush=True)
+    for (title, cmd), line in zip(STEPS, typed(args.ranks, args.timeout)):
+        print(f"\n== {line}\n   ({title})", flush=True)
         result = run_mpi(args.ranks, [sys.executable, "-m", "mpi_allreduce"] + cmd,
                          timeout=args.timeout)
         print(result.stdout, end="", flush=True)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
-from typing import Optional, Sequence
+import time
+from typing import Callable, Optional, Sequence
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,9 +88,30 @@ def run(cmd: Sequence[str], timeout: float, env: Optional[dict] = None,
         return subprocess.CompletedProcess(proc.args, 124, out or "", None)
 
 
+#: called with one line as each :func:`run_mpi` launch starts and ends (the
+#: test suite prints them, so that minutes-long launches are seen to move)
+announce: Optional[Callable[[str], None]] = None
+
+
+def _program(args: Sequence[str]) -> str:
+    """``args`` as a reader knows them: ``python -m x ...`` for this
+    interpreter, paths shortened to their last part."""
+    words = ["python" if a == sys.executable else a for a in args]
+    return " ".join(os.path.basename(w) if os.path.isabs(w) else w for w in words)
+
+
 def run_mpi(nprocs: int, args: Sequence[str], timeout: float = 600,
             env_extra: Optional[dict] = None, cwd: Optional[str] = None,
             extra: Sequence[str] = ()) -> subprocess.CompletedProcess:
     """``mpiexec -n nprocs args`` with a time limit; output captured."""
-    return run(mpiexec_command(nprocs, args, extra=extra), timeout,
-               env=mpiexec_env(timeout, env_extra), cwd=cwd)
+    label = f"mpiexec -n {nprocs} {_program(args)}"
+    if announce:
+        announce(f"{label}: started (time limit {timeout:.0f} s)")
+    start = time.monotonic()
+    result = run(mpiexec_command(nprocs, args, extra=extra), timeout,
+                 env=mpiexec_env(timeout, env_extra), cwd=cwd)
+    if announce:
+        tests = re.findall(r"^=*\s*(\d+ (?:passed|failed).*?) in [\d.]+s", result.stdout, re.M)
+        announce(f"{label}: exit {result.returncode} after {time.monotonic() - start:.0f} s"
+                 + (f" ({len(tests)} ranks reported; first: {tests[0]})" if tests else ""))
+    return result

@@ -5,6 +5,7 @@ at the world sizes its docstring explains); a plain ``pytest`` run skips them.""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -134,9 +135,18 @@ MPI_RUN_SUMMARIES: list = []
 
 def pytest_configure(config):
     """Under mpiexec only rank 0 prints the slowest tests (``--durations``):
-    the ranks' lists would interleave."""
-    if config.getoption("--with-mpi", default=False) and getattr(config.option, "durations",
-                                                                   None):
+    the ranks' lists would interleave.  Outside it, each mpiexec the suite
+    starts is shown as it starts and ends (world size, program, time, tests),
+    so that a launch of minutes does not look hung."""
+    if not config.getoption("--with-mpi", default=False):
+        from mpi_allreduce import launch
+
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            launch.announce = lambda line: reporter.write_line(f"[{time.strftime('%H:%M:%S')}]"
+                                                               f" {line}")
+        return
+    if getattr(config.option, "durations", None):
         from mpi4py import MPI
 
         if MPI.COMM_WORLD.Get_rank() != 0:

@@ -96,6 +96,22 @@ def test_mpi_suite(size, world_only, peer_tests):
     MPI_RUN_SUMMARIES.extend(f"    {line}" for line in slowest[:SLOWEST_SHOWN])
 
 
+def test_each_launch_is_shown_as_it_starts_and_ends(monkeypatch):
+    """The suite's progress lines: world size, program, time limit, then
+    exit status, seconds and the ranks' test summary."""
+    from mpi_allreduce import launch
+
+    lines = []
+    monkeypatch.setattr(launch, "announce", lines.append)
+    result = run_mpi(2, [sys.executable, "-c", "print('3 passed, 1 skipped in 0.25s')"],
+                     timeout=60)
+    assert result.returncode == 0, tail(result.stdout)
+    assert lines[0] == "mpiexec -n 2 python -c print('3 passed, 1 skipped in 0.25s'): started " \
+                       "(time limit 60 s)"
+    assert re.fullmatch(r"mpiexec -n 2 python -c .*: exit 0 after \d+ s \(2 ranks reported; "
+                        r"first: 3 passed, 1 skipped\)", lines[1]), lines
+
+
 def _openmpi() -> bool:
     return mpiexec_flavor(find_mpiexec()) == "openmpi"
 
