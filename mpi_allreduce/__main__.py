@@ -19,6 +19,7 @@ message.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import traceback
@@ -434,23 +435,74 @@ def _check_simulate(args, error) -> None:
         error("--trace: name one algorithm with -a/--algorithms")
     if not args.predict and not args.trace:
         _check_simulated_memory(args, error)
+    if args.predict:
+        _check_predicted_memory(args, error)
+
+
+def _check_predicted_memory(args, error) -> None:
+    """--predict: the memory of the simulations the predictions run (the
+    algorithms without a closed form, and the double binary tree), known
+    before any runs (:func:`~mpi_allreduce.tools.scale.memory_needed`):
+    above what is available, a usage error naming what lowers it."""
+    from . import simulate
+    from .api import DEFAULT_SEGMENT_BYTES
+    from .tools.scale import memory_needed
+
+    need = memory_needed(args.ranks, _size_range(args), args.ranks_per_node or 1,
+                         args.segment_bytes or DEFAULT_SEGMENT_BYTES)
+    args.memory = (need, simulate.available_memory())
+    have = args.memory[1]
+    if have is not None and need > have:
+        error(f"--ranks and -e/--maxbytes: predicting needs about {simulate.memory_text(need)} "
+              f"in this process (simulating what has no closed form), and "
+              f"{simulate.memory_text(have)} is available; use fewer ranks (--ranks) or a "
+              "shorter largest size (-e/--maxbytes)")
 
 
 def _check_simulated_memory(args, error) -> None:
-    """-p and --count: every rank's data held in this one process, at
-    least its result and input and a flag an element, within the memory
-    available now (the simulation checks its whole need again, scratch
-    included, once it has the schedules)."""
-    import numpy as np
-
+    """The algorithms simulate runs (``all``: :func:`~mpi_allreduce.simulate.default_algorithms`,
+    those whose memory grows as p^2 left out above their number of ranks)
+    and the memory the largest of them needs in this process, estimated
+    before any schedule is made (:func:`~mpi_allreduce.simulate.footprint`):
+    above what is available, a usage error that names what lowers it."""
     from . import simulate
 
-    need = args.size * args.count * (2 * np.dtype(args.dtype).itemsize + 1)
+    if args.algorithms == ["all"]:
+        run, args.left_out = simulate.default_algorithms(args.size)
+        args.run = list(run)
+    else:
+        args.run, args.left_out = list(args.algorithms), ()
+    segment = _simulated_segment(args)
     have = simulate.available_memory()
-    if have is not None and need > have:
+    buffers = simulate.Footprint(args.size).bytes(args.count, args.dtype)
+    if have is not None and buffers > have:  # (at once, without a schedule counted)
         error(f"-p/--size and --count: {args.size} ranks of {args.count} {args.dtype} elements "
-              f"need at least {need / 1e9:.1f} GB in this process, and {have / 1e9:.1f} GB is "
-              f"available; use fewer ranks or elements")
+              f"need at least {simulate.memory_text(buffers)} in this process, and "
+              f"{simulate.memory_text(have)} is available; use fewer ranks (-p/--size) or "
+              "elements (--count)")
+    needs = {name: simulate.memory_needed(name, args.size, args.count, args.dtype, segment,
+                                          _simulated_options(args, name))
+             for name in args.run}
+    args.memory = (max(needs.values()), max(needs, key=needs.get), have)
+    need, largest, _ = args.memory
+    if have is None or need <= have:
+        return
+    fitting = [name for name in args.run if needs[name] <= have]
+    what = (f"simulating {args.size} ranks of {args.count} {args.dtype} elements needs about "
+            f"{simulate.memory_text(need)} in this process ({largest}; the algorithms run one "
+            f"at a time), and {simulate.memory_text(have)} is available")
+    if fitting and len(fitting) < len(args.run):
+        error(f"-a/--algorithms: {what}; leave out "
+              f"{', '.join(n for n in args.run if n not in fitting)} (-a {','.join(fitting)}), "
+              "or use fewer ranks (-p/--size) or elements (--count)")
+    error(f"-p/--size and --count: {what}; use fewer ranks (-p/--size) or elements (--count)")
+
+
+def _simulated_segment(args) -> int:
+    """simulate's segment in elements: --segment-bytes (default 1 MiB) of --dtype."""
+    import numpy as np
+
+    return max(1, (args.segment_bytes or (1 << 20)) // np.dtype(args.dtype).itemsize)
 
 
 def _default_drawing(args) -> str:
@@ -472,8 +524,44 @@ def _check_default_output(args, error, default) -> None:
 
 
 def _check_draw(args, error) -> None:
+    from .tools.arguments import NO_MATPLOTLIB
+
+    if importlib.util.find_spec("matplotlib") is None:
+        error(NO_MATPLOTLIB)
     _check_default_output(args, error, _default_drawing)
     _check_row_size(args, error, args.size, [args.algorithm])
+    _check_drawn_memory(args, error)
+
+
+def _drawn_options(args) -> dict:
+    """draw's options: hierarchical on two nodes unless --ranks-per-node,
+    --inner; --radix and --row-size where the algorithm takes them."""
+    options = {}
+    if args.algorithm == "hierarchical":
+        options["ranks_per_node"] = args.ranks_per_node or max(1, -(-args.size // 2))
+        if args.inner:
+            options["inner"] = args.inner
+    options.update(_shape_options(args, args.algorithm))
+    return options
+
+
+def _check_drawn_memory(args, error) -> None:
+    """The memory the drawing needs, estimated before any schedule is made
+    (:func:`~mpi_allreduce.tools.draw.memory_needed`): above what is
+    available, a usage error naming what lowers it."""
+    from . import simulate
+    from .tools.draw import memory_needed
+
+    need = memory_needed(args.algorithm, args.size, args.count, args.segment,
+                         _drawn_options(args), args.output or _default_drawing(args))
+    args.memory = (need, simulate.available_memory())
+    have = args.memory[1]
+    if have is not None and need > have:
+        error(f"-p/--size and --count: drawing {args.algorithm} on {args.size} ranks of "
+              f"{args.size if args.count is None else args.count} elements needs about "
+              f"{simulate.memory_text(need)} in this process (a frame of every rank's vector "
+              f"per round, and the picture), and {simulate.memory_text(have)} is available; "
+              "use fewer ranks (-p/--size) or elements (--count)")
 
 
 def _check_trace(args, error) -> None:
@@ -544,9 +632,7 @@ def cmd_bench(args) -> int:
     algorithms = args.algorithms or (list(bench.default_algorithms()[1:]) + ["auto"])
     algorithms = [bench.VENDOR] + [a for a in algorithms if a != bench.VENDOR]
     modes = {"no": (False,), "yes": (True,), "both": (False, True)}[args.inplace]
-    from .backend import select_device
-
-    where = select_device(comm, args.device)
+    where = _selected_device(comm, args.device)
     with bench.vendor_forcings(comm, args.vendor, args.vendor_chosen) as forcings:
         algorithms[1:1] = list(forcings)
         results = bench.bench(comm, _size_range(args), algorithms, args.dtype, args.op,
@@ -585,15 +671,14 @@ def cmd_plot(args) -> int:
 
 
 def cmd_draw(args) -> int:
+    from .simulate import memory_text
     from .tools.draw import contributions, draw
 
     output = args.output or _default_drawing(args)
-    options = {}
-    if args.algorithm == "hierarchical":
-        options["ranks_per_node"] = args.ranks_per_node or max(1, -(-args.size // 2))
-        if args.inner:
-            options["inner"] = args.inner
-    options.update(_shape_options(args, args.algorithm))
+    options = _drawn_options(args)
+    need, have = args.memory
+    print(f"# memory: about {memory_text(need)} estimated"
+          + ("" if have is None else f" ({memory_text(have)} available)"), flush=True)
     try:
         drawing = contributions(args.algorithm, args.size, args.count, args.segment, options)
         panels = draw(drawing, output)
@@ -652,13 +737,25 @@ def cmd_tune(args) -> int:
                 args.merge)
 
 
+def _selected_device(comm, device: str) -> str:
+    """backend.select_device for verify, bench and info: a device some rank cannot
+    use (cupy that does not import, no GPU) is a usage error naming
+    --device, one line and exit status 2 on every rank alike (the ranks
+    agree first; cupy not installed at all the parser refuses already)."""
+    from .backend import DeviceUnavailable, select_device
+
+    try:
+        return select_device(comm, device)
+    except DeviceUnavailable as exc:
+        raise ArgumentRefused("--device", f"{device!r} cannot be used here: {exc}; "
+                                          "or use --device cpu") from None
+
+
 def cmd_verify(args) -> int:
     from .tools.verify import verify
 
     options = _options(args)
-    from .backend import select_device
-
-    where = select_device(MPI.COMM_WORLD, args.device)
+    where = _selected_device(MPI.COMM_WORLD, args.device)
     if MPI.COMM_WORLD.Get_rank() == 0 and args.device != "cpu":
         print(f"# rank 0 device: {where}", flush=True)
     wrong = verify(MPI.COMM_WORLD, args.algorithms, args.dtypes, args.ops, args.counts,
@@ -680,7 +777,7 @@ def cmd_predict(args) -> int:
     import dataclasses
 
     from .api import DEFAULT_SEGMENT_BYTES
-    from .simulate import Machine
+    from .simulate import Machine, memory_text
     from .tools.scale import report
 
     # the closed forms give every rank a core of its own, every send a
@@ -691,10 +788,13 @@ def cmd_predict(args) -> int:
                               half_duplex=False)
     ranks = args.ranks
     rpn = args.ranks_per_node or 1
+    need, have = args.memory
     header = (f"$ python -m mpi_allreduce {' '.join(sys.argv[1:])}\n# machine: {args.params}: "
               + ", ".join(f"{k} = {v:.3g}" for k, v in prm.parameters().items()
                           if isinstance(v, float)) + "; measured message-time curves: "
-              + ", ".join(k for k in ("curve", "curve_inter") if getattr(prm, k)))
+              + ", ".join(k for k in ("curve", "curve_inter") if getattr(prm, k))
+              + f"\n# memory: about {memory_text(need)} estimated"
+              + ("" if have is None else f" ({memory_text(have)} available)"))
     report(prm, ranks, _size_range(args), rpn, args.segment_bytes or DEFAULT_SEGMENT_BYTES,
            args.png, args.json, header)
     return 0
@@ -704,20 +804,26 @@ def cmd_simulate(args) -> int:
     if args.predict:
         return cmd_predict(args)
 
-    from .registry import ALGORITHMS
-    from .simulate import Machine, SimulationError, simulate
+    from .simulate import BY_NAME_ABOVE, Machine, SimulationError, memory_text, simulate
 
-    algorithms = list(ALGORITHMS) if args.algorithms == ["all"] else args.algorithms
-    segment = max(1, (args.segment_bytes or (1 << 20)) // __import__("numpy").dtype(
-        args.dtype).itemsize)
+    segment = _simulated_segment(args)
     machine = None
     if args.params:
         machine = Machine.load(args.params)
     if args.trace:
-        return _simulated_trace(args, algorithms, segment, machine)
+        return _simulated_trace(args, args.algorithms, segment, machine)
+    algorithms = args.run
     print(f"# simulated: p={args.size}, count={args.count}, {args.dtype} {args.op}, "
           f"segment {segment} elements, {'in place' if args.in_place else 'out of place'}; "
           f"per rank: max (mean)")
+    need, largest, have = args.memory
+    print(f"# memory: about {memory_text(need)} estimated, for {largest}"
+          + ("" if have is None else f" ({memory_text(have)} available)"))
+    if args.left_out:
+        print("# left out: " + ", ".join(f"{a} (above {BY_NAME_ABOVE[a]} ranks)"
+                                         for a in args.left_out)
+              + ", whose memory grows as p^2; named they run: -a "
+              + ",".join(algorithms + list(args.left_out)))
     print(f"{'algorithm':>20} {'#wrong':>7} {'msgs/rank':>16} {'bytes sent/rank':>24} "
           f"{'bytes reduced/rank':>24} {'rounds':>7}" + (f" {'predicted us':>13}" if machine else ""))
     failed = 0
@@ -801,13 +907,12 @@ def cmd_info(args) -> int:
     from .tools.verify import mpi_library
 
     comm = MPI.COMM_WORLD
+    device = _selected_device(comm, args.device)  # (refused before anything else is sent)
     hosts = comm.gather(MPI.Get_processor_name(), root=0)
     local_sizes = comm.gather(on_node(comm, "info: where the ranks run")[1], root=0)
     slurm_nodes = comm.gather(os.environ.get("SLURMD_NODENAME"), root=0)
-    from .backend import select_device
-
     aware, why = cuda_aware_support()
-    devices = comm.gather(select_device(comm, args.device), root=0)
+    devices = comm.gather(device, root=0)
     over = oversubscribed(comm)
     auto_table = describe_choices(comm.Get_size(), over)
     if comm.Get_rank() == 0:

@@ -319,11 +319,17 @@ _HOST = HostBackend()
 _cupy_backends: dict[bool, Backend] = {}
 
 
+#: why cupy did not import, where it did not (for select_device's refusal)
+_cupy_import_error: Optional[ImportError] = None
+
+
 @functools.lru_cache(maxsize=1)
 def _cupy():
+    global _cupy_import_error
     try:
         import cupy  # noqa: WPS433 - the one place cupy is imported
-    except ImportError:  # pragma: no cover - depends on the machine
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        _cupy_import_error = exc
         return None
     return cupy
 
@@ -540,22 +546,75 @@ def backend_for(array) -> Backend:
 
 # --- device selection and data placement (verify, bench, info) -------------
 
+class DeviceUnavailable(RuntimeError):
+    """``--device cuda`` where a rank cannot use it: cupy is not installed
+    or does not import, or finds no GPU.  :func:`select_device` raises it on
+    every rank of the communicator alike, its message one line naming the
+    ranks that lack the device and why (the command line turns it into a
+    usage error, exit status 2)."""
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line: cupy's import error spans a
+    screen of advice, its cause on the line after ``Original error:``."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    lines = [line for line in lines if line and line.strip("=")]
+    if "Original error:" in lines[:-1]:
+        return lines[lines.index("Original error:") + 1]
+    return lines[0] if lines else type(exc).__name__
+
+
+def device_unavailable(device: str) -> Optional[str]:
+    """Why this rank cannot use ``device`` ('cpu' or 'cuda'), or None where
+    it can; a look at this process alone (no message).  For 'cuda': cupy
+    installed, importing, and finding at least one GPU (it starts CUDA)."""
+    if device == "cpu":
+        return None
+    if device != "cuda":
+        raise ValueError(f"unknown device {device!r}; expected 'cpu' or 'cuda'")
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is None:
+        return "cupy is not installed (pip install 'mpi_allreduce[gpu]')"
+    try:
+        cp = _cupy()
+    except Exception as exc:  # noqa: BLE001 - a cupy that fails to import otherwise
+        return f"cupy does not import: {type(exc).__name__}: {_one_line(exc)}"
+    if cp is None:
+        exc = _cupy_import_error
+        return "cupy does not import" + (f": {_one_line(exc)}" if exc else "")
+    try:
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - no driver, no device: CUDARuntimeError
+        return f"cupy finds no GPU: {_one_line(exc)}"
+    if count < 1:
+        return "cupy finds no GPU: none is visible"
+    return None
+
+
 def select_device(comm, device: str) -> str:
     """Make ``device`` ('cpu' or 'cuda') current for this rank and describe the choice.
 
     For 'cuda' the rank takes GPU (local rank mod visible GPUs), so several
-    ranks may share one GPU.
+    ranks may share one GPU.  A collective on ``comm`` for 'cuda': the ranks
+    first agree whether each can use it, and where any cannot, every rank
+    raises :class:`DeviceUnavailable` alike (none is left waiting for the
+    others); 'cpu' sends no message.
     """
+    why = device_unavailable(device)
     if device == "cpu":
         return "cpu"
-    if device != "cuda":
-        raise ValueError(f"unknown device {device!r}; expected 'cpu' or 'cuda'")
+    refusals = [(rank, reason) for rank, reason in enumerate(comm.allgather(why)) if reason]
+    if refusals:
+        reasons: dict = {}
+        for rank, reason in refusals:
+            reasons.setdefault(reason, []).append(rank)
+        everywhere = len(refusals) == comm.Get_size()
+        raise DeviceUnavailable("; ".join(
+            ("" if everywhere else _ranks_phrase(ranks) + ": ") + reason
+            for reason, ranks in reasons.items()))
     cp = _cupy()
-    if cp is None:
-        raise RuntimeError("--device cuda needs cupy: pip install 'mpi_allreduce[gpu]'")
     count = cp.cuda.runtime.getDeviceCount()
-    if count < 1:
-        raise RuntimeError("--device cuda: no GPU is visible")
     from .topology import on_node
 
     index = on_node(comm, "choosing a GPU: where the ranks run")[0] % count
@@ -563,6 +622,14 @@ def select_device(comm, device: str) -> str:
     aware, why = cuda_aware_support()
     return (f"cuda:{index} of {count} visible; "
             f"{'direct to MPI (CUDA-aware)' if aware else 'staged through pinned host memory'} -- {why}")
+
+
+def _ranks_phrase(ranks: list) -> str:
+    """'rank 3', 'ranks 0, 2, 5', 'ranks 0, 1, ..., 7 and 3 more' (at most 8 named)."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    named = ", ".join(map(str, ranks[:8]))
+    return f"ranks {named}" + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
 
 
 def to_device(array: np.ndarray, device: str):

@@ -37,24 +37,33 @@ messages about in the order they are posted.  ``eager_bytes`` lets short
 sends complete once posted (timing only).  Unit machines (``alpha=1`` and
 the rest 0, and so on) give the messages, bytes on the wire and bytes
 reduced along the critical path.
+
+What a run holds is known before it starts, from a few ranks' schedules
+(:func:`footprint`, :func:`memory_needed`): ``python -m mpi_allreduce
+simulate`` says it, and refuses a run above what the machine has free;
+its default leaves out the algorithms whose memory grows as p^2 above
+:data:`BY_NAME_ABOVE` ranks (:func:`default_algorithms`).
 """
 
 from __future__ import annotations
 
 import heapq
 import json
+import math
+import sys
 from collections import defaultdict, deque
 from dataclasses import dataclass, field, fields, replace
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
 from . import registry
 from .ops import resolve_op
-from .schedule import BUFFER_NAMES, RECV, SCRATCH, SEND, Recv, Reduce, Ref, Send
+from .schedule import BUFFER_NAMES, RECV, SCRATCH, SEND, Copy, Recv, Reduce, Ref, Send
 
 __all__ = ["simulate", "execute", "schedules", "Machine", "Outcome", "SimulationError", "inputs",
-           "curve_time", "memory_needed", "check_memory"]
+           "curve_time", "Footprint", "footprint", "tally", "memory_needed", "available_memory",
+           "check_memory", "memory_text", "BY_NAME_ABOVE", "default_algorithms"]
 
 
 class SimulationError(RuntimeError):
@@ -203,6 +212,12 @@ def schedules(algorithm: str, size: int, count: int, segment_size: int,
     ``ranks_per_node``, and ``inner``, whose default is resolved as a live
     call's is: :func:`~mpi_allreduce.selection.hierarchical_options` with
     the built-in decision table, for float64 elements)."""
+    build, options = _builder(algorithm, size, count, options)
+    return [build(rank, size, count, segment_size, options) for rank in range(size)]
+
+
+def _builder(algorithm: str, size: int, count: int, options: Optional[dict]) -> tuple:
+    """(``build``, its options) of :func:`schedules`: hierarchical's resolved."""
     options = dict(options or {})
     if algorithm == "hierarchical":
         from .selection import BUILT_IN_TABLE, hierarchical_options
@@ -211,8 +226,7 @@ def schedules(algorithm: str, size: int, count: int, segment_size: int,
         nodes = options.get("nodes") or tuple((r // rpn) * rpn for r in range(size))
         options = dict(hierarchical_options(tuple(nodes), options.get("inner"), count * 8,
                                             tuning=BUILT_IN_TABLE))
-    build = registry.builder(algorithm)
-    return [build(rank, size, count, segment_size, options) for rank in range(size)]
+    return registry.builder(algorithm), options
 
 
 def inputs(dtype: np.dtype, op, rank: int, start: int, stop: int) -> np.ndarray:
@@ -274,8 +288,9 @@ def simulate(algorithm: str, size: int, count: int, dtype="float32", op="sum", *
     dtype, op = np.dtype(dtype), resolve_op(op)
     scheds = schedules(algorithm, size, count, segment_size, options)
     itemsize = dtype.itemsize
-    if data:
-        check_memory(scheds, count, dtype, f"{algorithm}, p={size}, count={count}")
+    if data:  # (the schedules are made: what is left to make is the buffers)
+        buffers = Footprint(size, scratch=sum(max(s.scratch, 1) for s in scheds))
+        check_memory(buffers.bytes(count, dtype), f"{algorithm}, p={size}, count={count}")
     combine = op.ufunc
 
     result = np.empty((size, count), dtype) if data else None
@@ -311,14 +326,243 @@ def simulate(algorithm: str, size: int, count: int, dtype="float32", op="sum", *
         max(finish) if finish else 0.0, finish)
 
 
-def memory_needed(scheds: list, count: int, dtype) -> int:
-    """Bytes :func:`simulate` holds at its peak with data: every rank's
-    result and scratch, and the comparison with the reference (a flag and
-    a byte-wise flag per element of every rank)."""
-    itemsize = np.dtype(dtype).itemsize
-    ranks = len(scheds)
-    return (ranks * count * (2 * itemsize + 1)
-            + sum(max(s.scratch, 1) for s in scheds) * itemsize)
+#: how many actions :func:`footprint` counts: rank 0's schedule at counts
+#: doubling up to the whole, until one holds the first (past it, the count
+#: where it got there stands for the whole); then the other ranks, until
+#: they hold the second (past it, the largest of those counted stands for
+#: the rest).  Counting a million actions takes about a second.
+FOOTPRINT_BUDGET = (1_000_000, 50_000)
+#: ranks besides rank 0 counted at least (past the budget), and at most
+FOOTPRINT_SPREAD = (3, 64)
+
+#: the algorithms whose memory grows as p^2 and faster, and the most
+#: ranks ``simulate`` runs each on when none is named (named with ``-a``,
+#: at any p): ``naive`` keeps every rank's vector on every rank (p^2 n
+#: elements) and posts p-1 messages a rank; ``allgather_reduce`` gathers
+#: pieces of segment / p elements, so p-1 messages and p actions per piece
+#: and p^2 n / segment pieces in all.  Chosen from :func:`memory_needed`
+#: at the default 4099 float32 elements, where each alone passes about
+#: 1 GB: naive 1.1 GB at 256 ranks, 4.5 GB at 512, 18 GB at 1024;
+#: allgather_reduce 0.4, 1.6 and 7.5 GB.
+BY_NAME_ABOVE = {"naive": 256, "allgather_reduce": 256}
+
+
+def default_algorithms(size: int) -> tuple:
+    """(the algorithms ``simulate`` runs on ``size`` ranks when none is
+    named, those of :data:`BY_NAME_ABOVE` it leaves out there)."""
+    out = tuple(a for a in registry.ALGORITHMS if size > BY_NAME_ABOVE.get(a, size))
+    return tuple(a for a in registry.ALGORITHMS if a not in out), out
+
+
+def _allocated(nbytes: int) -> int:
+    """``nbytes`` as CPython's allocator hands them out (16-byte blocks)."""
+    return -(-nbytes // 16) * 16
+
+
+#: bytes of the objects of a schedule, as :func:`sys.getsizeof` gives
+#: them (the garbage collector's header included) in 16-byte blocks
+_ACTION_BYTES = {kind: _allocated(sys.getsizeof(kind(*(0,) * len(kind._fields))))
+                 for kind in (Send, Recv, Reduce, Copy)}
+_REF_BYTES = _allocated(sys.getsizeof(Ref(0, 0, 0)))
+_INT_BYTES = _allocated(sys.getsizeof(1 << 40))  # (an int past CPython's cached -5 .. 256)
+_FLOAT_BYTES = _allocated(sys.getsizeof(0.0))
+#: a dict's item: at most three slots of 24 bytes and their 8-byte index
+#: (a dict is at least a third full)
+_ITEM_BYTES = 3 * (24 + 8)
+#: what :func:`execute` and :class:`Outcome` keep per rank: its ``_Rank``
+#: and three clocks, its entry in the ready heap, ``busy_until``, two
+#: entries of ``copy_free`` (key and clock), six numbers of the outcome
+_RANK_BYTES = (_allocated(sys.getsizeof(object.__new__(_Rank)))
+               + 3 * _FLOAT_BYTES + _allocated(sys.getsizeof((0.0, 0))) + _FLOAT_BYTES
+               + 2 * (_allocated(sys.getsizeof((0, "out"))) + _FLOAT_BYTES + _ITEM_BYTES)
+               + 6 * (8 + _INT_BYTES))
+#: a message posted and not yet matched: its entry in its pair's queue
+#: (range, clock, eager?, round; and its slot in the deque)
+_OPEN_BYTES = _allocated(sys.getsizeof((Ref(0, 0, 0), 0.0, False, 0))) + _FLOAT_BYTES + 8
+#: a pair of ranks with messages open one way: its queue (a deque of one
+#: block, in a dict under the pair)
+_QUEUE_BYTES = (_allocated(sys.getsizeof(deque())) + _allocated(sys.getsizeof((0, 0)))
+                + 2 * _INT_BYTES + _ITEM_BYTES)
+
+
+def _int_bytes(value: int, cached: bool = True) -> int:
+    """An int's own bytes: none for one CPython keeps cached (``cached``)."""
+    return 0 if cached and -5 <= value <= 256 else _INT_BYTES
+
+
+class _Cost(NamedTuple):
+    """One rank's schedule: bytes of its objects, actions, elements of
+    scratch (one at least, as :func:`simulate` makes it), the most
+    messages one of its rounds posts, and the most queues of
+    :func:`execute` they go into (sends to a peer, receives from a peer);
+    its rounds, messages sent and elements reduced."""
+
+    bytes: int
+    actions: int
+    scratch: int
+    in_flight: int
+    queues: int
+    rounds: int
+    messages: int
+    reduced: int
+
+
+def _cost(schedule, cached: bool = True) -> _Cost:
+    """What :class:`_Cost` says of ``schedule``: its tuples, ranges and
+    ints past the cached ones (all, without ``cached``: a schedule at more
+    elements has larger offsets), each counted (an int or range two
+    actions share counts twice: an upper bound)."""
+    total = _allocated(sys.getsizeof(schedule)) + _allocated(sys.getsizeof(schedule.rounds))
+    actions = in_flight = queues = sent = reduced = 0
+    for actions_of_round in schedule.rounds:
+        total += _allocated(sys.getsizeof(actions_of_round))
+        actions += len(actions_of_round)
+        messages = []
+        for action in actions_of_round:
+            total += _ACTION_BYTES[type(action)]
+            if type(action) in (Send, Recv):
+                messages.append((type(action), action[0]))
+                sent += type(action) is Send
+                total += _int_bytes(action[0], cached)
+                refs = action[1:]
+            else:
+                refs = action
+                reduced += action[0].length if type(action) is Reduce else 0
+            for ref in refs:
+                total += (_REF_BYTES + _int_bytes(ref.offset, cached)
+                          + _int_bytes(ref.length, cached))
+        in_flight = max(in_flight, len(messages))
+        queues = max(queues, len(set(messages)) if len(messages) > 2 else len(messages))
+    return _Cost(total, actions, max(schedule.scratch, 1), in_flight, queues,
+                 len(schedule.rounds), sent, reduced)
+
+
+class Footprint(NamedTuple):
+    """What the schedules of one algorithm's run hold, all ranks together:
+    bytes of their objects, elements of scratch, and the most messages
+    (and queues of them) one rank posts in a round; rounds, messages and
+    elements reduced, and the most rounds of one rank; ``exact`` where
+    every rank's schedule was counted whole (else an upper bound:
+    :func:`footprint`)."""
+
+    ranks: int
+    schedule_bytes: int = 0
+    scratch: int = 0
+    in_flight: int = 0
+    queues: int = 0
+    rounds: int = 0
+    messages: int = 0
+    reduced: int = 0
+    longest: int = 0
+    exact: bool = True
+
+    def bytes(self, count: int, dtype, data: bool = True) -> int:
+        """Bytes :func:`simulate` holds at its peak on ``count`` elements of
+        ``dtype``: the schedules, what :func:`execute` keeps per rank and
+        per message open (every rank's round open at once, at most), and
+        with data every rank's scratch and result, the comparison with the
+        reference (a flag and a byte-wise flag per element), and the
+        reference and an input being made (int64 temporaries)."""
+        need = self.schedule_bytes + self.ranks * (_RANK_BYTES + self.in_flight * _OPEN_BYTES
+                                                   + self.queues * _QUEUE_BYTES)
+        if data:
+            itemsize = np.dtype(dtype).itemsize
+            need += (self.scratch * itemsize + self.ranks * count * (2 * itemsize + 1)
+                     + count * (2 * itemsize + 4 * 8))
+        return need
+
+
+def tally(scheds: list) -> Footprint:
+    """The exact :class:`Footprint` of schedules already built."""
+    return _summed([_cost(s) for s in scheds], 0, 1, True)
+
+
+def _summed(costs: list, left: int, times: int, exact: bool) -> Footprint:
+    """The :class:`Footprint` of ranks of ``costs``, and ``left`` more
+    each as the largest of ``costs[1:]``, all ``times`` over."""
+    def total(field: str) -> int:
+        values = [getattr(c, field) for c in costs]
+        return times * (sum(values) + left * max(values[1:], default=0))
+
+    def most(field: str) -> int:
+        return max((getattr(c, field) for c in costs), default=0)
+
+    return Footprint(len(costs) + left, total("bytes"), total("scratch"), most("in_flight"),
+                     most("queues"), total("rounds"), total("messages"), total("reduced"),
+                     times * most("rounds"), exact)
+
+
+def _spread(size: int):
+    """Ranks 1 .. size-1 spread out: ``i k mod size`` for i = 1, 2, ...,
+    with ``k`` the first number from ``0.618 size`` on without a factor
+    in common with ``size`` (the golden ratio's stride), so that those
+    taken first fall evenly over the ranks at any number taken and over
+    every residue (a fold's pairs, a radix's groups, a node's leader and
+    the others)."""
+    stride = max(1, int(0.618 * size))
+    while math.gcd(stride, size) != 1:
+        stride += 1
+    for i in range(1, size):
+        yield i * stride % size
+
+
+def footprint(algorithm: str, size: int, count: int, segment_size: int,
+              options: Optional[dict] = None, budget: tuple = FOOTPRINT_BUDGET) -> Footprint:
+    """The :class:`Footprint` of ``algorithm``'s schedules for ``size``
+    ranks, from a few of them, so that knowing it costs little whatever
+    the run would hold:
+
+    * rank 0's schedule is built at ``count`` elements, or (where that
+      passes ``budget[0]`` actions) at the count ``c`` where doubling from
+      ``segment_size // size`` passed it (at once at ``count`` where the
+      last two counts' actions in a line stay within it there), and its
+      objects counted; then other ranks, spread out (``_spread``),
+      until ``budget[1]`` actions are counted or as many ranks as
+      ``FOOTPRINT_SPREAD`` allows;
+    * every rank not counted is taken as the largest of those counted
+      (rank 0 apart: the root of the trees and the driver, a leader of
+      hierarchical, a rank of the fold where p is no power of two);
+    * at ``c`` below ``count`` everything is taken ``ceil(count / c)``
+      times: a range a times as long takes at most a times the segments
+      (pieces, slots of scratch).
+
+    Exact (``exact``) when every rank was counted at ``count``; else an
+    upper bound, unless a rank left out holds more than every one counted.
+    """
+    build, options = _builder(algorithm, size, count, options)
+    probe = min(count, max(1, segment_size // size))
+    first = _cost(build(0, size, probe, segment_size, options))
+    while probe < count and first.actions <= budget[0]:
+        last, probe = first, min(count, 2 * probe)
+        first = _cost(build(0, size, probe, segment_size, options))
+        # where the actions grow slowly enough to stay within the budget
+        # at the whole count (in a straight line from the last two counts)
+        # it is taken at once
+        if probe < count and first.actions + 2 * (first.actions - last.actions) * (
+                count - probe) / probe <= budget[0]:
+            probe = count
+            first = _cost(build(0, size, probe, segment_size, options))
+    whole = probe == count  # (else every int is counted, as at the whole count)
+    if not whole:
+        first = _cost(build(0, size, probe, segment_size, options), cached=False)
+    others = []
+    least, most = FOOTPRINT_SPREAD
+    for rank in _spread(size):
+        if len(others) >= most or (len(others) >= least
+                                   and sum(c.actions for c in others) >= budget[1]):
+            break
+        others.append(_cost(build(rank, size, probe, segment_size, options), cached=whole))
+    left = size - 1 - len(others)
+    return _summed([first] + others, left, -(-count // probe) if probe else 1,
+                   left == 0 and whole)
+
+
+def memory_needed(algorithm: str, size: int, count: int, dtype="float32",
+                  segment_size: int = 1 << 18, options: Optional[dict] = None,
+                  data: bool = True) -> int:
+    """Bytes :func:`simulate` with these arguments holds at its peak,
+    known before it builds the schedules (:func:`footprint`)."""
+    return footprint(algorithm, size, count, segment_size, options).bytes(count, dtype, data)
 
 
 def available_memory() -> Optional[int]:
@@ -334,16 +578,23 @@ def available_memory() -> Optional[int]:
     return None
 
 
-def check_memory(scheds: list, count: int, dtype, label: str = "") -> None:
-    """Refuse, with a :class:`MemoryError` that says how much, a simulation
-    whose buffers would not fit in the memory available now (instead of
-    being killed by the kernel without a word)."""
-    need, have = memory_needed(scheds, count, dtype), available_memory()
+def memory_text(nbytes: float) -> str:
+    """``nbytes`` as the memory checks say it: ``1.3 GB``, ``84 MB``, ``0.4 MB``."""
+    if nbytes >= 1e8:
+        return f"{nbytes / 1e9:.1f} GB"
+    return f"{nbytes / 1e6:.{0 if nbytes >= 1e6 else 1}f} MB"
+
+
+def check_memory(need: int, label: str = "") -> None:
+    """Refuse, with a :class:`MemoryError` that says how much, a run of
+    ``need`` bytes that would not fit in the memory available now (instead
+    of being killed by the kernel without a word)."""
+    have = available_memory()
     if have is not None and need > have:
         raise MemoryError(
             f"simulating {label} holds every rank's buffers in this process: about "
-            f"{need / 1e9:.1f} GB, and {have / 1e9:.1f} GB is available; use fewer ranks "
-            f"(-p) or elements (--count)")
+            f"{memory_text(need)}, and {memory_text(have)} is available; use fewer ranks (-p) or "
+            "elements (--count)")
 
 
 def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, combine=np.add,
@@ -374,7 +625,8 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
         r.clock = machine.call_overhead
 
     # per ordered pair (src, dst): posted, unmatched sends and receives,
-    # each (rank, ref, post time)
+    # each (ref, post time, ...); a pair's queue goes once empty (naive's
+    # p^2 pairs would otherwise each keep one)
     sends: dict = defaultdict(deque)
     recvs: dict = defaultdict(deque)
     ready = [(r.clock, rank) for rank, r in enumerate(ranks)]  # (clock, rank), a heap
@@ -477,21 +729,27 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
                          and ref.length * itemsize <= machine.eager_bytes)
                 r.open += not eager
                 if writes:
-                    queue = sends[(action.peer, rank)]
+                    pair = (action.peer, rank)
+                    queue = sends.get(pair)
                     if queue:
                         src_ref, stime, was_eager, src_round = queue.popleft()
+                        if not queue:
+                            del sends[pair]
                         match(action.peer, rank, src_ref, stime, ref, r.clock, was_eager,
                               (src_round, r.index))
                     else:
-                        recvs[(action.peer, rank)].append((ref, r.clock, r.index))
+                        recvs[pair].append((ref, r.clock, r.index))
                 else:
-                    queue = recvs[(rank, action.peer)]
+                    pair = (rank, action.peer)
+                    queue = recvs.get(pair)
                     if queue:
                         dst_ref, rtime, dst_round = queue.popleft()
+                        if not queue:
+                            del recvs[pair]
                         match(rank, action.peer, ref, r.clock, dst_ref, rtime, eager,
                               (r.index, dst_round))
                     else:
-                        sends[(rank, action.peer)].append((ref, r.clock, eager, r.index))
+                        sends[pair].append((ref, r.clock, eager, r.index))
                 continue
             touched = [(action.out, True), (action.first, False), (action.second, False)] \
                 if isinstance(action, Reduce) else [(action.dst, True), (action.src, False)]

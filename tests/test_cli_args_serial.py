@@ -411,17 +411,114 @@ def test_cuda_without_cupy_is_a_usage_error(args, spelling, capsys):
 
 
 @pytest.mark.skipif(CUPY, reason="cupy is installed here: --device cuda is a good argument")
-def test_cuda_without_cupy_ends_the_process_cleanly():
-    result = run(["bench", "--device", "cuda", "-b", "8", "-e", "8", "-a", "ring"])
+@pytest.mark.parametrize("args", [["bench", "-b", "8", "-e", "8", "-a", "ring"],
+                                  ["verify", "--no-large"], ["info"]],
+                         ids=["bench", "verify", "info"])
+def test_cuda_without_cupy_ends_the_process_cleanly(args):
+    """The usage line and this one error line, exit status 2: no traceback,
+    no abort (and so no Open MPI help text)."""
+    result = run(args + ["--device", "cuda"])
     output = result.stdout + result.stderr
     assert result.returncode == 2, output
-    assert "cupy, which is not installed" in result.stderr
+    assert _error_lines(result.stderr) == [
+        f"python -m mpi_allreduce {args[0]}: error: argument --device: 'cuda' needs cupy, "
+        "which is not installed (pip install 'mpi_allreduce[gpu]'); or use --device cpu"], output
     assert "Traceback" not in output and "abort" not in output.lower(), output
+    assert result.stdout == ""
 
 
 @pytest.mark.skipif(not CUPY, reason="cupy is not installed here")
 def test_cuda_parses_where_cupy_is_installed():
     assert parse_args(["verify", "--device", "cuda", "--no-large"]).device == "cuda"
+
+
+def _error_lines(err: str) -> list:
+    return [line for line in err.splitlines() if "error:" in line]
+
+
+#: cupy installed but unusable, as a package put first on the path: (its
+#: __init__.py, the reason the error line gives)
+UNUSABLE_CUPY = {
+    # cupy's own ImportError: a screen of advice, the cause after "Original error:"
+    "does not import": (
+        'raise ImportError("""\n' + "=" * 64 + '\nFailed to import CuPy.\n\n'
+        'If you installed CuPy via wheels (cupy-cudaXXX or cupy-rocm-X-X), make sure that '
+        'the package matches with the version of CUDA or ROCm installed.\n\n'
+        'Original error:\n  ImportError: libcuda.so.1: cannot open shared object file: '
+        'No such file or directory\n' + "=" * 64 + '\n""")\n',
+        "cupy does not import: ImportError: libcuda.so.1: cannot open shared object file: "
+        "No such file or directory"),
+    # a machine without a GPU: cupy imports, CUDA finds no device
+    "no GPU": (
+        "import types\n\n\n"
+        "class CUDARuntimeError(RuntimeError):\n    pass\n\n\n"
+        "def getDeviceCount():\n"
+        "    raise CUDARuntimeError('cudaErrorNoDevice: no CUDA-capable device is detected')\n"
+        "\n\ncuda = types.SimpleNamespace(runtime=types.SimpleNamespace("
+        "getDeviceCount=getDeviceCount))\n",
+        "cupy finds no GPU: cudaErrorNoDevice: no CUDA-capable device is detected"),
+}
+
+
+@pytest.mark.parametrize("command", [["verify", "--no-large"], ["bench", "-e", "64"],
+                                     ["info"]], ids=["verify", "bench", "info"])
+@pytest.mark.parametrize("kind", list(UNUSABLE_CUPY))
+def test_cuda_with_an_unusable_cupy_ends_the_process_cleanly(kind, command, tmp_path):
+    """cupy installed, but not importing or finding no GPU: past the parser
+    (which only looks cupy up), the command refuses --device as a usage
+    error all the same: one error line saying why, exit status 2, no
+    traceback and no abort."""
+    source, reason = UNUSABLE_CUPY[kind]
+    (tmp_path / "cupy").mkdir()
+    (tmp_path / "cupy" / "__init__.py").write_text(source)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    result = run(command + ["--device", "cuda"], env=env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert _error_lines(result.stderr) == [
+        f"python -m mpi_allreduce {command[0]}: error: --device: 'cuda' cannot be used here: "
+        f"{reason}; or use --device cpu"], output
+    assert "Traceback" not in output and "abort" not in output.lower(), output
+    assert result.stdout == ""
+
+
+class _OtherRankLacksAGPU:
+    """The world as rank 0 of 2 sees it, where rank 1 finds no GPU (the
+    only message :func:`backend.select_device` sends before refusing is
+    this agreement)."""
+
+    def Get_size(self):  # noqa: N802 - mpi4py's names
+        return 2
+
+    def Get_rank(self):  # noqa: N802
+        return 0
+
+    def allgather(self, value):
+        return [value, "cupy finds no GPU: cudaErrorNoDevice: no CUDA-capable device is detected"]
+
+
+@pytest.mark.parametrize("command", [["verify", "--no-large"], ["bench", "-e", "64"],
+                                     ["info"]], ids=["verify", "bench", "info"])
+def test_cuda_refused_on_every_rank_where_one_lacks_it(command, monkeypatch, capsys):
+    """A rank that could use its GPU refuses too, naming the rank that
+    cannot (so none waits in a message for a rank that has stopped)."""
+    import types
+
+    from mpi_allreduce import __main__ as cli, backend
+
+    monkeypatch.setattr(cli, "device", str.lower)  # (cupy "installed")
+    monkeypatch.setattr(backend, "device_unavailable", lambda device: None)
+    monkeypatch.setattr(cli, "MPI", types.SimpleNamespace(COMM_WORLD=_OtherRankLacksAGPU()))
+    with pytest.raises(SystemExit) as refused:
+        main(command + ["--device", "cuda"])
+    out, err = capsys.readouterr()
+    assert refused.value.code == 2, err
+    assert _error_lines(err) == [
+        f"python -m mpi_allreduce {command[0]}: error: --device: 'cuda' cannot be used here: "
+        "rank 1: cupy finds no GPU: cudaErrorNoDevice: no CUDA-capable device is detected; "
+        "or use --device cpu"], err
+    assert "Traceback" not in err and out == ""
 
 
 #: (variable, value, command line): a setting the library refuses

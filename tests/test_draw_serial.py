@@ -140,10 +140,9 @@ def test_simulate_refuses_what_does_not_fit(monkeypatch, capsys):
     from mpi_allreduce import simulate as sim
 
     monkeypatch.setattr(sim, "available_memory", lambda: 10_000_000)
-    scheds = sim.schedules("naive", 50, 1001, 1 << 18)
-    need = sim.memory_needed(scheds, 1001, "float32")
-    assert need > 50 * 1001 * 4 * 2  # results, and the scratch of every rank
-    with pytest.raises(MemoryError, match="GB is available"):
+    need = sim.memory_needed("naive", 50, 1001, "float32")
+    assert need > 50 * 50 * 1001 * 4  # the scratch of every rank: every rank's vector
+    with pytest.raises(MemoryError, match="10 MB is available"):
         sim.simulate("naive", 50, 1001)
     with pytest.raises(SystemExit, match="use fewer ranks"):
         main(["simulate", "-p", "50", "-a", "naive", "--count", "1001"])

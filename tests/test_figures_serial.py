@@ -39,7 +39,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
 NUMBER = r"\d+(?:[.,]\d+)*"
 UNIT = r"(?:us|µs|ms|s|x|×|GB|MB|%|seconds?|minutes?|min|hours?|h)"
 #: a figure in prose: a number or a range of two, then its unit
-FIGURE = re.compile(rf"(?<![\w.\-/])({NUMBER})(?:\s?[–-]\s?({NUMBER}))?\s?{UNIT}(?![\w/])")
+FIGURE = re.compile(rf"(?<![\w.,\-/])({NUMBER})(?:\s?[–-]\s?({NUMBER}))?\s?{UNIT}(?![\w/])")
 #: a decimal number in a table cell
 CELL = re.compile(rf"(?<![\w.])(\d+\.\d+)(?![\w.])")
 SOURCE = re.compile(r"<!-- figures: (.+?) -->")
@@ -85,7 +85,8 @@ def figures(text: str) -> list:
 def _numbers(path: Path) -> tuple:
     text = path.read_text(errors="replace")
     out = []
-    for word in re.findall(r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?", text.replace(",", "")):
+    text = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", text)  # (thousands, not lists)
+    for word in re.findall(r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?", text):
         try:
             out.append(Decimal(word))
         except InvalidOperation:
@@ -100,7 +101,7 @@ def found_in(figure: str, paths: list) -> bool:
     step = Decimal(1).scaleb(-len(figure.split(".")[1])) if "." in figure else Decimal(1)
     for path in paths:
         for value in _numbers(path):
-            if value.quantize(step) == want if step < 1 else round(value) == want:
+            if abs(value - want) <= step / 2:  # (either way at a half)
                 return True
     return False
 

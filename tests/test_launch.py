@@ -304,3 +304,26 @@ def test_watchdog_aborts_a_mismatched_call_and_says_where():
                      r"'MainThread': allreduce of 4 x float64, op (max|sum), algorithm "
                      r"recursive_doubling", result.stdout), tail(result.stdout)
     assert "aborting the job" in result.stdout, tail(result.stdout)
+
+
+def test_torchrun_is_refused_on_every_rank_with_a_clear_error(tmp_path):
+    """torchrun starts processes without MPI (each one an MPI world of its
+    own): making the group refuses, on every rank, saying how to launch
+    (docs/frameworks.md)."""
+    pytest.importorskip("torch", reason="the torch backend needs torch: pip install -e '.[torch]'")
+    import shutil
+
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if torchrun is None:
+        pytest.skip("torch is installed without its torchrun command")
+    script = tmp_path / "train.py"
+    script.write_text("import torch.distributed as dist\nimport mpi_allreduce.torch\n"
+                      "dist.init_process_group('mpi_allreduce')\n")
+    from mpi_allreduce.launch import run
+
+    result = run([torchrun, "--nproc-per-node", "2", "--master-port", "0", str(script)],
+                 timeout=120, cwd=str(tmp_path))
+    assert result.returncode not in (0, 124), tail(result.stdout)
+    for rank in (0, 1):
+        assert (f"torch's group (rank {rank} of 2) is not MPI's (rank 0 of 1): launch every "
+                "process with mpiexec or srun") in result.stdout, tail(result.stdout)

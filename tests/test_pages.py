@@ -235,7 +235,7 @@ def problems_of(source: str) -> list:
 
 def _reason(page: Path, example) -> str | None:
     """The reason on the line before the block's fence, if it is not run."""
-    before = page.read_text()[:example.start].rstrip("\n").rsplit("\n", 1)[-1]
+    before = example.document.text[:example.start].rstrip("\n").rsplit("\n", 1)[-1]
     m = DIRECTIVE.search(before)
     return m.group(1) if m else None
 
@@ -254,9 +254,12 @@ def _run_bash(source: str, where: Path):
 
 
 def _run_python(source: str, where: Path):
-    if re.search(r"^\s*import torch|^\s*from torch", source, re.M) and \
-            importlib.util.find_spec("torch") is None:
-        pytest.skip("the block needs torch: pip install -e '.[torch]'")
+    missing = sorted({name for name in re.findall(r"^\s*(?:import|from) (\w+)", source, re.M)
+                      if importlib.util.find_spec(name) is None})
+    if missing:
+        pytest.skip(f"the block needs {', '.join(missing)}, not installed here (torch: "
+                    "pip install -e '.[torch]'; the frameworks: pip install lightning "
+                    "accelerate)")
     (where / "example.py").write_text(source)
     first = source.splitlines()[0]
     m = WORLD.match(first)

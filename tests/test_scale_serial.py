@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from mpi_allreduce.simulate import Machine, simulate
-from mpi_allreduce.tools.scale import ALGORITHMS, CLOSED_FORMS, SIMULATE_FORMLESS_UP_TO, seconds
+from mpi_allreduce.tools.scale import (ALGORITHMS, CLOSED_FORMS, SIMULATE_FORMLESS_UP_TO,
+                                       seconds, simulations)
 
 #: a machine with every term of the model at a realistic size: 0.1 us per
 #: message posted, 0.7 us per local action, 1 us and 5 GB/s inside a node,
@@ -144,12 +145,19 @@ def test_predict_command(tmp_path):
     assert "# crossovers" in out and png.stat().st_size > 10000
     data = json.loads(rows.read_text())["rows"]
     assert len(data) == 3 * 4 * len(ALGORITHMS)
-    # a time for every algorithm with a closed form; the others' up to where they are simulated
-    assert all(r["seconds"] > 0 for r in data
-               if r["algorithm"] in CLOSED_FORMS + ("hierarchical",)
-               or r["p"] <= SIMULATE_FORMLESS_UP_TO)
-    assert all(r["seconds"] is None for r in data if r["algorithm"] not in CLOSED_FORMS
-               + ("hierarchical",) and r["p"] > SIMULATE_FORMLESS_UP_TO)
+    # a time for every algorithm with a closed form; the others' up to where they are
+    # simulated: up to SIMULATE_FORMLESS_UP_TO ranks, within SIMULATE_FORMLESS_BYTES
+    def predicted(r):
+        return r["algorithm"] in CLOSED_FORMS + ("hierarchical",) or bool(
+            simulations(r["algorithm"], r["size"], r["p"], 8, 1 << 20))
+
+    assert all(r["seconds"] > 0 for r in data if predicted(r))
+    assert all(r["seconds"] is None for r in data if not predicted(r))
+    assert not any(predicted(r) for r in data if r["algorithm"] not in CLOSED_FORMS
+                   + ("hierarchical",) and r["p"] > SIMULATE_FORMLESS_UP_TO)
+    # allgather_reduce's p^2 n / segment pieces: 2 MiB on 64 ranks is past the memory
+    assert [r["seconds"] for r in data if r["p"] == 64 and r["size"] == 2 << 20
+            and r["algorithm"] == "allgather_reduce"] == [None]
     # every printed time is the closed form's
     row = next(r for r in data if r["p"] == 4096 and r["algorithm"] == "ring" and r["size"] == 8)
     assert row["seconds"] == pytest.approx(seconds("ring", 8, 4096, CURVED, 8, 1 << 20))

@@ -325,8 +325,22 @@ def output_file(*suffixes: str, make_parents: bool = False,
     return _named(parse, "output file")
 
 
+#: what a command that draws says where matplotlib is not installed
+NO_MATPLOTLIB = ("drawing needs matplotlib, which is not installed "
+                 "(pip install 'mpi_allreduce[plot]')")
+
+
+def drawing() -> None:
+    """Refuse an option that draws where matplotlib is not installed
+    (looked up, not imported)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise argparse.ArgumentTypeError(NO_MATPLOTLIB)
+
+
 def image_file(text: str) -> str:
-    """A picture to write: writable, named with a suffix matplotlib writes."""
+    """A picture to write: writable, named with a suffix matplotlib writes
+    (and matplotlib installed)."""
+    drawing()
     formats = ()
     try:
         from matplotlib.backend_bases import FigureCanvasBase

@@ -27,6 +27,7 @@ the start of the receiver's next round, so it shows there.
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -35,7 +36,7 @@ import numpy as np
 from ..schedule import RECV, SEND, Ref
 
 __all__ = ["Arrow", "Frame", "Drawing", "contributions", "draw", "FORMATS", "DETAIL_RANKS",
-           "DETAIL_ELEMENTS", "label_of"]
+           "DETAIL_ELEMENTS", "label_of", "memory_needed"]
 
 #: file types :func:`draw` writes
 FORMATS = (".png", ".svg", ".pdf", ".gif")
@@ -253,6 +254,80 @@ def _heading(drawing: Drawing) -> str:
             f"colour: share of the ranks' contributions an element holds")
 
 
+def _figure(size: int, count: int, frames: int, gif: bool) -> tuple:
+    """(width, height in inches, dots per inch, columns, rows) of the
+    figure :func:`draw` makes: a GIF's frame is one panel; else the panels
+    in rows of up to four and the space-time diagram below them."""
+    width = min(max(4.0, 0.45 * min(count, DETAIL_ELEMENTS) + 2.0), 12.0)
+    height = max(2.2, 0.35 * min(size, DETAIL_RANKS) + 1.0)
+    if gif:
+        return width, height, 100, 1, 1
+    columns = min(4, frames)
+    rows = -(-frames // columns)
+    return width * columns * 0.8, height * rows + height + 1.0, 110, columns, rows
+
+
+#: bytes matplotlib holds per thing a panel draws (tracemalloc, matplotlib
+#: 3.x): an axes, a block of a detailed panel (a Rectangle), its label (a
+#: Text), an arrow (an annotation), a round's span (a Line2D)
+_AXES_BYTES, _BLOCK_BYTES, _LABEL_BYTES, _ARROW_BYTES, _LINE_BYTES = (
+    230_000, 9_000, 9_000, 6_000, 10_000)
+#: what importing pyplot and its first picture of text, images and
+#: colours in a process load besides (modules, fonts, caches; measured:
+#: 48 MB for pyplot and a figure, the rest for text and images)
+_FIRST_BYTES = 65_000_000
+#: per message: its Message (two clocks) and its Arrow, in their lists
+_MESSAGE_BYTES = (sys.getsizeof(Message(0, 0, 0, 0.0, 0.0, 0)) + 2 * 32
+                  + sys.getsizeof(Arrow(0, 0, None, None)) + 2 * 8)
+#: a numpy array's own object (besides its elements)
+_ARRAY_BYTES = sys.getsizeof(np.empty(0))
+
+
+def memory_needed(algorithm: str, size: int, count: Optional[int] = None,
+                  segment_size: Optional[int] = None, options: Optional[dict] = None,
+                  output: str = "drawing.png") -> int:
+    """Bytes drawing ``algorithm`` into ``output`` holds at its peak, known
+    before a schedule is made (:func:`~mpi_allreduce.simulate.footprint`,
+    arguments as :func:`contributions` takes them):
+
+    * :func:`contributions`: the schedules and the simulator's own
+      (:meth:`~mpi_allreduce.simulate.Footprint.bytes` without data); the
+      vectors and scratch of sets (object arrays), every set a reduction
+      makes (an int of ``size`` bits), each rank's vector copied at each
+      of its rounds, a frame of every rank's vector per round (the
+      longest rank's rounds), the messages and rounds' spans;
+    * :func:`draw`: pyplot and its first picture's fonts and caches, its
+      axes, blocks, labels, arrows and spans (``_AXES_BYTES`` ...), a
+      summary panel's shares (the fractions and the image's copy,
+      float64) and the canvas (RGBA, and the file's copy of it); a GIF's
+      frames as RGB images (and RGBA ones freed).
+    """
+    from ..simulate import footprint
+
+    count = size if count is None else count
+    segment = max(1, count) if segment_size is None else segment_size
+    f = footprint(algorithm, size, count, segment, options)
+    frames = f.longest + 1
+    cells = size * count
+    intsize = sys.getsizeof((1 << size) - 1)
+    need = (f.bytes(count, "u1", data=False) + (cells + f.scratch) * 8
+            + (size + f.reduced) * intsize + f.rounds * (count * 8 + _ARRAY_BYTES)
+            + frames * (cells * 8 + _ARRAY_BYTES) + f.messages * _MESSAGE_BYTES
+            + f.rounds * 2 * 32 + _FIRST_BYTES)
+    gif = Path(output).suffix.lower() == ".gif"
+    summary = size > DETAIL_RANKS or count > DETAIL_ELEMENTS or count == 0
+    panel = _AXES_BYTES + (3 * cells * 8 if summary else cells * _BLOCK_BYTES
+                           + (cells * _LABEL_BYTES if size <= 8 and count <= 16 else 0))
+    width, height, dpi, _, _ = _figure(size, count, frames, gif)
+    pixels = int(width * dpi) * int(height * dpi)
+    if gif:  # a figure at a time; each frame kept as an RGB image, and the RGBA
+        # one it was read from, whose memory the allocator keeps (measured)
+        return need + panel + pixels * 4 * 2 + frames * pixels * (3 + 4)
+    arrows = 0 if summary else f.messages
+    return (need + frames * panel + (arrows + f.messages) * _ARROW_BYTES + _AXES_BYTES
+            + f.rounds * _LINE_BYTES + pixels * 4 * 2)
+
+
 def draw(drawing: Drawing, output: str) -> int:
     """Write ``drawing`` to ``output`` (:data:`FORMATS`); the panels (or
     frames) written."""
@@ -266,11 +341,9 @@ def draw(drawing: Drawing, output: str) -> int:
     import matplotlib.pyplot as plt
 
     cmap = plt.get_cmap("YlGnBu")
-    rows_per_panel = min(drawing.size, DETAIL_RANKS)
-    width = min(max(4.0, 0.45 * min(drawing.count, DETAIL_ELEMENTS) + 2.0), 12.0)
-    height = max(2.2, 0.35 * rows_per_panel + 1.0)
     frames = drawing.frames
     if suffix == ".gif":
+        width, height, dpi, _, _ = _figure(drawing.size, drawing.count, len(frames), True)
         from PIL import Image
 
         images = []
@@ -280,21 +353,20 @@ def draw(drawing: Drawing, output: str) -> int:
             fig.suptitle(_heading(drawing), fontsize=8)
             fig.tight_layout()
             buf = io.BytesIO()
-            fig.savefig(buf, format="png", dpi=100)
+            fig.savefig(buf, format="png", dpi=dpi)
             plt.close(fig)
             buf.seek(0)
             images.append(Image.open(buf).convert("RGB"))
         images[0].save(output, save_all=True, append_images=images[1:], duration=1200, loop=0)
         return len(images)
-    columns = min(4, len(frames))
-    rows = -(-len(frames) // columns)
-    fig = plt.figure(figsize=(width * columns * 0.8, height * rows + height + 1.0))
+    width, height, dpi, columns, rows = _figure(drawing.size, drawing.count, len(frames), False)
+    fig = plt.figure(figsize=(width, height))
     grid = fig.add_gridspec(rows + 1, columns)
     for i, frame in enumerate(frames):
         _panel(fig.add_subplot(grid[i // columns, i % columns]), drawing, frame, cmap)
     _timeline(fig.add_subplot(grid[rows, :]), drawing)
     fig.suptitle(_heading(drawing), fontsize=10)
     fig.tight_layout()
-    fig.savefig(output, dpi=110)
+    fig.savefig(output, dpi=dpi)
     plt.close(fig)
     return len(frames)

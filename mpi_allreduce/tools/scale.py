@@ -25,11 +25,14 @@ at uneven segments).  Where no form is exact the simulator answers instead:
 the double binary tree always (two segments simulated, the rest
 extrapolated), an algorithm with no form here (Swing, Bine, recursive
 multiplying, k-nomial, the torus, allgather-then-reduce) up to
-``SIMULATE_FORMLESS_UP_TO`` ranks and not above (no prediction there: ``-``), recursive doubling and Rabenseifner across nodes when p is
+``SIMULATE_FORMLESS_UP_TO`` ranks and ``SIMULATE_FORMLESS_BYTES`` of the
+simulator's memory and not above (no prediction there: ``-``), recursive
+doubling and Rabenseifner across nodes when p is
 not a power of two or q does not divide it (up to ``SIMULATE_UP_TO``
 ranks).  ``naive`` across nodes is an estimate only (its longest chain or
 the bytes leaving a node, whichever is longer).  The forms cost O(log p)
-(the trees O(p)), so they reach p = 65536 in seconds.
+(the trees O(p)), so they reach p = 65536 in seconds; what the
+simulations hold is known before any runs (:func:`memory_needed`).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from ..partition import real_rank
 from ..simulate import Machine
 from .bench import human
 
-__all__ = ["ALGORITHMS", "CLOSED_FORMS", "seconds", "Links"]
+__all__ = ["ALGORITHMS", "CLOSED_FORMS", "seconds", "Links", "simulations", "memory_needed"]
 
 #: every algorithm of the registry, in its order: each flat one has its
 #: form in ``_FORMS``; hierarchical takes the best of the registry's
@@ -59,6 +62,13 @@ SIMULATE_UP_TO = 4096
 #: an algorithm without a closed form is simulated up to this many ranks
 #: (and has no prediction above)
 SIMULATE_FORMLESS_UP_TO = 1024
+#: ... and where its simulation holds at most this many bytes
+#: (:func:`~mpi_allreduce.simulate.footprint`; about a million actions,
+#: seconds to simulate): with segments of 1 MiB, allgather_reduce passes
+#: it from 2 MiB on 64 ranks, 256 KiB on 256 and 4 KiB on 1024 (its p^2 n /
+#: segment pieces), swing_bandwidth from 4 KiB on 1024 (its blocks apart),
+#: the latency-bound ones from 128 MiB on 1024
+SIMULATE_FORMLESS_BYTES = 256_000_000
 
 
 class Links:
@@ -119,13 +129,82 @@ def seconds(algorithm: str, nbytes: int, p: int, prm: Machine, ranks_per_node: O
                          f"{', '.join(ALGORITHMS)}")
     form = _FORMS.get(algorithm)
     if form is None:  # (no closed form: the simulator's time, as far as it goes)
-        return _simulated(algorithm, p, count, s, m) if p <= SIMULATE_FORMLESS_UP_TO \
-            else math.nan
-    if (algorithm in ("recursive_doubling", "rabenseifner") and q < p and not _aligned(p, q)
-            and p <= SIMULATE_UP_TO):
+        return _simulated(algorithm, p, count, s, m) \
+            if _formless_simulated(algorithm, p, count, s, itemsize) else math.nan
+    if _misaligned(algorithm, p, q):
         return _simulated(algorithm, p, count, s, m)
     call = 0.0 if algorithm == "double_binary_tree" else prm.call_overhead  # simulated: has it
     return call + form(m, p, count, s)
+
+
+def _misaligned(algorithm: str, p: int, q: int) -> bool:
+    """Recursive doubling and Rabenseifner across nodes with p no power of
+    two or nodes that do not divide it, up to :data:`SIMULATE_UP_TO` ranks:
+    simulated instead of their form's estimate."""
+    return (algorithm in ("recursive_doubling", "rabenseifner") and q < p
+            and not _aligned(p, q) and p <= SIMULATE_UP_TO)
+
+
+#: (algorithm, p, segment, itemsize) -> the fewest elements found whose
+#: simulation passes :data:`SIMULATE_FORMLESS_BYTES` (more need no less)
+_TOO_LONG: dict = {}
+
+
+def _formless_simulated(algorithm: str, p: int, count: int, s: int, itemsize: int) -> bool:
+    """Whether an algorithm without a form is simulated at this point: up
+    to :data:`SIMULATE_FORMLESS_UP_TO` ranks, within
+    :data:`SIMULATE_FORMLESS_BYTES`."""
+    if p > SIMULATE_FORMLESS_UP_TO:
+        return False
+    key = (algorithm, p, s, itemsize)
+    if count >= _TOO_LONG.get(key, count + 1):
+        return False
+    if _footprint_bytes(algorithm, p, count, s, itemsize) <= SIMULATE_FORMLESS_BYTES:
+        return True
+    _TOO_LONG[key] = min(count, _TOO_LONG.get(key, count))
+    return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _footprint_bytes(algorithm: str, p: int, count: int, s: int, itemsize: int) -> int:
+    """Bytes the simulation of this point holds (timing only: no data)."""
+    from ..simulate import footprint
+
+    return footprint(algorithm, p, count, s).bytes(count, _DTYPES[itemsize], data=False)
+
+
+def _tree_counts(c: int, s: int) -> tuple:
+    """The counts the double binary tree is simulated at (its form)."""
+    return (c,) if -(-c // 2) <= 2 * s else (2 * s, 4 * s)
+
+
+def simulations(algorithm: str, nbytes: int, p: int, ranks_per_node: Optional[int] = None,
+                segment_bytes: Optional[int] = None, itemsize: int = 4) -> list:
+    """The simulations :func:`seconds` runs for this point (arguments as it
+    takes them): ``(algorithm, p, count, segment)`` each."""
+    count = nbytes // itemsize
+    if p <= 1 or count <= 0 or algorithm == hierarchical.NAME:
+        return []
+    q = min(ranks_per_node or p, p)
+    s = max(1, (segment_bytes or (1 << 62)) // itemsize)
+    if algorithm == "double_binary_tree":
+        return [(algorithm, p, n, s) for n in _tree_counts(count, s)]
+    if (algorithm not in _FORMS and _formless_simulated(algorithm, p, count, s, itemsize)) \
+            or _misaligned(algorithm, p, q):
+        return [(algorithm, p, count, s)]
+    return []
+
+
+def memory_needed(ranks: list, sizes: list, ranks_per_node: int, segment_bytes: int,
+                  algorithms=ALGORITHMS, itemsize: int = 4) -> int:
+    """Bytes the simulations of :func:`table` hold at their peak (they run
+    one at a time; the closed forms hold next to nothing), known before
+    any runs: the largest :func:`~mpi_allreduce.simulate.footprint` among
+    them."""
+    return max((_footprint_bytes(name, n, count, s, itemsize)
+                for p in ranks for size in sizes for algorithm in algorithms
+                for name, n, count, s in simulations(algorithm, size, p, ranks_per_node,
+                                                     segment_bytes, itemsize)), default=0)
 
 
 def _ring(m: Links, p: int, c: int, s: int) -> float:
@@ -302,12 +381,11 @@ def _double_binary_tree(m: Links, p: int, c: int, s: int) -> float:
     segment adds what the second one added (the schedule repeats itself
     segment by segment; the simulator's times are linear in the segments
     from the second on), so at most two segments are simulated."""
-    half = -(-c // 2)
-    if half <= 2 * s:
+    counts = _tree_counts(c, s)
+    if len(counts) == 1:
         return _simulated("double_binary_tree", p, c, s, m)
-    one = _simulated("double_binary_tree", p, 2 * s, s, m)
-    two = _simulated("double_binary_tree", p, 4 * s, s, m)
-    return one + (half / s - 1) * (two - one)
+    one, two = (_simulated("double_binary_tree", p, n, s, m) for n in counts)
+    return one + (-(-c // 2) / s - 1) * (two - one)
 
 
 @functools.lru_cache(maxsize=512)
@@ -315,9 +393,12 @@ def _simulated(algorithm: str, p: int, count: int, s: int, m: "Links") -> float:
     from ..simulate import simulate
 
     nodes = tuple(r // m.q for r in range(p)) if p > m.q else None
-    dtype = {1: "u1", 2: "u2", 4: "float32", 8: "float64"}[m.w]
-    return simulate(algorithm, p, count, dtype, segment_size=s,
+    return simulate(algorithm, p, count, _DTYPES[m.w], segment_size=s,
                     machine=m.prm.placed(nodes), data=False).seconds
+
+
+#: the simulated elements' type for each size of element
+_DTYPES = {1: "u1", 2: "u2", 4: "float32", 8: "float64"}
 
 
 def _hierarchical(m: Links, p: int, c: int, s: int, inner: Optional[str]) -> float:
