@@ -179,8 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("-a", "--algorithms", type=listed(algorithm(), "algorithms"),
                    default=list(ALGORITHMS),
                    help=f"comma-separated (default: {','.join(ALGORITHMS)})")
-    v.add_argument("-d", "--dtypes", type=listed(dtype, "dtypes"),
-                   default=list(SUPPORTED_DTYPES))
+    v.add_argument("-d", "--dtypes", type=listed(dtype, "dtypes"), default=None,
+                   help="comma-separated (default: every dtype the device's arrays hold: "
+                        f"{','.join(SUPPORTED_DTYPES)} on the CPU)")
     v.add_argument("-o", "--ops", type=listed(op, "ops"), default=list(OPS))
     v.add_argument("--counts", type=listed(whole(0, MAX_VERIFY_COUNT), "element counts"),
                    default=None,
@@ -406,13 +407,30 @@ def _check_bench(args, error) -> None:
     _check_measured(args, error)
     _check_dtype_op(args, error)
     _check_vendor(args, error)
+    _check_held(args, error, "-d/--dtype", [args.dtype])
     _check_row_size(args, error, MPI.COMM_WORLD.Get_size(), args.algorithms)
     if args.json and args.json == args.csv:
         error(f"--json and --csv both name {args.json!r}")
 
 
+def _check_held(args, error, option: str, dtypes) -> None:
+    """Refuse dtypes the device's arrays cannot hold (cupy's long double)."""
+    from .backend import held_on
+
+    lacking = [d for d in dtypes if d not in held_on(args.device, dtypes)]
+    if lacking:
+        error(f"argument {option}: {args.device} arrays cannot hold {', '.join(lacking)} "
+              "(cupy has no long double); leave it out or use --device cpu")
+
+
 def _check_verify(args, error) -> None:
+    from .backend import held_on
+    from .ops import SUPPORTED_DTYPES
+
     _check_row_size(args, error, MPI.COMM_WORLD.Get_size(), args.algorithms)
+    if args.dtypes is None:  # (every dtype the device's arrays hold)
+        args.dtypes = held_on(args.device, SUPPORTED_DTYPES)
+    _check_held(args, error, "-d/--dtypes", args.dtypes)
 
 
 def _check_simulate(args, error) -> None:

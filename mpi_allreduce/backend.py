@@ -371,10 +371,14 @@ def as_array(obj):
         # plain array it is; the result still lands in the caller's memory
         return obj if type(obj) is np.ndarray else obj.view(np.ndarray)
     if hasattr(obj, "__cuda_array_interface__"):
-        if _host_pointer(obj, _cupy()):  # host memory behind the interface
+        cp = _cupy()
+        if cp is not None and isinstance(obj, cp.ndarray):
+            # (device memory; an empty one has the null pointer, which the
+            # runtime calls host memory: it stays a cupy array all the same)
+            return obj
+        if _host_pointer(obj, cp):  # host memory behind the interface
             return _host_view(obj)
-        cp = _cupy_for(obj)
-        return obj if isinstance(obj, cp.ndarray) else cp.asarray(obj)
+        return _cupy_for(obj).asarray(obj)
     if hasattr(obj, "__dlpack_device__") and hasattr(obj, "__dlpack__"):
         if _dlpack_is_cuda(obj):
             return _cupy_for(obj).from_dlpack(obj)
@@ -562,6 +566,17 @@ def _one_line(exc: BaseException) -> str:
     if "Original error:" in lines[:-1]:
         return lines[lines.index("Original error:") + 1]
     return lines[0] if lines else type(exc).__name__
+
+
+def held_on(device: str, dtypes) -> list:
+    """Those of ``dtypes`` a buffer on ``device`` can hold: all on the CPU;
+    cupy has no long double (nor its complex) where it differs from
+    float64."""
+    if device == "cpu":
+        return list(dtypes)
+    longer = {np.dtype(t) for t in (np.longdouble, np.clongdouble)} - {
+        np.dtype(np.float64), np.dtype(np.complex128)}
+    return [d for d in dtypes if np.dtype(d) not in longer]
 
 
 def device_unavailable(device: str) -> Optional[str]:

@@ -72,11 +72,16 @@ def mpi_tags() -> TagLayout:
 @functools.lru_cache(maxsize=None)
 def wire_type(dtype: np.dtype) -> MPI.Datatype:
     """The MPI datatype messages of ``dtype`` travel as: the matching
-    predefined type, or raw bytes where the MPI has none (float16, say)."""
+    predefined type, or raw bytes where the MPI has none (float16, say, or
+    a type mpi4py names that this MPI refuses: Open MPI 4.1's
+    ``MPIX_C_FLOAT16`` raises MPI_ERR_TYPE when asked its size)."""
     mpitype = MPI._typedict.get(np.dtype(dtype).char)
-    if mpitype is None or mpitype == MPI.DATATYPE_NULL or mpitype.Get_size() != dtype.itemsize:
-        return MPI.BYTE
-    return mpitype
+    try:
+        usable = (mpitype is not None and mpitype != MPI.DATATYPE_NULL
+                  and mpitype.Get_size() == dtype.itemsize)
+    except MPI.Exception:
+        usable = False
+    return mpitype if usable else MPI.BYTE
 
 
 @functools.lru_cache(maxsize=None)

@@ -655,3 +655,41 @@ def test_good_arguments_run():
     assert "p=3, count=5, int32 max, segment 2 elements" in result.stdout
     rows = [line.split() for line in result.stdout.splitlines() if not line.startswith("#")]
     assert [row[:2] for row in rows[1:]] == [["ring", "0"], ["tree", "0"]]
+
+
+@pytest.mark.parametrize("command,option", [(["verify", "-d", "float32,longdouble"],
+                                             "-d/--dtypes"),
+                                            (["bench", "-d", "longdouble"], "-d/--dtype")],
+                         ids=["verify", "bench"])
+def test_a_dtype_cupy_cannot_hold_is_refused_before_any_message(command, option, monkeypatch,
+                                                                capsys):
+    """cupy has no long double: named with --device cuda it is a usage
+    error, not a traceback in the middle of the run (found on a GPU)."""
+    import numpy as np
+
+    from mpi_allreduce import __main__ as cli
+
+    if np.dtype(np.longdouble) == np.dtype(np.float64):
+        pytest.skip("long double is float64 on this platform")
+    monkeypatch.setattr(cli, "device", str.lower)  # (cupy "installed")
+    with pytest.raises(SystemExit) as refused:
+        main(command + ["--device", "cuda"])
+    assert refused.value.code == 2
+    name = np.dtype(np.longdouble).name
+    assert _error_lines(capsys.readouterr().err) == [
+        f"python -m mpi_allreduce {command[0]}: error: argument {option}: cuda arrays cannot "
+        f"hold {name} (cupy has no long double); leave it out or use --device cpu"]
+
+
+def test_verify_on_a_device_checks_every_dtype_its_arrays_hold():
+    import numpy as np
+
+    from mpi_allreduce.backend import held_on
+    from mpi_allreduce.ops import SUPPORTED_DTYPES
+
+    assert held_on("cpu", SUPPORTED_DTYPES) == list(SUPPORTED_DTYPES)
+    on_gpu = held_on("cuda", SUPPORTED_DTYPES)
+    assert {"float16", "float64", "complex128", "bool"} <= set(on_gpu)
+    if np.dtype(np.longdouble) != np.dtype(np.float64):
+        assert set(SUPPORTED_DTYPES) - set(on_gpu) == {np.dtype(np.longdouble).name,
+                                                      np.dtype(np.clongdouble).name}

@@ -124,3 +124,19 @@ def test_cupy_halves_and_fusion(comm, gpu_path):
     mar.Fusion(comm, op="sum", bucket_bytes=4096).allreduce(arrays)
     for a in arrays:
         assert (cp.asnumpy(a) == p * (p + 1) / 2).all()
+
+
+def test_empty_cupy_blocks_stay_on_the_device(comm, gpu_path):
+    """An empty cupy array has the null pointer, which the CUDA runtime calls
+    host memory: it is still a device buffer, so an empty block of a
+    vector Allgatherv or of a zero-length all-reduce is accepted beside a
+    non-empty device buffer (found by verify --device cuda on a GPU)."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    blocks = [r % 2 for r in range(size)]  # (rank 0's block empty)
+    part = cp.full(blocks[rank], rank, dtype=cp.float32)
+    got = mar.allgather(part, cp.zeros(sum(blocks), cp.float32), blocks, comm=comm)
+    want = np.concatenate([np.full(b, r, np.float32) for r, b in enumerate(blocks)])
+    np.testing.assert_array_equal(cp.asnumpy(got), want)
+    empty = mar.allreduce(cp.zeros(0, cp.float32), cp.zeros(0, cp.float32), comm=comm)
+    assert isinstance(empty, cp.ndarray) and empty.size == 0
+    assert isinstance(backend.as_array(cp.zeros(0, cp.int8)), cp.ndarray)

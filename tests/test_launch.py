@@ -321,7 +321,12 @@ def test_torchrun_is_refused_on_every_rank_with_a_clear_error(tmp_path):
                       "dist.init_process_group('mpi_allreduce')\n")
     from mpi_allreduce.launch import run
 
-    result = run([torchrun, "--nproc-per-node", "2", "--master-port", "0", str(script)],
+    import socket
+
+    with socket.socket() as probe:  # (a free port for torchrun's store)
+        probe.bind(("", 0))
+        port = probe.getsockname()[1]
+    result = run([torchrun, "--nproc-per-node", "2", "--master-port", str(port), str(script)],
                  timeout=120, cwd=str(tmp_path))
     assert result.returncode not in (0, 124), tail(result.stdout)
     for rank in (0, 1):

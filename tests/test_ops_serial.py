@@ -129,3 +129,30 @@ def test_value_bytes_ignore_long_double_padding():
     assert value_bytes(a) != value_bytes(b)
     f = np.arange(3.0)
     assert value_bytes(f) == f.tobytes()
+
+
+def test_a_type_the_mpi_names_but_refuses_travels_as_bytes(monkeypatch):
+    """Open MPI 4.1 has mpi4py's float16 type (MPIX_C_FLOAT16) by name but
+    raises MPI_ERR_TYPE when asked its size: float16 then travels as raw
+    bytes, as where the MPI has no such type, instead of aborting the job."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from mpi_allreduce import executor
+
+    class Refused:
+        def __eq__(self, other):
+            return other is self
+
+        __hash__ = object.__hash__
+
+        def Get_size(self):  # noqa: N802 - mpi4py's name
+            raise MPI.Exception(MPI.ERR_TYPE)
+
+    monkeypatch.setattr(MPI, "_typedict", {**MPI._typedict, "e": Refused()})
+    executor.wire_type.cache_clear()
+    try:
+        assert executor.wire_type(np.dtype("float16")) == MPI.BYTE
+        assert executor.wire_type(np.dtype("float32")) == MPI.FLOAT
+    finally:
+        executor.wire_type.cache_clear()

@@ -167,7 +167,7 @@ def tune(comm, sizes, iters: int, repeats: int, output, merge: bool) -> int:
     return 0
 
 
-#: how much slower than the fastest a vendor algorithm may be and still win a size
+#: how much slower than the fastest a vendor algorithm may be and still win a size (5%)
 VENDOR_TOLERANCE = 0.05
 
 
