@@ -462,19 +462,27 @@ def _check_predicted_memory(args, error) -> None:
     algorithms without a closed form, and the double binary tree), known
     before any runs (:func:`~mpi_allreduce.tools.scale.memory_needed`):
     above what is available, a usage error naming what lowers it."""
-    from . import simulate
     from .api import DEFAULT_SEGMENT_BYTES
     from .tools.scale import memory_needed
 
     need = memory_needed(args.ranks, _size_range(args), args.ranks_per_node or 1,
                          args.segment_bytes or DEFAULT_SEGMENT_BYTES)
+    _within_memory(args, error, need, "--ranks and -e/--maxbytes: predicting",
+                   "simulating what has no closed form",
+                   "use fewer ranks (--ranks) or a shorter largest size (-e/--maxbytes)")
+
+
+def _within_memory(args, error, need: int, what: str, why: str, lower: str) -> None:
+    """Keep (``need``, what is available) for the run's memory line; above
+    what is available, a usage error: "``what`` needs about N in this
+    process (``why``), and M is available; ``lower``"."""
+    from . import simulate
+
     args.memory = (need, simulate.available_memory())
     have = args.memory[1]
     if have is not None and need > have:
-        error(f"--ranks and -e/--maxbytes: predicting needs about {simulate.memory_text(need)} "
-              f"in this process (simulating what has no closed form), and "
-              f"{simulate.memory_text(have)} is available; use fewer ranks (--ranks) or a "
-              "shorter largest size (-e/--maxbytes)")
+        error(f"{what} needs about {simulate.memory_text(need)} in this process ({why}), and "
+              f"{simulate.memory_text(have)} is available; {lower}")
 
 
 def _check_simulated_memory(args, error) -> None:
@@ -567,19 +575,15 @@ def _check_drawn_memory(args, error) -> None:
     """The memory the drawing needs, estimated before any schedule is made
     (:func:`~mpi_allreduce.tools.draw.memory_needed`): above what is
     available, a usage error naming what lowers it."""
-    from . import simulate
     from .tools.draw import memory_needed
 
     need = memory_needed(args.algorithm, args.size, args.count, args.segment,
                          _drawn_options(args), args.output or _default_drawing(args))
-    args.memory = (need, simulate.available_memory())
-    have = args.memory[1]
-    if have is not None and need > have:
-        error(f"-p/--size and --count: drawing {args.algorithm} on {args.size} ranks of "
-              f"{args.size if args.count is None else args.count} elements needs about "
-              f"{simulate.memory_text(need)} in this process (a frame of every rank's vector "
-              f"per round, and the picture), and {simulate.memory_text(have)} is available; "
-              "use fewer ranks (-p/--size) or elements (--count)")
+    _within_memory(args, error, need,
+                   f"-p/--size and --count: drawing {args.algorithm} on {args.size} ranks of "
+                   f"{args.size if args.count is None else args.count} elements",
+                   "a frame of every rank's vector per round, and the picture",
+                   "use fewer ranks (-p/--size) or elements (--count)")
 
 
 def _check_trace(args, error) -> None:
