@@ -4,6 +4,7 @@ at the world sizes its docstring explains); a plain ``pytest`` run skips them.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -141,10 +142,19 @@ def pytest_configure(config):
     if not config.getoption("--with-mpi", default=False):
         from mpi_allreduce import launch
 
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            launch.announce = lambda line: reporter.write_line(f"[{time.strftime('%H:%M:%S')}]"
-                                                               f" {line}")
+        def announce(line: str) -> None:
+            # (the terminal reporter is looked up when a launch starts: it
+            # may be registered after this hook has run; and the test's
+            # output capture is suspended, or the line would wait for the
+            # test's end and show only if it failed)
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            capture = config.pluginmanager.get_plugin("capturemanager")
+            if reporter is None:
+                return
+            with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+                reporter.write_line(f"[{time.strftime('%H:%M:%S')}] {line}")
+
+        launch.announce = announce
         return
     if getattr(config.option, "durations", None):
         from mpi4py import MPI

@@ -112,6 +112,25 @@ def test_each_launch_is_shown_as_it_starts_and_ends(monkeypatch):
                         r"first: 3 passed, 1 skipped\)", lines[1]), lines
 
 
+def test_the_suite_shows_its_launches(tmp_path):
+    """The same, end to end: a pytest run with this suite's conftest prints
+    each launch's lines between its dots."""
+    (tmp_path / "test_one_launch.py").write_text(
+        "import sys\nfrom mpi_allreduce.launch import run_mpi\n"
+        "def test_launch():\n"
+        "    assert run_mpi(1, [sys.executable, '-c', 'pass'], timeout=60).returncode == 0\n")
+    from mpi_allreduce.launch import run
+
+    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                  "tests.conftest", "--rootdir", str(tmp_path), str(tmp_path)], timeout=120,
+                 cwd=str(ROOT))
+    assert result.returncode == 0, tail(result.stdout)
+    assert re.search(r"^\[\d\d:\d\d:\d\d\] mpiexec -n 1 python -c pass: started", result.stdout,
+                     re.M), tail(result.stdout)
+    assert re.search(r"mpiexec -n 1 python -c pass: exit 0 after \d+ s", result.stdout), \
+        tail(result.stdout)
+
+
 def _openmpi() -> bool:
     return mpiexec_flavor(find_mpiexec()) == "openmpi"
 
