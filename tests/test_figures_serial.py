@@ -32,32 +32,24 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-         ROOT / "benchmarks" / "README.md", ROOT / "slurm" / "README.md"]
+from .pages import PAGES, ROOT, walk
+from .pages import name as page_name
+
 
 NUMBER = r"\d+(?:[.,]\d+)*"
 UNIT = r"(?:us|µs|ms|s|x|×|GB|MB|%|seconds?|minutes?|min|hours?|h)"
 #: a figure in prose: a number or a range of two, then its unit
 FIGURE = re.compile(rf"(?<![\w.,\-/])({NUMBER})(?:\s?[–-]\s?({NUMBER}))?\s?{UNIT}(?![\w/])")
 #: a decimal number in a table cell
-CELL = re.compile(rf"(?<![\w.])(\d+\.\d+)(?![\w.])")
+CELL = re.compile(r"(?<![\w.])(\d+\.\d+)(?![\w.])")
 SOURCE = re.compile(r"<!-- figures: (.+?) -->")
-FENCE = re.compile(r"^(```+|~~~+)")
 
 
 def _paragraphs(page: Path):
     """(first line, lines) of each run of non-blank lines outside fences."""
-    lines = page.read_text().splitlines()
-    block, start, fenced = [], 0, None
-    for number, line in enumerate(lines, 1):
-        fence = FENCE.match(line)
-        if fenced:
-            if fence and fence.group(1) == fenced:
-                fenced = None
-            continue
-        if fence:
-            fenced = fence.group(1)
+    block, start = [], 0
+    for number, line, language in walk(page):
+        if language is not None:
             continue
         if line.strip():
             if not block:
@@ -141,7 +133,7 @@ def problems(page: Path) -> list:
     return out
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", PAGES, ids=page_name)
 def test_every_figure_is_read_from_its_source(page):
     found = problems(page)
     assert not found, "\n".join(f"{page.relative_to(ROOT)}:{n}: {why}" for n, why in found)

@@ -52,9 +52,8 @@ from sybil.parsers.markdown import CodeBlockParser  # noqa: E402
 
 from mpi_allreduce.launch import find_mpiexec, mpiexec_env, run  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-         ROOT / "benchmarks" / "README.md", ROOT / "slurm" / "README.md"]
+from .pages import PAGES, ROOT, name as _name, walk  # noqa: E402
+
 #: fences that are run (or carry the reason they are not)
 RUN = ("bash", "python")
 #: fences that hold no command: output, drawings, files, Sphinx directives
@@ -67,10 +66,6 @@ DIRECTIVE = re.compile(r"<!-- page-test: not run: (.+?) -->\s*$")
 WORLD = re.compile(r"#\s*mpiexec -n (\d+) --oversubscribe python example\.py\s*$")
 #: the checkout's folders a bash block may name (linked into its directory)
 LINKED = ("benchmarks", "slurm", "docs", "tests", "mpi_allreduce", "pyproject.toml")
-
-
-def _name(page: Path) -> str:
-    return str(page.relative_to(ROOT))
 
 
 def _blocks():
@@ -233,7 +228,7 @@ def problems_of(source: str) -> list:
 
 # --- running a block ------------------------------------------------------------
 
-def _reason(page: Path, example) -> str | None:
+def _reason(example) -> str | None:
     """The reason on the line before the block's fence, if it is not run."""
     before = example.document.text[:example.start].rstrip("\n").rsplit("\n", 1)[-1]
     m = DIRECTIVE.search(before)
@@ -281,7 +276,7 @@ def test_block(page, example, tmp_path):
     problems = problems_of(source if language == "bash" else
                            "\n".join(line.lstrip("# ") for line in source.splitlines()[:1]))
     assert not problems, f"{_name(page)}:{example.line}: " + "; ".join(problems)
-    reason = _reason(page, example)
+    reason = _reason(example)
     if reason:
         pytest.skip(f"command lines checked; not run here: {reason}")
     result = (_run_bash if language == "bash" else _run_python)(source, tmp_path)
@@ -291,21 +286,9 @@ def test_block(page, example, tmp_path):
 
 # --- every fence, and the commands quoted in prose -------------------------------
 
-FENCE = re.compile(r"^(```+|~~~+)(.*)$")
-
-
 def _fences(page: Path):
     """(line, language) of each fence that opens a block."""
-    opened = None
-    for number, line in enumerate(page.read_text().splitlines(), 1):
-        m = FENCE.match(line)
-        if not m:
-            continue
-        if opened is None:
-            opened = m.group(1)
-            yield number, m.group(2).strip().split(" ")[0]
-        elif m.group(1) == opened and not m.group(2).strip():
-            opened = None
+    return [(number, language) for number, _, language in walk(page) if language is not None]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_name)
@@ -321,12 +304,8 @@ INLINE = re.compile(r"`((?:mpiexec|mpirun|srun|python3?) [^`]+)`")
 
 def _inline(page: Path):
     """(line, command) of each command quoted inline outside fences."""
-    inside = False
-    for number, line in enumerate(page.read_text().splitlines(), 1):
-        if FENCE.match(line):
-            inside = not inside
-            continue
-        if not inside:
+    for number, line, language in walk(page):
+        if language is None:
             for m in INLINE.finditer(line):
                 yield number, m.group(1)
 
