@@ -97,6 +97,7 @@ def _program(args: Sequence[str]) -> str:
     """``args`` as a reader knows them: ``python -m x ...`` for this
     interpreter, paths shortened to their last part."""
     words = ["python" if a == sys.executable else a for a in args]
+    words = [w.strip().splitlines()[0] + " ..." if "\n" in w.strip() else w for w in words]
     return " ".join(os.path.basename(w) if os.path.isabs(w) else w for w in words)
 
 
