@@ -924,20 +924,21 @@ def cmd_info(args) -> int:
         return 0
     from . import ALGORITHMS
     from .backend import cuda_aware_support
+    from .context import exchange_objects
     from .selection import describe_choices, table_source
     from .topology import on_node, oversubscribed
     from .tools.verify import mpi_library
 
     comm = MPI.COMM_WORLD
     device = _selected_device(comm, args.device)  # (refused before anything else is sent)
-    hosts = comm.gather(MPI.Get_processor_name(), root=0)
-    local_sizes = comm.gather(on_node(comm, "info: where the ranks run")[1], root=0)
-    slurm_nodes = comm.gather(os.environ.get("SLURMD_NODENAME"), root=0)
+    mine = (MPI.Get_processor_name(), on_node(comm, "info: where the ranks run")[1],
+            os.environ.get("SLURMD_NODENAME"), device)
+    everyone = exchange_objects(comm, mine, 0, "info: every rank's host and device")
     aware, why = cuda_aware_support()
-    devices = comm.gather(device, root=0)
     over = oversubscribed(comm)
     auto_table = describe_choices(comm.Get_size(), over)
     if comm.Get_rank() == 0:
+        hosts, local_sizes, slurm_nodes, devices = zip(*everyone)
         print(f"MPI library : {mpi_library()}")
         print(f"MPI standard: {'.'.join(map(str, MPI.Get_version()))}")
         print(f"ranks       : {comm.Get_size()} on {len(set(hosts))} host(s): "

@@ -614,12 +614,17 @@ def select_device(comm, device: str) -> str:
     ranks may share one GPU.  A collective on ``comm`` for 'cuda': the ranks
     first agree whether each can use it, and where any cannot, every rank
     raises :class:`DeviceUnavailable` alike (none is left waiting for the
-    others); 'cpu' sends no message.
+    others; the exchange is watched, on the library's communicator); 'cpu'
+    sends no message.
     """
     why = device_unavailable(device)
     if device == "cpu":
         return "cpu"
-    refusals = [(rank, reason) for rank, reason in enumerate(comm.allgather(why)) if reason]
+    from .context import context_for  # (the context imports this module)
+
+    everyone = context_for(comm).allgather_object(why, f"choosing the device ({device}): "
+                                                       "whether every rank can use it")
+    refusals = [(rank, reason) for rank, reason in enumerate(everyone) if reason]
     if refusals:
         reasons: dict = {}
         for rank, reason in refusals:

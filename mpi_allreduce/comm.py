@@ -48,7 +48,7 @@ from mpi4py import MPI
 
 from . import api, collectives, progress
 from .context import setup
-from .engine import wait_for
+from .engine import wait_for, wait_for_call
 from .backend import backend_for
 from .buffers import message, names_memory
 from .errors import ArgumentMismatch
@@ -370,7 +370,8 @@ class Comm(MPI.Intracomm):
     # --- communicators made from this one are wrapped too ------------------
     # (the collectives that make communicators are watched like every call:
     # those with no non-blocking form behind a watched MPI_Ibarrier, as
-    # topology.node_comm does, so every rank has arrived when they run)
+    # topology.node_comm does, so every rank has arrived when they run;
+    # Create_group, collective over the group only, waited for itself)
     def Dup(self, info=None):  # noqa: N802
         comm, request = MPI.Intracomm.Idup(self, info)
         wait_for([request], "MPI_Comm_idup")
@@ -389,4 +390,7 @@ class Comm(MPI.Intracomm):
         return self._wrap(MPI.Intracomm.Create(self, group))
 
     def Create_group(self, group, tag: int = 0):  # noqa: N802
-        return self._wrap(MPI.Intracomm.Create_group(self, group, tag))
+        # (collective over the group's members only: no barrier of the
+        # parent can come first, so the call itself is waited for, watched)
+        return self._wrap(wait_for_call(lambda: MPI.Intracomm.Create_group(self, group, tag),
+                                        "MPI_Comm_create_group"))

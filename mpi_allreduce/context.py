@@ -22,6 +22,7 @@ completes pending operations on a freed communicator, and so do we).
 from __future__ import annotations
 
 import copy
+import pickle
 import sys
 import threading
 import warnings
@@ -41,7 +42,7 @@ from .topology import emulated_nodes, where
 from .watchdog import WATCH
 
 __all__ = ["Context", "context_for", "release", "setup", "remember_call", "MAX_PLANS",
-           "MAX_CALLS"]
+           "MAX_CALLS", "exchange_objects"]
 
 #: plans kept per communicator (the least recently used go first)
 MAX_PLANS = 64
@@ -159,6 +160,13 @@ class Context:
         if self.broken is not None:
             raise self.refusal()
         wait_for([start()], what, self)
+
+    def allgather_object(self, obj, what: str) -> list:
+        """Every rank's ``obj``, in rank order (:func:`exchange_objects` on
+        the library's communicator; refused at once where it is broken)."""
+        if self.broken is not None:
+            raise self.refusal()
+        return exchange_objects(self.comm, obj, None, what, self)
 
     def refusal(self) -> Broken:
         """The error a call on a broken communicator raises (a fresh one each time)."""
@@ -479,6 +487,29 @@ def _delete_context(comm, keyval, context) -> None:
 
 
 _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_context)
+
+
+def exchange_objects(comm: MPI.Intracomm, obj, root: Optional[int], what: str,
+                     context: Optional[Context] = None) -> Optional[list]:
+    """Every rank's ``obj`` (pickled), in rank order: on every rank (``root``
+    None) or on ``root`` alone (None elsewhere).  Two non-blocking
+    collectives on ``comm``, the sizes and then the bytes, each waited for
+    under the watchdog (:func:`~mpi_allreduce.engine.wait_for`; ``what``
+    names them in a report, ``context`` is broken if they stall)."""
+    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    mine = root is None or comm.Get_rank() == root
+    size = np.array([data.size], dtype=np.int64)
+    sizes = np.empty(comm.Get_size() if mine else 0, dtype=np.int64)
+    wait_for([comm.Iallgather(size, sizes) if root is None else
+              comm.Igather(size, sizes if mine else None, root)], what, context)
+    everything = np.empty(int(sizes.sum()), dtype=np.uint8)
+    whole = [everything, sizes.tolist()] if mine else None
+    wait_for([comm.Iallgatherv(data, whole) if root is None else
+              comm.Igatherv(data, whole, root)], what, context)
+    if not mine:
+        return None
+    ends = np.cumsum(sizes).tolist()
+    return [pickle.loads(everything[end - n:end].tobytes()) for n, end in zip(sizes.tolist(), ends)]
 
 
 def context_for(comm: MPI.Intracomm) -> Context:

@@ -35,7 +35,7 @@ from .config import environment
 from .errors import Stalled
 from .watchdog import WATCH, describe, report, settings
 
-__all__ = ["Operation", "MPIOperation", "ENGINE", "wait_for", "thread_progress",
+__all__ = ["Operation", "MPIOperation", "ENGINE", "wait_for", "wait_for_call", "thread_progress",
            "THREAD_MIN_BYTES", "ABANDONED"]
 
 #: calls moving fewer bytes per rank than this are advanced by the caller
@@ -511,3 +511,35 @@ def wait_for(requests, what: str, context=None) -> None:
         if context is not None:
             context.breaks(error, what)
         raise error
+
+
+def wait_for_call(call, what: str, context=None):
+    """The result of ``call()``, an MPI call with no non-blocking form (such
+    as ``MPI_Comm_create_group``, collective over a group's members only,
+    so no watched barrier can come first), waited for as :func:`wait_for`
+    waits: ``call`` runs on a thread of its own that completes an MPI
+    generalized request when it returns, and the caller waits for that
+    request under the watchdog.  A stall raises
+    :class:`~mpi_allreduce.errors.Stalled` in the caller (raise mode); the
+    thread is left inside MPI until the late ranks come.  Where MPI does
+    not run threads (below ``MPI_THREAD_MULTIPLE``) ``call`` runs on the
+    caller's thread, and only MPI's own wait holds it."""
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        return call()
+    outcome: dict = {}
+    request = MPI.Grequest.Start()
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            outcome["error"] = exc
+        finally:
+            request.Complete()
+
+    threading.Thread(target=run, name=f"mpi_allreduce: {what}", daemon=True).start()
+    wait_for([request], what, context)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+

@@ -9,9 +9,9 @@
 Rank and world size come from MPI.  Where the environment does not already
 name them (``torchrun`` does), importing this module fills in ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` (rank 0's host name) and
-``MASTER_PORT`` (a free port on rank 0) from ``MPI.COMM_WORLD``, so torch's
-default ``env://`` rendezvous works unchanged -- importing it is collective
-over ``COMM_WORLD``.  Under ``mpiexec`` (more than one rank in
+``MASTER_PORT`` (the port of a store server rank 0 starts and keeps) from
+``MPI.COMM_WORLD``, so torch's default ``env://`` rendezvous works
+unchanged -- importing it is collective over ``COMM_WORLD``.  Under ``mpiexec`` (more than one rank in
 ``COMM_WORLD``) a ``file://`` or ``tcp://`` ``init_method`` that names no
 rank and world size takes them from MPI too, as torch's own MPI backend
 does.
@@ -74,6 +74,7 @@ from . import collectives
 from .api import allreduce, iallreduce
 from .backend import device_view, has_device_arrays, on_stream
 from .context import release, setup
+from .engine import wait_for, wait_for_call
 from .errors import Stalled
 from .options import keywords_for, options as resolve_options
 from .progress import mpi_request
@@ -840,10 +841,19 @@ def _create(options, backend_options=None) -> MPIAllreduceGroup:
     global ranks (collective over the members only, as torch calls it)."""
     world = MPI.COMM_WORLD
     ranks = list(getattr(options, "global_ranks_in_group", []) or [])
+    what = f"making a {BACKEND} process group of {len(ranks) or world.Get_size()} ranks"
     if not ranks or ranks == list(range(world.Get_size())):
-        comm = world.Dup()
-    else:
-        comm = world.Create_group(world.Get_group().Incl(ranks))
+        comm, request = world.Idup()
+        wait_for([request], what + ": MPI_Comm_idup")
+    else:  # (collective over the members only, as torch calls it: waited for, watched)
+        whole = world.Get_group()
+        members = whole.Incl(ranks)
+        try:
+            comm = wait_for_call(lambda: world.Create_group(members),
+                                 what + ": MPI_Comm_create_group")
+        finally:
+            members.Free()
+            whole.Free()
     if comm.Get_size() != options.group_size or comm.Get_rank() != options.group_rank:
         raise RuntimeError(f"{BACKEND}: torch's group (rank {options.group_rank} of "
                            f"{options.group_size}) is not MPI's (rank {comm.Get_rank()} of "
@@ -872,21 +882,46 @@ def _hold_name(group: MPIAllreduceGroup) -> None:
         pass
 
 
+#: rank 0's store server when this module filled in ``MASTER_PORT``: held
+#: for the life of the process, so the port it listens on stays taken, and
+#: torch's ``env://`` rendezvous on rank 0 (a multi-tenant ``TCPStore``)
+#: joins this server on that port instead of binding a port of its own
+_SERVER: Optional[dist.TCPStore] = None
+
+#: the longest host name :func:`_fill_environment` passes on (bytes; DNS's limit)
+_HOST_BYTES = 255
+
+
 def _fill_environment() -> None:
     """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from MPI,
-    unless the launcher set them (collective over COMM_WORLD)."""
+    unless the launcher set them (collective over COMM_WORLD, every message
+    watched).
+
+    Rank 0 starts the rendezvous store's server itself, on a port the
+    system picks, and keeps it (:data:`_SERVER`): a port probed and let go
+    would be free for anyone to take before torch binds it, and a rank 0
+    that then fails to bind leaves the other ranks waiting on it."""
+    global _SERVER
     world = MPI.COMM_WORLD
-    missing = not all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                                      "MASTER_PORT"))
-    if not world.allreduce(int(missing), op=MPI.MAX):
+    what = "filling in the torch environment"
+    missing = np.array([not all(name in os.environ for name in
+                                ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))],
+                       dtype=np.int32)
+    wait_for([world.Iallreduce(MPI.IN_PLACE, missing, MPI.MAX)], what + ": whether it is needed")
+    if not missing[0]:
         return
-    address: Optional[tuple] = None
+    address = np.zeros(2 + _HOST_BYTES, dtype=np.uint8)   # the port's two bytes, then the host
     if world.Get_rank() == 0:
-        with socket.socket() as probe:  # a free port on rank 0's host
-            probe.bind(("", 0))
-            address = (socket.gethostname(), probe.getsockname()[1])
-    host, port = world.bcast(address, root=0)
-    local = on_node(world, "filling in the torch environment: where the ranks run")[0]
+        host = socket.gethostname().encode()[:_HOST_BYTES]
+        if _SERVER is None:
+            _SERVER = dist.TCPStore(host.decode(), 0, is_master=True, multi_tenant=True,
+                                    wait_for_workers=False)
+        address[:2] = divmod(_SERVER.port, 256)
+        address[2:2 + len(host)] = np.frombuffer(host, dtype=np.uint8)
+    wait_for([world.Ibcast(address, root=0)], what + ": rank 0's host and port")
+    port = int(address[0]) * 256 + int(address[1])
+    host = address[2:].tobytes().rstrip(b"\0").decode()
+    local = on_node(world, what + ": where the ranks run")[0]
     os.environ.update({"RANK": str(world.Get_rank()), "WORLD_SIZE": str(world.Get_size()),
                        "LOCAL_RANK": str(local), "MASTER_ADDR": host,
                        "MASTER_PORT": str(port)})

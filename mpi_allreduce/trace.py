@@ -620,13 +620,19 @@ def collect(comm, path: str, meta: Optional[dict] = None) -> Optional[str]:
     None elsewhere."""
     from mpi4py import MPI
 
+    from .context import exchange_objects
+    from .engine import wait_for
+
     t = tracer()
     events = t.take() if t is not None else []
     origin = t.origin if t is not None else _now()
-    own = comm.Dup()  # the caller's messages never meet these
+    what = "collecting the trace"
+    own, request = comm.Idup()  # the caller's messages never meet these
+    wait_for([request], what)
     try:
-        offset = _offset_to_root(own)
-        gathered = own.gather((MPI.COMM_WORLD.Get_rank(), origin + offset, events), root=0)
+        offset = _offset_to_root(own, what)
+        gathered = exchange_objects(own, (MPI.COMM_WORLD.Get_rank(), origin + offset, events), 0,
+                                    what)
     finally:
         own.Free()
     if comm.Get_rank() != 0:
@@ -645,31 +651,38 @@ def collect(comm, path: str, meta: Optional[dict] = None) -> Optional[str]:
 SYNC_ROUNDS = 8
 
 
-def _offset_to_root(comm) -> int:
+def _offset_to_root(comm, what: str) -> int:
     """Nanoseconds to add to this rank's clock to read rank 0's: 0 on rank
     0's host (one clock); elsewhere from the ping-pong with the shortest
-    round trip (the midpoint of its two ends, Cristian's way)."""
+    round trip (the midpoint of its two ends, Cristian's way).  Every
+    message is watched (``what`` names them in a report)."""
+    import numpy as np
     from mpi4py import MPI
 
-    host = MPI.Get_processor_name()
-    hosts = comm.allgather(host)
+    from .context import exchange_objects
+    from .engine import wait_for
+
+    hosts = exchange_objects(comm, MPI.Get_processor_name(), None, what + ": the ranks' hosts")
     rank = comm.Get_rank()
     offset = 0
+    ping, pong = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
     for other in range(1, comm.Get_size()):
         if hosts[other] == hosts[0]:
             continue
+        clocks = f"{what}: rank {other}'s clock against rank 0's"
         if rank == 0:
             for _ in range(SYNC_ROUNDS):
-                comm.recv(source=other, tag=71)
-                comm.send(_now(), dest=other, tag=72)
+                wait_for([comm.Irecv(ping, source=other, tag=71)], clocks)
+                pong[0] = _now()
+                wait_for([comm.Isend(pong, dest=other, tag=72)], clocks)
         elif rank == other:
             best = None
             for _ in range(SYNC_ROUNDS):
                 sent = _now()
-                comm.send(None, dest=0, tag=71)
-                theirs = comm.recv(source=0, tag=72)
+                wait_for([comm.Isend(ping, dest=0, tag=71),
+                          comm.Irecv(pong, source=0, tag=72)], clocks)
                 back = _now()
                 if best is None or back - sent < best[0]:
-                    best = (back - sent, theirs - (sent + back) // 2)
+                    best = (back - sent, int(pong[0]) - (sent + back) // 2)
             offset = best[1]
     return offset

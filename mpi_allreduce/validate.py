@@ -11,10 +11,8 @@ differ or any rank rejected its input.
 
 from __future__ import annotations
 
-import pickle
 from typing import NamedTuple, Optional
 
-import numpy as np
 from mpi4py import MPI
 
 from . import registry
@@ -132,7 +130,8 @@ def agree(comm: MPI.Intracomm, fingerprint: Optional[dict], error: Optional[Exce
     """Exchange argument fingerprints (None where this rank rejected its
     input with ``error``); raise the same error on every rank if they differ."""
     mine = (fingerprint, None if error is None else f"{type(error).__name__}: {error}")
-    everyone = _allgather(context_for(comm), mine, f"check=True's agreement on a {what} call")
+    everyone = context_for(comm).allgather_object(mine, f"check=True's agreement on a {what} "
+                                                           "call")
     failed = [(rank, err) for rank, (_, err) in enumerate(everyone) if err is not None]
     if failed:
         detail = "; ".join(f"rank {rank}: {err}" for rank, err in failed)
@@ -144,15 +143,3 @@ def agree(comm: MPI.Intracomm, fingerprint: Optional[dict], error: Optional[Exce
             by_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
             raise ArgumentMismatch(f"{what} arguments differ across ranks in {key} ({by_rank})")
 
-
-def _allgather(context, obj, what: str) -> list:
-    """Every rank's ``obj`` (pickled), through two watched non-blocking
-    collectives on the library's communicator: their sizes, then the bytes."""
-    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-    comm, size = context.comm, context.size
-    sizes = np.empty(size, dtype=np.int64)
-    context.collective(lambda: comm.Iallgather(np.array([data.size], dtype=np.int64), sizes), what)
-    everything = np.empty(int(sizes.sum()), dtype=np.uint8)
-    context.collective(lambda: comm.Iallgatherv(data, [everything, sizes.tolist()]), what)
-    ends = np.cumsum(sizes).tolist()
-    return [pickle.loads(everything[end - n:end].tobytes()) for n, end in zip(sizes.tolist(), ends)]

@@ -57,6 +57,8 @@ from typing import Optional
 
 from mpi4py import MPI
 
+from .engine import wait_for
+
 #: the vendor's own all-reduce in bench's tables
 VENDOR = "mpi"
 #: the label of the vendor's rows when a tuning file is in force
@@ -389,7 +391,10 @@ class OpenMPI(Library):
         try:
             t.write(self.DYNAMIC, 1)
             t.write(self.ALGORITHM, algorithm.value)
-            forced = comm.Dup()  # (coll/tuned takes the forced algorithm here)
+            # (coll/tuned takes the forced algorithm as the duplicate is made)
+            forced, request = comm.Idup()
+            wait_for([request], f"forcing the vendor's all-reduce algorithm "
+                                f"{algorithm.label}: MPI_Comm_idup")
         finally:
             t.write(self.ALGORITHM, before[1])
             t.write(self.DYNAMIC, before[0])

@@ -457,12 +457,14 @@ def test_ranks_that_spell_one_call_differently_stall_never_mix(raising_watchdog)
     base.Free()
 
 
-@pytest.mark.parametrize("make", ["Dup", "Split"])
+@pytest.mark.parametrize("make", ["Dup", "Split", "Split_type", "Create", "Create_group"])
 def test_a_peer_that_never_comes_to_a_wrappers_new_communicator_is_reported(raising_watchdog,
                                                                             make):
-    """The drop-in Comm's Dup (MPI_Comm_idup) and Split (behind a watched
-    MPI_Ibarrier: it has no non-blocking form) are watched as the library's
-    own calls are: the ranks that wait raise Stalled."""
+    """The drop-in Comm's Dup (MPI_Comm_idup), Split, Split_type and Create
+    (behind a watched MPI_Ibarrier: they have no non-blocking form) and
+    Create_group (collective over the group only: the call itself waited
+    for on a thread of its own) are watched as the library's own calls
+    are: the ranks that wait raise Stalled."""
     from mpi_allreduce.engine import ABANDONED
 
     world = MPI.COMM_WORLD
@@ -471,14 +473,25 @@ def test_a_peer_that_never_comes_to_a_wrappers_new_communicator_is_reported(rais
     base = world.Dup()
     comm, late = mar.Comm(base), base.Get_rank() == 0
     if not late:
-        with pytest.raises(mar.Stalled, match="Comm_idup|Comm_split"):
-            comm.Dup() if make == "Dup" else comm.Split(0, 0)
+        if make == "Create_group" and MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            pytest.skip("MPI runs no threads here: Create_group is MPI's own wait")
+        whole = comm.Get_group()
+        with pytest.raises(mar.Stalled, match="Comm_idup|Comm_split|Comm_create"):
+            {"Dup": lambda: comm.Dup(), "Split": lambda: comm.Split(0, 0),
+             "Split_type": lambda: comm.Split_type(MPI.COMM_TYPE_SHARED),
+             "Create": lambda: comm.Create(whole),
+             "Create_group": lambda: comm.Create_group(whole)}[make]()
+        whole.Free()
     world.Barrier()
     if late:  # (completes what the others gave up on: nothing left pending)
         if make == "Dup":
             dup, request = base.Idup()
             request.Wait()
             dup.Free()
+        elif make == "Create_group":
+            whole = base.Get_group()
+            base.Create_group(whole).Free()
+            whole.Free()
         else:
             base.Ibarrier().Wait()
     else:

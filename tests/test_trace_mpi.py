@@ -201,3 +201,23 @@ def test_ranks_that_disagree_while_tracing_stall_and_raise(traced, monkeypatch, 
         assert (out <= 1).all()  # its own data at most
     world.Barrier()
     comm.Free()
+
+
+def test_a_clock_on_another_host_is_moved_onto_rank_0s(monkeypatch):
+    """Ranks that report hosts of their own are put on rank 0's clock by
+    the watched ping-pong: a rank whose clock runs 5 s ahead is moved back
+    by 5 s (to within a round trip); ranks on rank 0's host are not moved."""
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    if comm.Get_size() == 1:
+        pytest.skip("one rank: no other clock")
+    ahead = 5_000_000_000 if rank % 2 else 0
+    now = trace._now
+    monkeypatch.setattr(trace, "_now", lambda: now() + ahead)
+    monkeypatch.setattr(MPI, "Get_processor_name", lambda: f"host-{rank % 2}")
+    own = comm.Dup()
+    try:
+        offset = trace._offset_to_root(own, "the test's clocks")
+    finally:
+        own.Free()
+    assert abs(offset + ahead) < 500_000_000, offset
