@@ -393,4 +393,4 @@ class Comm(MPI.Intracomm):
         # (collective over the group's members only: no barrier of the
         # parent can come first, so the call itself is waited for, watched)
         return self._wrap(wait_for_call(lambda: MPI.Intracomm.Create_group(self, group, tag),
-                                        "MPI_Comm_create_group"))
+                                        "MPI_Comm_create_group", key=self.handle))

@@ -32,7 +32,7 @@ from mpi4py import MPI
 
 from .backend import message_calls, started
 from .config import environment
-from .errors import Stalled
+from .errors import Broken, Stalled
 from .watchdog import WATCH, describe, report, settings
 
 __all__ = ["Operation", "MPIOperation", "ENGINE", "wait_for", "wait_for_call", "thread_progress",
@@ -513,7 +513,14 @@ def wait_for(requests, what: str, context=None) -> None:
         raise error
 
 
-def wait_for_call(call, what: str, context=None):
+#: the keys of calls given up on whose threads are still inside MPI (see
+#: :func:`wait_for_call`), with why; and the lock that orders a thread's
+#: return against its caller's giving up
+_STUCK: dict = {}
+_STUCK_LOCK = threading.Lock()
+
+
+def wait_for_call(call, what: str, key=None, context=None):
     """The result of ``call()``, an MPI call with no non-blocking form (such
     as ``MPI_Comm_create_group``, collective over a group's members only,
     so no watched barrier can come first), waited for as :func:`wait_for`
@@ -521,11 +528,25 @@ def wait_for_call(call, what: str, context=None):
     generalized request when it returns, and the caller waits for that
     request under the watchdog.  A stall raises
     :class:`~mpi_allreduce.errors.Stalled` in the caller (raise mode); the
-    thread is left inside MPI until the late ranks come.  Where MPI does
-    not run threads (below ``MPI_THREAD_MULTIPLE``) ``call`` runs on the
-    caller's thread, and only MPI's own wait holds it."""
+    thread is left inside MPI until the late ranks come, and until then
+    every later call with the same ``key`` (the parent communicator's
+    handle: MPI forbids two such calls at once on one communicator)
+    raises :class:`~mpi_allreduce.errors.Broken` at once.
+
+    Where MPI does not run threads (below ``MPI_THREAD_MULTIPLE``) ``call``
+    runs on the caller's thread, as the thread's blocking call: the
+    watchdog reports it under its ``warn`` and ``abort`` actions; nothing
+    can give up on it, so under ``raise`` it is MPI's own wait."""
+    if key is not None and key in _STUCK:
+        raise Broken(_STUCK[key])
     if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-        return call()
+        cell = WATCH.cell()
+        cell.count += 1
+        cell.what = (what, None)
+        try:
+            return call()
+        finally:
+            cell.what = None
     outcome: dict = {}
     request = MPI.Grequest.Start()
 
@@ -535,11 +556,21 @@ def wait_for_call(call, what: str, context=None):
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             outcome["error"] = exc
         finally:
+            with _STUCK_LOCK:
+                outcome["returned"] = True
+                _STUCK.pop(key, None)
             request.Complete()
 
     threading.Thread(target=run, name=f"mpi_allreduce: {what}", daemon=True).start()
-    wait_for([request], what, context)
+    try:
+        wait_for([request], what, context)
+    except BaseException as exc:
+        with _STUCK_LOCK:
+            if key is not None and "returned" not in outcome:
+                _STUCK[key] = (f"an earlier {what} on this communicator was given up on "
+                               f"({type(exc).__name__}) and is still inside MPI on this rank; "
+                               "MPI allows one such call at a time")
+        raise
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
-

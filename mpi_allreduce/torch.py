@@ -61,6 +61,7 @@ import queue
 import socket
 import threading
 from collections import OrderedDict
+from datetime import timedelta
 from typing import Optional
 from urllib.parse import urlparse, urlunparse
 
@@ -850,7 +851,7 @@ def _create(options, backend_options=None) -> MPIAllreduceGroup:
         members = whole.Incl(ranks)
         try:
             comm = wait_for_call(lambda: world.Create_group(members),
-                                 what + ": MPI_Comm_create_group")
+                                 what + ": MPI_Comm_create_group", key=world.handle)
         finally:
             members.Free()
             whole.Free()
@@ -883,9 +884,11 @@ def _hold_name(group: MPIAllreduceGroup) -> None:
 
 
 #: rank 0's store server when this module filled in ``MASTER_PORT``: held
-#: for the life of the process, so the port it listens on stays taken, and
-#: torch's ``env://`` rendezvous on rank 0 (a multi-tenant ``TCPStore``)
-#: joins this server on that port instead of binding a port of its own
+#: from the import to the first ``env://`` rendezvous, so the port stays
+#: taken; torch's rank 0 store there (a multi-tenant ``TCPStore``) joins
+#: this server on that port instead of binding one of its own, and from
+#: then on holds it alone (a group destroyed and made again then
+#: rendezvous as torch's own do: a new server on the same port)
 _SERVER: Optional[dist.TCPStore] = None
 
 #: the longest host name :func:`_fill_environment` passes on (bytes; DNS's limit)
@@ -898,9 +901,11 @@ def _fill_environment() -> None:
     watched).
 
     Rank 0 starts the rendezvous store's server itself, on a port the
-    system picks, and keeps it (:data:`_SERVER`): a port probed and let go
-    would be free for anyone to take before torch binds it, and a rank 0
-    that then fails to bind leaves the other ranks waiting on it."""
+    system picks, and keeps it until torch's store takes it over
+    (:data:`_SERVER`): a port probed and let go would be free for anyone
+    to take before torch binds it, and a rank 0 that then fails to bind
+    leaves the other ranks waiting on it.  Where the server cannot start
+    here, rank 0 falls back to a probed port (torch binds it later)."""
     global _SERVER
     world = MPI.COMM_WORLD
     what = "filling in the torch environment"
@@ -913,10 +918,15 @@ def _fill_environment() -> None:
     address = np.zeros(2 + _HOST_BYTES, dtype=np.uint8)   # the port's two bytes, then the host
     if world.Get_rank() == 0:
         host = socket.gethostname().encode()[:_HOST_BYTES]
-        if _SERVER is None:
-            _SERVER = dist.TCPStore(host.decode(), 0, is_master=True, multi_tenant=True,
-                                    wait_for_workers=False)
-        address[:2] = divmod(_SERVER.port, 256)
+        try:  # (its own client connects through the loopback: the server listens on all)
+            _SERVER = dist.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True,
+                                    wait_for_workers=False, timeout=timedelta(seconds=30))
+            port = _SERVER.port
+        except (RuntimeError, OSError):
+            with socket.socket() as probe:
+                probe.bind(("", 0))
+                port = probe.getsockname()[1]
+        address[:2] = divmod(port, 256)
         address[2:2 + len(host)] = np.frombuffer(host, dtype=np.uint8)
     wait_for([world.Ibcast(address, root=0)], what + ": rank 0's host and port")
     port = int(address[0]) * 256 + int(address[1])
@@ -993,6 +1003,18 @@ for _method, _title in _PROFILED.items():
 del _method, _title
 
 
+def _handed_over(handler):
+    """torch's ``env://`` rendezvous ``handler``, after whose store on rank
+    0 (which joined :data:`_SERVER`) the server is torch's alone."""
+    def rendezvous(url: str, **kwargs):
+        global _SERVER
+        for found in handler(url, **kwargs):
+            _SERVER = None
+            yield found
+    rendezvous.wrapped = handler
+    return rendezvous
+
+
 def _take_ranks_from_mpi() -> None:
     module = importlib.import_module("torch.distributed.rendezvous")
     handlers = getattr(module, "_rendezvous_handlers", None)
@@ -1001,6 +1023,8 @@ def _take_ranks_from_mpi() -> None:
     for scheme in ("file", "tcp"):
         if scheme in handlers and not hasattr(handlers[scheme], "wrapped"):
             handlers[scheme] = _ranks_from_mpi(handlers[scheme])
+    if "env" in handlers and not hasattr(handlers["env"], "wrapped"):
+        handlers["env"] = _handed_over(handlers["env"])
 
 
 if BACKEND not in dist.Backend.backend_list:

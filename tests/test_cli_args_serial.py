@@ -486,7 +486,7 @@ def test_cuda_with_an_unusable_cupy_ends_the_process_cleanly(kind, command, tmp_
 class _OtherRankLacksAGPU:
     """The world as rank 0 of 2 sees it, where rank 1 finds no GPU (the
     only message :func:`backend.select_device` sends before refusing is
-    this agreement)."""
+    this agreement, on the library's context of the world)."""
 
     def Get_size(self):  # noqa: N802 - mpi4py's names
         return 2
@@ -494,7 +494,7 @@ class _OtherRankLacksAGPU:
     def Get_rank(self):  # noqa: N802
         return 0
 
-    def allgather(self, value):
+    def allgather_object(self, value, what):
         return [value, "cupy finds no GPU: cudaErrorNoDevice: no CUDA-capable device is detected"]
 
 
@@ -505,11 +505,13 @@ def test_cuda_refused_on_every_rank_where_one_lacks_it(command, monkeypatch, cap
     cannot (so none waits in a message for a rank that has stopped)."""
     import types
 
-    from mpi_allreduce import __main__ as cli, backend
+    from mpi_allreduce import __main__ as cli, backend, context
 
     monkeypatch.setattr(cli, "device", str.lower)  # (cupy "installed")
     monkeypatch.setattr(backend, "device_unavailable", lambda device: None)
-    monkeypatch.setattr(cli, "MPI", types.SimpleNamespace(COMM_WORLD=_OtherRankLacksAGPU()))
+    world = _OtherRankLacksAGPU()
+    monkeypatch.setattr(cli, "MPI", types.SimpleNamespace(COMM_WORLD=world))
+    monkeypatch.setattr(context, "context_for", lambda comm: comm)
     with pytest.raises(SystemExit) as refused:
         main(command + ["--device", "cuda"])
     out, err = capsys.readouterr()

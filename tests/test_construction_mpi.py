@@ -464,7 +464,9 @@ def test_a_peer_that_never_comes_to_a_wrappers_new_communicator_is_reported(rais
     (behind a watched MPI_Ibarrier: they have no non-blocking form) and
     Create_group (collective over the group only: the call itself waited
     for on a thread of its own) are watched as the library's own calls
-    are: the ranks that wait raise Stalled."""
+    are: the ranks that wait raise Stalled.  While a Create_group given up
+    on is still inside MPI, another on the same communicator raises
+    Broken."""
     from mpi_allreduce.engine import ABANDONED
 
     world = MPI.COMM_WORLD
@@ -481,6 +483,9 @@ def test_a_peer_that_never_comes_to_a_wrappers_new_communicator_is_reported(rais
              "Split_type": lambda: comm.Split_type(MPI.COMM_TYPE_SHARED),
              "Create": lambda: comm.Create(whole),
              "Create_group": lambda: comm.Create_group(whole)}[make]()
+        if make == "Create_group":  # (its thread is still inside MPI: no second one)
+            with pytest.raises(mar.Broken, match="still inside MPI"):
+                comm.Create_group(whole)
         whole.Free()
     world.Barrier()
     if late:  # (completes what the others gave up on: nothing left pending)

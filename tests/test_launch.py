@@ -340,14 +340,47 @@ def test_torchrun_is_refused_on_every_rank_with_a_clear_error(tmp_path):
                       "dist.init_process_group('mpi_allreduce')\n")
     from mpi_allreduce.launch import run
 
-    import socket
-
-    with socket.socket() as probe:  # (a free port for torchrun's store)
-        probe.bind(("", 0))
-        port = probe.getsockname()[1]
-    result = run([torchrun, "--nproc-per-node", "2", "--master-port", str(port), str(script)],
+    # (--standalone: torchrun's own store on a port the system picks)
+    result = run([torchrun, "--standalone", "--nproc-per-node", "2", str(script)],
                  timeout=120, cwd=str(tmp_path))
     assert result.returncode not in (0, 124), tail(result.stdout)
     for rank in (0, 1):
         assert (f"torch's group (rank {rank} of 2) is not MPI's (rank 0 of 1): launch every "
                 "process with mpiexec or srun") in result.stdout, tail(result.stdout)
+
+
+#: rank 0 of the program below: whether MASTER_PORT can be bound by anyone
+#: else between the import and the rendezvous, then a group made twice
+HELD_PORT = """
+import errno, os, socket
+import torch, torch.distributed as dist
+import mpi_allreduce.torch
+if int(os.environ["RANK"]) == 0:
+    with socket.socket() as other:
+        try:
+            other.bind(("", int(os.environ["MASTER_PORT"])))
+            print("PORT FREE", flush=True)
+        except OSError as exc:
+            print("port held" if exc.errno == errno.EADDRINUSE else f"PORT {exc}", flush=True)
+for backend in ("mpi_allreduce", "gloo", "mpi_allreduce"):
+    dist.init_process_group(backend)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    print(backend, dist.get_rank(), t.tolist(), flush=True)
+    dist.destroy_process_group()
+"""
+
+
+def test_the_rendezvous_port_is_held_from_the_import_on():
+    """Under mpiexec, importing the backend fills in MASTER_PORT with the
+    port of a store server rank 0 has started and keeps: nothing else can
+    take the port before torch's rendezvous (a port probed and let go
+    could be taken, and the other ranks then waited for a rank 0 that had
+    failed); groups destroyed and made again rendezvous too."""
+    pytest.importorskip("torch", reason="the torch backend needs torch: pip install -e '.[torch]'")
+    result = run_mpi(3, [sys.executable, "-c", HELD_PORT], timeout=180, cwd=str(ROOT))
+    assert result.returncode == 0, tail(result.stdout)
+    assert "port held" in result.stdout and "PORT" not in result.stdout, tail(result.stdout)
+    for backend in ("mpi_allreduce", "gloo"):
+        for rank in range(3):
+            assert f"{backend} {rank} [3.0, 3.0]" in result.stdout, tail(result.stdout)

@@ -566,38 +566,6 @@ def test_destroy_and_init_again(group):
     assert t.tolist() == [float(p)] * 3
 
 
-def test_the_filled_in_port_is_held_by_rank_0_from_import_on(group):
-    """Where importing the backend filled in MASTER_PORT, rank 0's store
-    server listens on it from then on: nothing else can bind it before
-    torch's rendezvous (a port probed and released could be taken), and
-    groups made again rendezvous through the same server."""
-    import errno
-    import os
-    import socket
-
-    import mpi_allreduce.torch as backend
-
-    try:  # the environment the process started with, before the import
-        with open("/proc/self/environ", "rb") as start:
-            launcher_named = b"MASTER_PORT=" in start.read()
-    except OSError:
-        launcher_named = backend._SERVER is None
-    if MPI.COMM_WORLD.allreduce(launcher_named, op=MPI.LOR):
-        pytest.skip("the launcher named MASTER_PORT: nothing was filled in")
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        port = int(os.environ["MASTER_PORT"])
-        assert backend._SERVER.port == port
-        with socket.socket() as other, pytest.raises(OSError) as taken:
-            other.bind(("", port))
-        assert taken.value.errno == errno.EADDRINUSE
-    for backend_name in ("gloo", "mpi_allreduce"):
-        dist.destroy_process_group()
-        dist.init_process_group(backend_name)
-        t = torch.ones(2)
-        dist.all_reduce(t)
-        assert t.tolist() == [float(dist.get_world_size())] * 2
-
-
 @pytest.mark.parametrize("scheme", ["file", "tcp"])
 def test_file_and_tcp_init_take_rank_and_size_from_mpi(group, scheme, tmp_path):
     """``init_method="file://..."`` or ``"tcp://host:port"`` naming no rank
