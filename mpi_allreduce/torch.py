@@ -54,6 +54,7 @@ every call completes before it returns.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib
 import os
@@ -277,13 +278,25 @@ class _Work(dist.Work):
 
 @functools.lru_cache(maxsize=1)
 def _completer() -> "queue.SimpleQueue":
-    """The queue of the thread that completes calls whose future was asked for."""
+    """The queue of the thread that completes calls whose future was asked
+    for.  At exit the thread is stopped and joined before the interpreter
+    ends: a daemon thread still inside one of torch's calls then (a
+    future's callbacks) is ended in C++ code, which aborts the process."""
     works: "queue.SimpleQueue" = queue.SimpleQueue()
 
     def run() -> None:
         while True:
-            works.get()._complete()
-    threading.Thread(target=run, name=f"{BACKEND} completion", daemon=True).start()
+            work = works.get()
+            if work is None:
+                return
+            work._complete()
+    thread = threading.Thread(target=run, name=f"{BACKEND} completion", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        works.put(None)
+        thread.join(timeout=10)
+    atexit.register(stop)
     return works
 
 
@@ -958,11 +971,11 @@ def _ranks_from_mpi(handler):
 #: the group's methods and the names torch's backends give their profiler
 #: events (``<backend>:<name>``, as gloo's ``gloo:all_reduce``)
 _PROFILED = {
-    "allreduce": "all_reduce", "allreduce_coalesced": "allreduce_coalesced",
+    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
     "reduce_scatter": "reduce_scatter", "reduce_scatter_single": "_reduce_scatter_base",
     "_reduce_scatter_base": "_reduce_scatter_base", "allgather": "all_gather",
     "all_gather_single": "_allgather_base", "_allgather_base": "_allgather_base",
-    "allgather_coalesced": "allgather_coalesced",
+    "allgather_coalesced": "all_gather",
     "allgather_into_tensor_coalesced": "allgather_into_tensor_coalesced",
     "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
     "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
@@ -973,10 +986,11 @@ _PROFILED = {
 
 def _profiled(method, title: str):
     """``method`` recording an event ``<backend>:<title>`` in torch's
-    profiler while one runs (``torch.profiler``, the autograd profiler):
-    it starts with the call and ends when the call's work completes, so an
-    asynchronous call's event spans its messages.  Nothing is recorded, and
-    one check is the cost, while no profiler runs."""
+    profiler while one runs (``torch.profiler``, the autograd profiler): it
+    starts with the call and ends on the completion thread when the call's
+    work completes (:class:`_Profiled`), so it spans an asynchronous call's
+    messages.  Nothing is recorded, and one check is the cost, while no
+    profiler runs."""
     name = f"{BACKEND}:{title}"
 
     @functools.wraps(method)
@@ -985,13 +999,84 @@ def _profiled(method, title: str):
             return method(self, *args, **kwargs)
         _RECORDING.on = True  # (a coalesced call's inner calls are part of its event)
         try:
-            with torch.autograd.profiler.record_function(name) as event:
+            event = _Event(name)
+            try:
                 work = method(self, *args, **kwargs)
-                event._call_end_callbacks_on_future(work.get_future())
+            except BaseException:
+                event.end()
+                raise
+            return _Profiled(work, event)
         finally:
             _RECORDING.on = False
-        return work
     return call
+
+
+class _Event:
+    """One event of torch's profiler, begun here and ended by :meth:`end`
+    on any thread: a ``record_function`` whose end callbacks run when a
+    future completes (the profiler's state goes with them to the thread
+    that completes it, so that thread's end is recorded, and the profiler
+    calls the event asynchronous, as it calls torch's backends' events).
+    torch's Python API records no input tensors with such an event: its
+    ``input_shapes`` are empty where torch's own backends record them."""
+
+    def __init__(self, name: str):
+        record = torch.autograd.profiler.record_function(name)
+        record.__enter__()
+        self._ended = Future()
+        record._call_end_callbacks_on_future(self._ended)
+        record.__exit__(None, None, None)  # (the end is the future's now)
+
+    def end(self) -> None:
+        self._ended.set_result(None)
+
+
+class _Profiled(dist.Work):
+    """A call's Work while torch's profiler runs: the call's event ends on
+    the completion thread once the call is complete, as torch's backends
+    end theirs on their worker threads (so the profiler shows it as an
+    asynchronous event spanning the messages, as it shows theirs);
+    ``wait()`` and the future complete after the event has ended."""
+
+    def __init__(self, work, event: _Event):
+        super().__init__()
+        self._work, self._event, self._future = work, event, Future()
+        _completer().put(self)
+
+    def _complete(self) -> None:
+        """(On the completion thread.)"""
+        try:
+            self._work.wait()
+        except BaseException as exc:  # noqa: BLE001 - handed to wait() and the future
+            self._event.end()
+            self._future.set_exception(exc)
+        else:
+            self._event.end()
+            self._future.set_result(self._work.get_future().value())
+
+    def wait(self, timeout=None) -> bool:
+        self._future.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        return self._future.done() and self.exception() is None
+
+    def exception(self):
+        try:
+            if self._future.done():
+                self._future.value()
+        except Exception as exc:  # noqa: BLE001 - torch's Work returns the error
+            return exc
+        return None
+
+    def get_future(self) -> Future:
+        return self._future
+
+    def _source_rank(self) -> int:  # noqa: N802 - torch's name
+        return self._work._source_rank()
 
 
 #: whether this thread is inside a recorded call

@@ -12,13 +12,24 @@ stated here:
 * ``BACKEND=mpi`` while the suite's module is imported: its decorators then
   run or skip each test as they do for torch's MPI backend (the
   ``all_to_all`` tests, "Only MPI supports CPU all_to_all_single", run; the
-  gloo- and NCCL-only ones skip).  After the import the module's
-  ``BACKEND`` is ours, so the bodies that read it (``dist.new_group``'s
-  backend, ``dist.get_backend()`` compared to it) use this backend.
-* Our backend is added to the suite's ``PROFILING_SUPPORTED_BACKENDS``:
-  its profiler events are named as torch's backends name theirs
+  gloo- and NCCL-only ones skip, DDP's among them).  After the import the
+  module's ``BACKEND`` is our backend's name, as a string that also
+  compares equal to ``"mpi"`` (:class:`_AsMPI`): a test body that asks
+  ``BACKEND == "mpi"`` takes MPI's path, and one that compares
+  ``dist.get_backend()`` with it gets ours.
+* Our backend is added to the suite's lists of backends whose profiler
+  events it checks: its events are named as torch's backends name theirs
   (``mpi_allreduce:all_reduce``), so the profiling variants check them.
-* The suite's file barrier (``TEMP_DIR``) is one directory rank 0 makes.
+* The tests are methods of a ``TestCase`` of torch's own
+  (``common_utils.TestCase``, whose ``assertEqual`` compares tensors), as
+  in torch's runs; a test that exits with one of torch's skip codes
+  (``sys.exit(TEST_SKIPS[...].exit_code)``, which torch's multi-process
+  harness reads as a skip) is a skip with that reason.
+* The suite's file barrier (``TEMP_DIR``) is one directory rank 0 makes,
+  emptied between tests, with every rank's count of it reset.
+* A test that fails on some rank can leave the others' calls unmatched:
+  the group is then made again before the next test (a stall has left it
+  unusable), so one failure is not counted again in every later test.
 * Each test runs on every rank; its outcome on each rank goes to rank 0,
   which appends a line to REPORT.jsonl as each test starts
   (``{"name", "outcome": "started"}``) and ends (``{"name", "outcome",
@@ -55,15 +66,20 @@ def main(argv: list) -> int:
     world.Barrier()
 
     import torch.distributed as dist
+    from torch.testing._internal.common_distributed import TEST_SKIPS
+    from torch.testing._internal.common_utils import TestCase
     from torch.testing._internal.distributed import distributed_test as suite
 
     import mpi_allreduce.torch as backend
 
-    suite.BACKEND = backend.BACKEND
-    suite.PROFILING_SUPPORTED_BACKENDS.append(backend.BACKEND)
+    suite.BACKEND = _AsMPI(backend.BACKEND)
+    for listed in (suite.PROFILING_SUPPORTED_BACKENDS,
+                   suite.SEND_RECV_PROFILING_SUPPORTED_BACKENDS):
+        listed.append(backend.BACKEND)
+    skips = {skip.exit_code: skip.message for skip in TEST_SKIPS.values()}
     dist.init_process_group(backend.BACKEND)
 
-    class TestMPIAllreduce(unittest.TestCase, suite.DistributedTest._DistTestBase):
+    class TestMPIAllreduce(TestCase, suite.DistributedTest._DistTestBase):
         """torch's tests, in this process's group."""
 
     names = [n for n in unittest.TestLoader().getTestCaseNames(TestMPIAllreduce)
@@ -77,22 +93,29 @@ def main(argv: list) -> int:
     for name in names:
         world.Barrier()
         if rank == 0:
-            suite.Barrier.init()
+            suite.Barrier.init()  # (its files: rank 0 alone removes them)
             record({"name": name, "outcome": "started"})
         world.Barrier()
+        suite.Barrier.barrier_id = 0
         start = time.monotonic()
         result = unittest.TestResult()
         try:
             TestMPIAllreduce(name).run(result)
         except BaseException:  # noqa: BLE001 - recorded as the test's error
             result.errors.append((None, traceback.format_exc()))
-        mine = _outcome(result)
-        everyone = world.gather(mine + (time.monotonic() - start,), root=0)
+        mine = _outcome(result, skips)
+        everyone = world.allgather(mine + (time.monotonic() - start,))
+        worst = next((o for o in everyone if o[0] in ("failed", "error")), everyone[0])
         if rank == 0:
-            worst = next((o for o in everyone if o[0] in ("failed", "error")), everyone[0])
             seconds = round(max(o[2] for o in everyone), 2)
             record({"name": name, "outcome": worst[0], "detail": worst[1], "seconds": seconds})
             print(f"{name}: {worst[0]} ({seconds} s) {worst[1][:160]}", flush=True)
+        broken = worst[0] in ("failed", "error")  # (the group may be unusable: made again)
+        if broken and dist.is_initialized():
+            dist.destroy_process_group()
+        if not dist.is_initialized():  # (or a test destroyed it)
+            world.Barrier()  # (rank 0's store server is gone on every rank's way in)
+            dist.init_process_group(backend.BACKEND)
     if rank == 0:
         out.close()
     world.Barrier()
@@ -100,12 +123,29 @@ def main(argv: list) -> int:
     return 0
 
 
-def _outcome(result: unittest.TestResult) -> tuple:
-    """(outcome, the detail: the last line of the error, or the skip's reason)."""
+class _AsMPI(str):
+    """Our backend's name, equal to ``"mpi"`` as well (see the gating above)."""
+
+    def __eq__(self, other) -> bool:
+        return str.__eq__(self, other) or other == "mpi"
+
+    def __ne__(self, other) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = str.__hash__
+
+
+def _outcome(result: unittest.TestResult, skips: dict) -> tuple:
+    """(outcome, the detail: where it failed and the error's last line, or
+    the skip's reason).  ``skips``: torch's skip exit codes, their reasons."""
     for kind, entries in (("error", result.errors), ("failed", result.failures)):
         if entries:
             lines = entries[0][1].strip().splitlines()
-            return kind, lines[-1] if lines else kind
+            code = lines[-1].removeprefix("SystemExit: ") if lines else ""
+            if code.isdigit() and int(code) in skips:
+                return "skipped", skips[int(code)]
+            where = [line.strip() for line in lines if line.strip().startswith("File ")]
+            return kind, " | ".join(where[-2:] + lines[-1:]) if lines else kind
     if result.skipped:
         return "skipped", str(result.skipped[0][1])
     if result.expectedFailures:
