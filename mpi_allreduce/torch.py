@@ -57,6 +57,7 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib
+import itertools
 import os
 import queue
 import socket
@@ -897,12 +898,15 @@ def _hold_name(group: MPIAllreduceGroup) -> None:
 
 
 #: rank 0's store server when this module filled in ``MASTER_PORT``: held
-#: from the import to the first ``env://`` rendezvous, so the port stays
-#: taken; torch's rank 0 store there (a multi-tenant ``TCPStore``) joins
-#: this server on that port instead of binding one of its own, and from
-#: then on holds it alone (a group destroyed and made again then
-#: rendezvous as torch's own do: a new server on the same port)
+#: for the life of the process, so the port stays taken; torch's rank 0
+#: store (a multi-tenant ``TCPStore``) joins this server on that port at
+#: every ``env://`` rendezvous instead of binding one of its own, and each
+#: rendezvous keeps its keys apart (:func:`_fresh_keys`)
 _SERVER: Optional[dist.TCPStore] = None
+
+#: the process that filled in the environment (:func:`_fill_environment`):
+#: processes it starts inherit the values, which are not theirs
+_FILLED_BY = "MPI_ALLREDUCE_TORCH_ENV_OF"
 
 #: the longest host name :func:`_fill_environment` passes on (bytes; DNS's limit)
 _HOST_BYTES = 255
@@ -913,18 +917,25 @@ def _fill_environment() -> None:
     unless the launcher set them (collective over COMM_WORLD, every message
     watched).
 
+    Values that another process filled in (a parent that imported this
+    module, then started these processes under mpiexec: a test suite, a
+    driver script) are filled in again: they name the parent's rank, size
+    and store, not this job's.
+
     Rank 0 starts the rendezvous store's server itself, on a port the
-    system picks, and keeps it until torch's store takes it over
-    (:data:`_SERVER`): a port probed and let go would be free for anyone
-    to take before torch binds it, and a rank 0 that then fails to bind
-    leaves the other ranks waiting on it.  Where the server cannot start
+    system picks, and keeps it (:data:`_SERVER`): a port probed and let go
+    would be free for anyone to take before torch binds it, and a rank 0
+    that then fails to bind leaves the other ranks waiting on it.  Where the server cannot start
     here, rank 0 falls back to a probed port (torch binds it later)."""
     global _SERVER
     world = MPI.COMM_WORLD
     what = "filling in the torch environment"
-    missing = np.array([not all(name in os.environ for name in
-                                ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))],
-                       dtype=np.int32)
+    # (values another process filled in -- a parent that imported this module
+    # and then started these processes -- are its own, not a launcher's)
+    inherited = os.environ.get(_FILLED_BY, str(os.getpid())) != str(os.getpid())
+    missing = np.array([inherited or not all(name in os.environ for name in
+                                             ("RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                              "MASTER_PORT"))], dtype=np.int32)
     wait_for([world.Iallreduce(MPI.IN_PLACE, missing, MPI.MAX)], what + ": whether it is needed")
     if not missing[0]:
         return
@@ -947,7 +958,7 @@ def _fill_environment() -> None:
     local = on_node(world, what + ": where the ranks run")[0]
     os.environ.update({"RANK": str(world.Get_rank()), "WORLD_SIZE": str(world.Get_size()),
                        "LOCAL_RANK": str(local), "MASTER_ADDR": host,
-                       "MASTER_PORT": str(port)})
+                       "MASTER_PORT": str(port), _FILLED_BY: str(os.getpid())})
 
 
 def _ranks_from_mpi(handler):
@@ -1088,14 +1099,23 @@ for _method, _title in _PROFILED.items():
 del _method, _title
 
 
-def _handed_over(handler):
-    """torch's ``env://`` rendezvous ``handler``, after whose store on rank
-    0 (which joined :data:`_SERVER`) the server is torch's alone."""
+def _fresh_keys(handler):
+    """torch's ``env://`` rendezvous ``handler``, where this module filled in
+    the environment: each rendezvous of the process under a prefix of its
+    own in the store.  Rank 0's store server (:data:`_SERVER`) lives as
+    long as the process -- a group made again right after one is destroyed
+    finds it there, where a server torn down with the group would reset
+    the connection of a rank that came back sooner -- so a group made
+    again must not read the keys the one before it left (torch names its
+    groups from 0 again after ``destroy_process_group``)."""
+    count = itertools.count()
+
     def rendezvous(url: str, **kwargs):
-        global _SERVER
-        for found in handler(url, **kwargs):
-            _SERVER = None
-            yield found
+        number = next(count)
+        for store, rank, size in handler(url, **kwargs):
+            if os.environ.get(_FILLED_BY) == str(os.getpid()):
+                store = dist.PrefixStore(f"{BACKEND}/{number}", store)
+            yield store, rank, size
     rendezvous.wrapped = handler
     return rendezvous
 
@@ -1109,7 +1129,7 @@ def _take_ranks_from_mpi() -> None:
         if scheme in handlers and not hasattr(handlers[scheme], "wrapped"):
             handlers[scheme] = _ranks_from_mpi(handlers[scheme])
     if "env" in handlers and not hasattr(handlers["env"], "wrapped"):
-        handlers["env"] = _handed_over(handlers["env"])
+        handlers["env"] = _fresh_keys(handlers["env"])
 
 
 if BACKEND not in dist.Backend.backend_list:

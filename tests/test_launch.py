@@ -384,3 +384,27 @@ def test_the_rendezvous_port_is_held_from_the_import_on():
     for backend in ("mpi_allreduce", "gloo"):
         for rank in range(3):
             assert f"{backend} {rank} [3.0, 3.0]" in result.stdout, tail(result.stdout)
+
+
+def test_values_a_parent_filled_in_are_not_taken_for_a_launchers(tmp_path):
+    """A process that imported the backend (a singleton: its environment
+    filled in, its store server kept) and then starts a job under mpiexec:
+    the job's ranks fill in their own rank, size and port, where they
+    would otherwise all have been the parent's rank 0 of 1, on the port
+    the parent holds."""
+    pytest.importorskip("torch", reason="the torch backend needs torch: pip install -e '.[torch]'")
+    script = tmp_path / "job.py"
+    script.write_text(HELD_PORT)
+    parent = ("import os, subprocess, sys\n"
+              "import mpi_allreduce.torch\n"
+              "from mpi_allreduce.launch import run_mpi\n"
+              "assert os.environ['WORLD_SIZE'] == '1'\n"
+              f"result = run_mpi(2, [sys.executable, {str(script)!r}], timeout=150)\n"
+              "print(result.stdout)\n"
+              "sys.exit(result.returncode)\n")
+    from mpi_allreduce.launch import run
+
+    result = run([sys.executable, "-c", parent], timeout=180, cwd=str(ROOT))
+    assert result.returncode == 0, tail(result.stdout)
+    for rank in range(2):
+        assert f"mpi_allreduce {rank} [2.0, 2.0]" in result.stdout, tail(result.stdout)
