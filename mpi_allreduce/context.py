@@ -509,7 +509,8 @@ def exchange_objects(comm: MPI.Intracomm, obj, root: Optional[int], what: str,
     if not mine:
         return None
     ends = np.cumsum(sizes).tolist()
-    return [pickle.loads(everything[end - n:end].tobytes()) for n, end in zip(sizes.tolist(), ends)]
+    return [pickle.loads(everything[end - n:end].tobytes())
+            for n, end in zip(sizes.tolist(), ends)]
 
 
 def context_for(comm: MPI.Intracomm) -> Context:

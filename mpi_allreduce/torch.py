@@ -11,10 +11,10 @@ name them (``torchrun`` does), importing this module fills in ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` (rank 0's host name) and
 ``MASTER_PORT`` (the port of a store server rank 0 starts and keeps) from
 ``MPI.COMM_WORLD``, so torch's default ``env://`` rendezvous works
-unchanged -- importing it is collective over ``COMM_WORLD``.  Under ``mpiexec`` (more than one rank in
-``COMM_WORLD``) a ``file://`` or ``tcp://`` ``init_method`` that names no
-rank and world size takes them from MPI too, as torch's own MPI backend
-does.
+unchanged -- importing it is collective over ``COMM_WORLD``.  Under
+``mpiexec`` (more than one rank in ``COMM_WORLD``) a ``file://`` or
+``tcp://`` ``init_method`` that names no rank and world size takes them
+from MPI too, as torch's own MPI backend does.
 
 What runs where:
 
@@ -925,8 +925,9 @@ def _fill_environment() -> None:
     Rank 0 starts the rendezvous store's server itself, on a port the
     system picks, and keeps it (:data:`_SERVER`): a port probed and let go
     would be free for anyone to take before torch binds it, and a rank 0
-    that then fails to bind leaves the other ranks waiting on it.  Where the server cannot start
-    here, rank 0 falls back to a probed port (torch binds it later)."""
+    that then fails to bind leaves the other ranks waiting on it.  Where
+    the server cannot start here, rank 0 falls back to a probed port
+    (torch binds it later)."""
     global _SERVER
     world = MPI.COMM_WORLD
     what = "filling in the torch environment"
