@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -114,12 +115,14 @@ def main(argv: list) -> int:
         if broken and dist.is_initialized():
             dist.destroy_process_group()
         if not dist.is_initialized():  # (or a test destroyed it)
-            world.Barrier()  # (rank 0's store server is gone on every rank's way in)
+            world.Barrier()  # (every rank's group gone before any makes one again)
             dist.init_process_group(backend.BACKEND)
     if rank == 0:
         out.close()
     world.Barrier()
     dist.destroy_process_group()
+    if rank == 0:
+        shutil.rmtree(temp, ignore_errors=True)
     return 0
 
 
