@@ -48,7 +48,7 @@ from mpi4py import MPI
 
 from . import api, collectives, progress
 from .context import setup
-from .engine import wait_for, wait_for_call
+from .engine import duplicate, wait_for, wait_for_call
 from .backend import backend_for
 from .buffers import message, names_memory
 from .errors import ArgumentMismatch
@@ -373,9 +373,7 @@ class Comm(MPI.Intracomm):
     # topology.node_comm does, so every rank has arrived when they run;
     # Create_group, collective over the group only, waited for itself)
     def Dup(self, info=None):  # noqa: N802
-        comm, request = MPI.Intracomm.Idup(self, info)
-        wait_for([request], "MPI_Comm_idup")
-        return self._wrap(comm)
+        return self._wrap(duplicate(self, "MPI_Comm_idup", info=info))
 
     def Split(self, color: int = 0, key: int = 0):  # noqa: N802
         wait_for([MPI.Intracomm.Ibarrier(self)], "MPI_Comm_split (its barrier)")

@@ -34,7 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .config import on_refresh
-from .engine import wait_for
+from .engine import duplicate, wait_for
 from .errors import Broken, ConcurrentCall, Stalled, TagsExhausted
 from .executor import mpi_tags
 from .selection import BUILT_IN_TABLE, DecisionTable, tuning_table
@@ -123,9 +123,7 @@ class Context:
         what = (f"the set-up of a communicator of {self.size} ranks (collective: "
                 "MPI_Comm_idup and where the ranks run; mpi_allreduce.setup(comm) does it "
                 "ahead)")
-        dup, request = comm.Idup()
-        wait_for([request], what, self)
-        self.comm = dup
+        self.comm = dup = duplicate(comm, what, self)
         table, error = _read_table(None)
         mine = np.array([*where(dup, what, self), *_record(table, error)], dtype=np.int64)
         everyone = np.empty((self.size, 4), dtype=np.int64)

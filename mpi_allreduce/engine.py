@@ -35,8 +35,8 @@ from .config import environment
 from .errors import Broken, Stalled
 from .watchdog import WATCH, describe, report, settings
 
-__all__ = ["Operation", "MPIOperation", "ENGINE", "wait_for", "wait_for_call", "thread_progress",
-           "THREAD_MIN_BYTES", "ABANDONED"]
+__all__ = ["Operation", "MPIOperation", "ENGINE", "wait_for", "wait_for_call", "duplicate",
+           "thread_progress", "THREAD_MIN_BYTES", "ABANDONED"]
 
 #: calls moving fewer bytes per rank than this are advanced by the caller
 THREAD_MIN_BYTES = 64 * 1024
@@ -511,6 +511,14 @@ def wait_for(requests, what: str, context=None) -> None:
         if context is not None:
             context.breaks(error, what)
         raise error
+
+
+def duplicate(comm, what: str, context=None, info=None):
+    """A duplicate of ``comm`` (``MPI_Comm_idup``, with ``info``), waited
+    for as :func:`wait_for` waits (``what`` names it in a report)."""
+    dup, request = MPI.Intracomm.Idup(comm, info)
+    wait_for([request], what, context)
+    return dup
 
 
 #: the keys of calls given up on whose threads are still inside MPI (see

@@ -77,7 +77,7 @@ from . import collectives
 from .api import allreduce, iallreduce
 from .backend import device_view, has_device_arrays, on_stream
 from .context import release, setup
-from .engine import wait_for, wait_for_call
+from .engine import duplicate, wait_for, wait_for_call
 from .errors import Stalled
 from .options import keywords_for, options as resolve_options
 from .progress import mpi_request
@@ -858,8 +858,7 @@ def _create(options, backend_options=None) -> MPIAllreduceGroup:
     ranks = list(getattr(options, "global_ranks_in_group", []) or [])
     what = f"making a {BACKEND} process group of {len(ranks) or world.Get_size()} ranks"
     if not ranks or ranks == list(range(world.Get_size())):
-        comm, request = world.Idup()
-        wait_for([request], what + ": MPI_Comm_idup")
+        comm = duplicate(world, what + ": MPI_Comm_idup")
     else:  # (collective over the members only, as torch calls it: waited for, watched)
         whole = world.Get_group()
         members = whole.Incl(ranks)
@@ -1074,15 +1073,10 @@ class _Profiled(dist.Work):
         return self._future.done()
 
     def is_success(self) -> bool:
-        return self._future.done() and self.exception() is None
+        return self._future.done() and self._work.exception() is None
 
     def exception(self):
-        try:
-            if self._future.done():
-                self._future.value()
-        except Exception as exc:  # noqa: BLE001 - torch's Work returns the error
-            return exc
-        return None
+        return self._work.exception() if self._future.done() else None
 
     def get_future(self) -> Future:
         return self._future

@@ -621,14 +621,13 @@ def collect(comm, path: str, meta: Optional[dict] = None) -> Optional[str]:
     from mpi4py import MPI
 
     from .context import exchange_objects
-    from .engine import wait_for
+    from .engine import duplicate
 
     t = tracer()
     events = t.take() if t is not None else []
     origin = t.origin if t is not None else _now()
     what = "collecting the trace"
-    own, request = comm.Idup()  # the caller's messages never meet these
-    wait_for([request], what)
+    own = duplicate(comm, what)  # the caller's messages never meet these
     try:
         offset = _offset_to_root(own, what)
         gathered = exchange_objects(own, (MPI.COMM_WORLD.Get_rank(), origin + offset, events), 0,

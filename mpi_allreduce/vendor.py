@@ -57,7 +57,7 @@ from typing import Optional
 
 from mpi4py import MPI
 
-from .engine import wait_for
+from .engine import duplicate
 
 #: the vendor's own all-reduce in bench's tables
 VENDOR = "mpi"
@@ -392,9 +392,8 @@ class OpenMPI(Library):
             t.write(self.DYNAMIC, 1)
             t.write(self.ALGORITHM, algorithm.value)
             # (coll/tuned takes the forced algorithm as the duplicate is made)
-            forced, request = comm.Idup()
-            wait_for([request], f"forcing the vendor's all-reduce algorithm "
-                                f"{algorithm.label}: MPI_Comm_idup")
+            forced = duplicate(comm, f"forcing the vendor's all-reduce algorithm "
+                                     f"{algorithm.label}: MPI_Comm_idup")
         finally:
             t.write(self.ALGORITHM, before[1])
             t.write(self.DYNAMIC, before[0])
