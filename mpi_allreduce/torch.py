@@ -945,8 +945,9 @@ def _fill_environment() -> None:
         try:  # (its own client connects through the loopback: the server listens on all)
             _SERVER = dist.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True,
                                     wait_for_workers=False, timeout=timedelta(seconds=30))
-            port = _SERVER.port
-        except (RuntimeError, OSError):
+            port = int(_SERVER.port)
+        except (RuntimeError, OSError, TypeError):  # (TypeError: a stand-in torch, as the
+            # documentation's build imports this module with, whose store has no port)
             with socket.socket() as probe:
                 probe.bind(("", 0))
                 port = probe.getsockname()[1]
