@@ -30,8 +30,9 @@ from . import trace
 from .tools.arguments import (MAX_COUNT, MAX_ITERS, MAX_REPEATS, MAX_SAMPLES, MAX_SEED,
                               MAX_VERIFY_COUNT, ArgumentRefused, Parser, algorithm,
                               bench_results, check_sizes, device, dtype, image_file, listed,
-                              number, op, output_directory, output_file, params_file, size,
-                              size_range, trace_file, trace_input, unwritable, whole)
+                              measured_file, number, op, output_directory, output_file,
+                              params_file, placement_value, size, size_range, trace_file,
+                              trace_input, unwritable, whole)
 
 #: the most ranks ``simulate`` runs, and ``--predict`` predicts for
 MAX_SIMULATED_RANKS = 65536
@@ -245,7 +246,20 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("-o", "--op", type=op, default="sum")
     si.add_argument("--in-place", action="store_true")
     si.add_argument("--params", type=params_file, default=None,
-                    help="a `model --json` file: also predict the time on that machine")
+                    help="a `model --json` file or a machine description (with its network: "
+                         "docs/topologies.md): also predict the time on that machine")
+    si.add_argument("--placement", type=placement_value, default="block",
+                    help="with a --params network: ranks on nodes, block (--ranks-per-node "
+                         "consecutive ranks a node, default 1), round_robin, or a file of "
+                         "every rank's node")
+    si.add_argument("--measured", type=measured_file, default=None, metavar="TABLE.csv",
+                    help="with --params: predict every row of this table of measured times "
+                         "(algorithm,nodes,ranks_per_node,bytes,microseconds,source) and print "
+                         "predicted, measured, their ratio, and the share within 25%%")
+    si.add_argument("--fit-on", type=listed(algorithm(), "algorithms"), default=(),
+                    help="--measured: fit alpha_inter, beta_inter and gamma on the rows of "
+                         "these algorithms first, comma-separated (their rows are then left "
+                         "out of the summary)")
     si.add_argument("--predict", action="store_true",
                     help="with --params: predicted time of every algorithm for each of --ranks "
                          "and each size (closed forms, up to 65536 ranks; --ranks-per-node to a "
@@ -440,6 +454,14 @@ def _check_simulate(args, error) -> None:
         error("-a/--algorithms: 'all' stands alone, or name the algorithms")
     if not args.predict:
         _check_row_size(args, error, args.size, args.algorithms)
+    if args.measured:
+        if not args.params:
+            error("--measured needs --params (a machine description)")
+        if args.predict or args.trace:
+            error("--measured: not with --predict or --trace")
+        return
+    if args.fit_on:
+        error("--fit-on goes with --measured")
     if args.predict:
         if not args.params:
             error("--predict needs --params (a `model --json` file)")
@@ -822,16 +844,47 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def cmd_measured(args) -> int:
+    from .tools.measured import check, describe, read_rows, report
+
+    machine, meta = describe(args.params)
+    rows = read_rows(args.measured)
+    how = meta.get("placement", "block")
+    used = check(machine, rows, args.fit_on, how, args.dtype)
+    header = (f"$ python -m mpi_allreduce {' '.join(sys.argv[1:])}\n"
+              f"# machine: {meta.get('name', args.params)}; ranks placed {how} on its first "
+              f"nodes; {args.dtype} elements; no segments"
+              + (f"; fitted on the rows of {', '.join(args.fit_on)}" if args.fit_on else ""))
+    print(report(rows, used, header))
+    return 0
+
+
+def _placed(args, machine):
+    """``machine`` with --size ranks on its nodes (--placement,
+    --ranks-per-node), where it has a network; else as it is."""
+    if machine is None or machine.network is None:
+        return machine
+    from .network import placement
+
+    try:
+        return machine.placed(placement(args.placement, args.size, args.ranks_per_node or 1,
+                                        machine.network))
+    except ValueError as exc:
+        raise ArgumentRefused("--placement", str(exc)) from None
+
+
 def cmd_simulate(args) -> int:
     if args.predict:
         return cmd_predict(args)
+    if args.measured:
+        return cmd_measured(args)
 
     from .simulate import BY_NAME_ABOVE, Machine, SimulationError, memory_text, simulate
 
     segment = _simulated_segment(args)
     machine = None
     if args.params:
-        machine = Machine.load(args.params)
+        machine = _placed(args, Machine.load(args.params))
     if args.trace:
         return _simulated_trace(args, args.algorithms, segment, machine)
     algorithms = args.run
@@ -847,7 +900,8 @@ def cmd_simulate(args) -> int:
               + ", whose memory grows as p^2; named they run: -a "
               + ",".join(algorithms + list(args.left_out)))
     print(f"{'algorithm':>20} {'#wrong':>7} {'msgs/rank':>16} {'bytes sent/rank':>24} "
-          f"{'bytes reduced/rank':>24} {'rounds':>7}" + (f" {'predicted us':>13}" if machine else ""))
+          f"{'bytes reduced/rank':>24} {'rounds':>7}" + (f" {'predicted us':>13}" if machine else "")
+          + (f" {'global B':>12} {'hottest link':>24}" if machine and machine.network else ""))
     failed = 0
     for name in algorithms:
         options = _simulated_options(args, name)
@@ -869,6 +923,11 @@ def cmd_simulate(args) -> int:
                 f"{cell(out.bytes_reduced):>24} {max(out.rounds):>7}")
         if machine:
             line += f" {out.seconds * 1e6:13.1f}"
+        if machine and machine.network:
+            from .network import traffic
+
+            links = traffic(out.link_bytes)
+            line += f" {links['global']:>12} {links['hottest'][0]:>24}"
         print(line, flush=True)
     return 1 if failed else 0
 

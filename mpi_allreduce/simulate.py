@@ -58,6 +58,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import registry
+from .network import Network, hops, route
 from .ops import resolve_op
 from .schedule import BUFFER_NAMES, RECV, SCRATCH, SEND, Copy, Recv, Reduce, Ref, Send
 
@@ -121,6 +122,10 @@ class Machine:
     half_duplex: bool = False
     #: the node of every rank (None: all on one node)
     nodes: Optional[tuple] = None
+    #: the network between the nodes (:mod:`mpi_allreduce.network`; None:
+    #: one port per node and nothing beyond, the ``flat`` topology); with
+    #: one, ``nodes`` are its nodes' numbers
+    network: Optional[Network] = None
 
     def __post_init__(self):
         # from JSON the curves and nodes are lists: kept as tuples, so that
@@ -131,19 +136,28 @@ class Machine:
                 object.__setattr__(self, name, tuple(tuple(map(float, pt)) for pt in value))
         if self.nodes is not None:
             object.__setattr__(self, "nodes", tuple(self.nodes))
+        if isinstance(self.network, dict):
+            object.__setattr__(self, "network", Network.from_json(self.network))
 
     @classmethod
     def load(cls, path) -> "Machine":
-        """The machine a ``model --json`` file describes (its ``params``;
-        a field missing from an older file takes its default).  An unknown
-        field is a TypeError, a malformed file a ValueError or KeyError."""
+        """The machine a ``model --json`` file or a machine description
+        describes: its ``params`` (a field missing from an older file takes
+        its default) and, in a description, its ``network``
+        (:class:`~mpi_allreduce.network.Network`).  An unknown field is a
+        TypeError, a malformed file a ValueError or KeyError."""
         with open(path) as f:
-            return cls(**json.load(f)["params"])
+            description = json.load(f)
+        network = description.get("network")
+        return cls(**description["params"],
+                   network=None if network is None else Network.from_json(network))
 
     def parameters(self) -> dict:
-        """The fitted parameters, every field but ``nodes``: the ``params``
-        object of a ``model --json`` file, which :meth:`Machine.load` reads back."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "nodes"}
+        """The fitted parameters, every field but ``nodes`` and ``network``:
+        the ``params`` object of a ``model --json`` file, which
+        :meth:`Machine.load` reads back."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("nodes", "network")}
 
     def placed(self, nodes: Optional[tuple]) -> "Machine":
         """This machine with its ranks on ``nodes`` (the node of every
@@ -204,6 +218,10 @@ class Outcome:
     rounds: list
     seconds: Optional[float] = None  # with a machine: the latest rank's finish
     finish: list = field(default_factory=list)
+    #: bytes per link (``(class, from, to)``: :mod:`mpi_allreduce.network`),
+    #: every message counted on every link of its route; ``intra`` for the
+    #: bytes moved inside a node
+    link_bytes: dict = field(default_factory=dict)
 
 
 def schedules(algorithm: str, size: int, count: int, segment_size: int,
@@ -306,8 +324,9 @@ def simulate(algorithm: str, size: int, count: int, dtype="float32", op="sum", *
             arrays.append((send, recv, np.zeros(max(sched.scratch, 1), dtype)))
         else:
             arrays.append(None)
+    link_bytes: dict = {}
     finish = execute(scheds, arrays, machine, combine, itemsize,
-                     f"{algorithm}, p={size}, count={count}")
+                     f"{algorithm}, p={size}, count={count}", link_bytes=link_bytes)
 
     wrong = differing = 0
     if data and count:
@@ -323,7 +342,7 @@ def simulate(algorithm: str, size: int, count: int, dtype="float32", op="sum", *
         [s.messages for s in scheds], [s.sent() * itemsize for s in scheds],
         [s.reduced() * itemsize for s in scheds], [s.scratch * itemsize for s in scheds],
         [len(s.rounds) for s in scheds],
-        max(finish) if finish else 0.0, finish)
+        max(finish) if finish else 0.0, finish, link_bytes)
 
 
 #: how many actions :func:`footprint` counts: rank 0's schedule at counts
@@ -598,7 +617,8 @@ def check_memory(need: int, label: str = "") -> None:
 
 
 def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, combine=np.add,
-            itemsize: int = 1, label: str = "", observe=None) -> list:
+            itemsize: int = 1, label: str = "", observe=None,
+            link_bytes: Optional[dict] = None) -> list:
     """Run the ranks' schedules against each other on ``arrays`` (per rank
     ``(send, recv, scratch)``, or None to time only); every rank's finish
     time.  Raises :class:`SimulationError` as :func:`simulate` does
@@ -616,6 +636,9 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
       ``src_ref``, ``dst_ref``, ``begin``, ``end``, ``elements``;
     * ``"end"``: ``rank``, ``round``, ``start``, ``end`` -- the round is
       over (its messages are done).
+
+    ``link_bytes``, when given, gets the bytes of every link messages
+    crossed (see :attr:`Outcome.link_bytes`).
     """
     machine = machine or Machine()
     size = len(scheds)
@@ -630,7 +653,11 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
     sends: dict = defaultdict(deque)
     recvs: dict = defaultdict(deque)
     ready = [(r.clock, rank) for rank, r in enumerate(ranks)]  # (clock, rank), a heap
-    port_free: dict = defaultdict(float)  # (node, "out" or "in") -> when the port is free
+    # a link between nodes (:func:`~mpi_allreduce.network.route`; the
+    # node's port is its ``nic`` links) -> when each of its lanes is free
+    link_free: dict = {}
+    paths: dict = {}  # (node, node) -> (links, slowest seconds per byte, hops' latency)
+    flat = Network()
     # (rank, "out" / "in" inside a node, "net" across on a half-duplex
     # machine) -> when the rank is free to move its next message
     copy_free: dict = defaultdict(float)
@@ -654,6 +681,21 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
     def view(r: _Rank, ref: Ref):
         return r.arrays[ref.buf][ref.offset:ref.stop]
 
+    def path(a: int, b: int) -> tuple:
+        """The route between nodes ``a`` and ``b``, its slowest link's
+        seconds per byte and its hops between routers."""
+        known = paths.get((a, b))
+        if known is None:
+            network = machine.network or flat
+            links = route(network, a, b)
+            nic = machine.link(True)[1]
+            lanes = [network.lanes(link[0], nic) for link in links]
+            for link, (count, _) in zip(links, lanes):
+                link_free.setdefault(link, [0.0] * count)
+            known = paths[(a, b)] = (links, max(beta for _, beta in lanes),
+                                     hops(links) * network.hop_latency)
+        return known
+
     def complete(rank: int, at: float) -> None:
         r = ranks[rank]
         r.open -= 1
@@ -676,12 +718,21 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
         nbytes = sref.length * itemsize
         begin = stime if eager else max(stime, rtime)
         if machine.across(src, dst):
-            out, into = (machine.nodes[src], "out"), (machine.nodes[dst], "in")
-            begin = max(begin, port_free[out], port_free[into])
+            links, slowest, latency = path(machine.nodes[src], machine.nodes[dst])
+            taken = []  # the lane of each link free first
+            for link in links:
+                lanes = link_free[link]
+                lane = min(range(len(lanes)), key=lanes.__getitem__) if len(lanes) > 1 else 0
+                taken.append(lane)
+                begin = max(begin, lanes[lane])
             if machine.half_duplex:
                 begin = max(begin, copy_free[(src, "net")], copy_free[(dst, "net")])
-            port_free[out] = port_free[into] = begin + nbytes * machine.link(True)[1]
-            at = begin + machine.message_time(True, nbytes)
+            for link, lane in zip(links, taken):
+                link_free[link][lane] = begin + nbytes * slowest
+                if link_bytes is not None:
+                    link_bytes[link] = link_bytes.get(link, 0) + nbytes
+            at = (begin + machine.message_time(True, nbytes) + latency
+                  + nbytes * max(0.0, slowest - machine.link(True)[1]))
             if machine.half_duplex:
                 copy_free[(src, "net")] = copy_free[(dst, "net")] = at
         else:  # inside a node the ranks' CPUs copy it, one message at a time each way
@@ -691,6 +742,9 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
             at = begin + machine.message_time(False, nbytes, fresh) * max(slowdown(src, begin),
                                                                            slowdown(dst, begin))
             copy_free[out] = copy_free[into] = at
+            if link_bytes is not None:
+                key = ("intra", node_of[src], node_of[dst])
+                link_bytes[key] = link_bytes.get(key, 0) + nbytes
         busy_until[src] = max(busy_until[src], at)
         busy_until[dst] = max(busy_until[dst], at)
         if observe is not None:

@@ -23,6 +23,7 @@ has no place here).
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib.util
 import math
 import os
@@ -440,8 +441,8 @@ def device(text: str) -> str:
 
 
 def params_file(text: str) -> str:
-    """A ``model --json`` file: readable, with machine parameters the
-    simulator takes."""
+    """A ``model --json`` file or a machine description: readable, with
+    machine parameters (and a network) the simulator takes."""
     from ..simulate import Machine
 
     input_file(text)
@@ -449,5 +450,39 @@ def params_file(text: str) -> str:
         Machine.load(text)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a `model --json` file: {type(exc).__name__}: {exc}") from None
+            f"{text!r} is not a `model --json` file or machine description: "
+            f"{type(exc).__name__}: {exc}") from None
     return text
+
+
+def measured_file(text: str) -> str:
+    """A CSV of measured times (:mod:`~mpi_allreduce.tools.measured`):
+    readable, its columns there and its numbers numbers."""
+    from .measured import read_rows
+
+    input_file(text)
+    try:
+        read_rows(text)
+    except (OSError, ValueError, UnicodeDecodeError, csv.Error) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def placement_value(text: str):
+    """``block``, ``round_robin``, or a file naming every rank's node
+    (whitespace-separated whole numbers from 0): the file's list."""
+    from ..network import PLACEMENTS
+
+    if text in PLACEMENTS:
+        return text
+    input_file(text)
+    try:
+        with open(text) as f:
+            nodes = [int(word) for word in f.read().split()]
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: {', '.join(PLACEMENTS)}, or a file of every rank's node (whole numbers "
+            f"from 0): {exc}") from None
+    if not nodes or min(nodes) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: every rank's node, whole numbers from 0")
+    return nodes

@@ -1,0 +1,243 @@
+"""Predictions set beside measured times of real machines (no MPI).
+
+``python -m mpi_allreduce simulate --params MACHINE.json --measured
+TABLE.csv`` reads a machine description (a ``model --json`` file's
+``params``, and a ``network``: :mod:`mpi_allreduce.network`) and a table
+of measured all-reduce times, one row per measurement::
+
+    algorithm,nodes,ranks_per_node,bytes,microseconds,source
+
+(more columns may follow; they are kept and ignored).  Every row whose
+``algorithm`` is one of ours is simulated (timing only, no data) on
+``nodes * ranks_per_node`` ranks placed on the machine's first nodes
+(``block`` unless the description's ``placement`` says ``round_robin``),
+and printed with its prediction and ``predicted / measured``; then, per
+algorithm and over all, the share of rows within 25%.  A row naming an
+algorithm we do not have (a vendor's default, say) is listed as not
+modelled, and one whose simulation would pass ``max_messages`` messages as
+not simulated, each with its count in the summary.
+
+``--fit-on ALGORITHMS`` fits the machine's ``alpha_inter``, ``beta_inter``
+and ``gamma`` to those algorithms' rows first (least squares on the
+relative error, each parameter 0 or more) and predicts the other
+algorithms' rows with the result; the fitted rows are printed but left
+out of the summary: a prediction is never judged on the rows it was fitted
+on.  The fit uses the simulation's time as the linear function of the
+three parameters that it is on a fixed critical path (each part timed
+alone), and the predictions are then simulated with the fitted machine
+(which can take another path).  Fit on algorithms whose bytes sent and
+reduced differ in ratio (ring and recursive doubling, say): on one whose
+every step sends and reduces the same bytes, ``beta_inter`` and ``gamma``
+cannot be told apart.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+import numpy as np
+
+from .. import registry
+from ..network import placement, traffic
+from ..simulate import Machine, footprint, simulate
+
+__all__ = ["Row", "read_rows", "describe", "fit", "check", "report", "COLUMNS", "WITHIN"]
+
+#: the columns a table of measured times has, in this order
+COLUMNS = ("algorithm", "nodes", "ranks_per_node", "bytes", "microseconds", "source")
+#: a prediction "within" the measurement: ``|predicted / measured - 1|`` at most this
+WITHIN = 0.25
+#: rows whose simulation would post more messages are not simulated
+#: (about 15 us of this machine each: a million is some 15 s)
+MAX_MESSAGES = 1_000_000
+
+
+@dataclass
+class Row:
+    """One measured time, and what the check made of it."""
+
+    algorithm: str
+    nodes: int
+    ranks_per_node: int
+    bytes: int
+    microseconds: float
+    source: str
+    line: int = 0
+    predicted: Optional[float] = None  # microseconds
+    status: str = ""  # "", "fitted", "not modelled", "not simulated"
+    traffic: dict = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> Optional[float]:
+        return None if self.predicted is None else self.predicted / self.microseconds
+
+
+def read_rows(path) -> list:
+    """The rows of a CSV of measured times (header :data:`COLUMNS`, then
+    any more).  A missing column or a value that is no number where one
+    is needed is a ValueError naming the line."""
+    rows = []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(line for line in f if not line.startswith("#"))
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(f"{path}: no column {', '.join(missing)} (the columns: "
+                             f"{','.join(COLUMNS)})")
+        for number, record in enumerate(reader, start=2):
+            try:
+                row = Row(record["algorithm"].strip(), int(record["nodes"]),
+                          int(record["ranks_per_node"]), int(record["bytes"]),
+                          float(record["microseconds"]), record["source"].strip(), number)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{path}, row {number}: {exc}") from None
+            if row.nodes < 1 or row.ranks_per_node < 1 or row.bytes < 0 or \
+                    not row.microseconds > 0:
+                raise ValueError(f"{path}, row {number}: nodes and ranks_per_node from 1, bytes "
+                                 "from 0 and microseconds above 0")
+            rows.append(row)
+    return rows
+
+
+def describe(path) -> tuple:
+    """(the :class:`~mpi_allreduce.simulate.Machine`, the description's
+    other keys: ``name``, ``sources``, ``placement``, ``dtype``, ...)."""
+    with open(path) as f:
+        description = json.load(f)
+    return Machine.load(path), {k: v for k, v in description.items()
+                                if k not in ("params", "network")}
+
+
+def _machine_for(machine: Machine, row: Row, how: str) -> Machine:
+    size = row.nodes * row.ranks_per_node
+    return machine.placed(placement(how, size, row.ranks_per_node, machine.network))
+
+
+def _simulated(machine: Machine, row: Row, how: str, itemsize: int, dtype: str) -> tuple:
+    """(microseconds, bytes per link) of ``row`` simulated on ``machine``."""
+    size = row.nodes * row.ranks_per_node
+    count = max(1, -(-row.bytes // itemsize))
+    outcome = simulate(row.algorithm, size, count, dtype, segment_size=count,
+                       machine=_machine_for(machine, row, how), data=False)
+    return outcome.seconds * 1e6, outcome.link_bytes
+
+
+def _messages(row: Row, itemsize: int) -> int:
+    size = row.nodes * row.ranks_per_node
+    count = max(1, -(-row.bytes // itemsize))
+    return footprint(row.algorithm, size, count, count).messages
+
+
+def _triage(rows: list, itemsize: int, max_messages: int) -> None:
+    for row in rows:
+        if row.algorithm not in registry.ALGORITHMS or row.algorithm == "hierarchical":
+            row.status = "not modelled"
+        elif _messages(row, itemsize) > max_messages:
+            row.status = "not simulated"
+
+
+#: the parameters :func:`fit` fits, in the order of its linear model
+FITTED = ("alpha_inter", "beta_inter", "gamma")
+
+
+def fit(machine: Machine, rows: list, how: str = "block", itemsize: int = 4,
+        dtype: str = "int32") -> Machine:
+    """``machine`` with :data:`FITTED` fitted to ``rows`` (see the module
+    docstring).  Needs at least as many rows as parameters."""
+    if len(rows) < len(FITTED):
+        raise ValueError(f"fitting {', '.join(FITTED)} needs {len(FITTED)} rows or more, "
+                         f"and there are {len(rows)}")
+    zero = replace(machine, **{name: 0.0 for name in FITTED})
+    base = np.array([_simulated(zero, row, how, itemsize, dtype)[0] for row in rows])
+    columns = []
+    for name in FITTED:
+        unit = replace(zero, **{name: 1e-6})  # (1 us, or 1 us per byte: times in us)
+        columns.append(np.array([_simulated(unit, row, how, itemsize, dtype)[0]
+                                 for row in rows]) - base)
+    measured = np.array([row.microseconds for row in rows])
+    design = np.stack(columns, axis=1) / measured[:, None]
+    target = 1.0 - base / measured
+    best, best_error = np.zeros(len(FITTED)), math.inf
+    # least squares with every parameter 0 or more: the best of the fits
+    # on each subset of the parameters whose values all come out so
+    for k in range(1, len(FITTED) + 1):
+        for subset in itertools.combinations(range(len(FITTED)), k):
+            values, *_ = np.linalg.lstsq(design[:, subset], target, rcond=None)
+            if (values < 0).any():
+                continue
+            error = float(np.sum((design[:, subset] @ values - target) ** 2))
+            if error < best_error:
+                best_error, best = error, np.zeros(len(FITTED))
+                best[list(subset)] = values
+    return replace(machine, **{name: float(value) * 1e-6 for name, value in zip(FITTED, best)})
+
+
+def check(machine: Machine, rows: list, fit_on: tuple = (), how: str = "block",
+          dtype: str = "int32", max_messages: int = MAX_MESSAGES) -> Machine:
+    """Predict every row (filling in ``predicted``, ``status`` and
+    ``traffic``); the machine the predictions ran on (fitted on the rows
+    of the algorithms ``fit_on`` names, where it names any)."""
+    itemsize = np.dtype(dtype).itemsize
+    _triage(rows, itemsize, max_messages)
+    if fit_on:
+        fitted = [row for row in rows if row.algorithm in fit_on and not row.status]
+        machine = fit(machine, fitted, how, itemsize, dtype)
+        for row in fitted:
+            row.status = "fitted"
+    for row in rows:
+        if row.status in ("", "fitted"):
+            row.predicted, link_bytes = _simulated(machine, row, how, itemsize, dtype)
+            row.traffic = traffic(link_bytes)
+    return machine
+
+
+def summary(rows: list) -> list:
+    """Per algorithm and over all (``"all"``), of the rows judged (not
+    fitted, not left out): ``(algorithm, judged, within 25%, median ratio,
+    not modelled, not simulated)``."""
+    out = []
+    names = sorted({row.algorithm for row in rows})
+    for name in names + ["all"]:
+        mine = [row for row in rows if name in ("all", row.algorithm)]
+        judged = [row.ratio for row in mine if not row.status]
+        within = sum(abs(r - 1) <= WITHIN for r in judged)
+        out.append((name, len(judged), within,
+                    float(np.median(judged)) if judged else None,
+                    sum(row.status == "not modelled" for row in mine),
+                    sum(row.status == "not simulated" for row in mine)))
+    return out
+
+
+def report(rows: list, machine: Machine, header: str = "") -> str:
+    """The rows and the summary as text (``simulate --measured``'s output)."""
+    lines = [header] if header else []
+    lines.append("# parameters: " + ", ".join(
+        f"{k} = {v:.3g}" for k, v in machine.parameters().items() if isinstance(v, float) and v))
+    if machine.network is not None:
+        network = machine.network
+        lines.append("# network: " + ", ".join(
+            f"{f} = {getattr(network, f)}" for f in network.__dataclass_fields__
+            if getattr(network, f) != network.__dataclass_fields__[f].default))
+    lines.append(f"{'algorithm':>20} {'nodes':>6} {'rpn':>4} {'bytes':>11} {'measured us':>13} "
+                 f"{'predicted us':>13} {'ratio':>7} {'global B':>11} {'hottest link':>22}  note")
+    for row in rows:
+        predicted = "-" if row.predicted is None else f"{row.predicted:.2f}"
+        ratio = "-" if row.ratio is None else f"{row.ratio:.2f}"
+        hottest = row.traffic.get("hottest", ("", 0))[0] if row.traffic else ""
+        global_bytes = row.traffic.get("global", "") if row.traffic else ""
+        lines.append(f"{row.algorithm:>20} {row.nodes:>6} {row.ranks_per_node:>4} "
+                     f"{row.bytes:>11} {row.microseconds:>13.2f} {predicted:>13} {ratio:>7} "
+                     f"{global_bytes:>11} {hottest:>22}  {row.status}")
+    lines.append(f"# within {WITHIN:.0%}: rows judged (not fitted on, simulated)")
+    lines.append(f"{'algorithm':>20} {'judged':>7} {'within':>7} {'share':>7} "
+                 f"{'median ratio':>13} {'not modelled':>13} {'not simulated':>14}")
+    for name, judged, within, median, unmodelled, unsimulated in summary(rows):
+        share = f"{within / judged:.0%}" if judged else "-"
+        median_text = "-" if median is None else f"{median:.2f}"
+        lines.append(f"{name:>20} {judged:>7} {within:>7} {share:>7} {median_text:>13} "
+                     f"{unmodelled:>13} {unsimulated:>14}")
+    return "\n".join(lines)
