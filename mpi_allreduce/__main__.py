@@ -271,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--png", type=image_file, default=None,
                     help="--predict: write the plot here")
     si.add_argument("--json", type=output_file(), default=None,
-                    help="--predict: write the rows here")
+                    help="--predict or --measured: write the rows here (--measured: with the "
+                         "machine they ran on, a description --params reads)")
     si.add_argument("--trace", type=output_file(make_parents=True, beside=True), default=None,
                     metavar="FILE.json",
                     help="one algorithm: write its predicted timeline in the Chrome trace "
@@ -845,17 +846,22 @@ def cmd_predict(args) -> int:
 
 
 def cmd_measured(args) -> int:
-    from .tools.measured import check, describe, read_rows, report
+    from .tools.measured import check, describe, read_rows, report, write_json
 
     machine, meta = describe(args.params)
     rows = read_rows(args.measured)
     how = meta.get("placement", "block")
-    used = check(machine, rows, args.fit_on, how, args.dtype)
+    try:
+        used = check(machine, rows, tuple(args.fit_on), how, args.dtype)
+    except ValueError as exc:  # (too few rows to fit on)
+        raise ArgumentRefused("--fit-on", str(exc)) from None
     header = (f"$ python -m mpi_allreduce {' '.join(sys.argv[1:])}\n"
               f"# machine: {meta.get('name', args.params)}; ranks placed {how} on its first "
-              f"nodes; {args.dtype} elements; no segments"
+              f"nodes (or spread over a row's groups); {args.dtype} elements; no segments"
               + (f"; fitted on the rows of {', '.join(args.fit_on)}" if args.fit_on else ""))
     print(report(rows, used, header))
+    if args.json:
+        write_json(args.json, rows, used, dict(meta, fitted_on=list(args.fit_on)))
     return 0
 
 
@@ -901,7 +907,8 @@ def cmd_simulate(args) -> int:
               + ",".join(algorithms + list(args.left_out)))
     print(f"{'algorithm':>20} {'#wrong':>7} {'msgs/rank':>16} {'bytes sent/rank':>24} "
           f"{'bytes reduced/rank':>24} {'rounds':>7}" + (f" {'predicted us':>13}" if machine else "")
-          + (f" {'global B':>12} {'hottest link':>24}" if machine and machine.network else ""))
+          + (f" {'network B':>12} {'global B':>12} {'hottest link':>24}"
+             if machine and machine.network else ""))
     failed = 0
     for name in algorithms:
         options = _simulated_options(args, name)
@@ -927,7 +934,8 @@ def cmd_simulate(args) -> int:
             from .network import traffic
 
             links = traffic(out.link_bytes)
-            line += f" {links['global']:>12} {links['hottest'][0]:>24}"
+            between = links["torus"] + links["local"] + links["global"]
+            line += f" {between:>12} {links['global']:>12} {links['hottest'][0]:>24}"
         print(line, flush=True)
     return 1 if failed else 0
 

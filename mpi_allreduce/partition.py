@@ -41,6 +41,8 @@ result back to the even rank below it.
 
 from __future__ import annotations
 
+import functools
+
 from itertools import zip_longest
 from typing import NamedTuple, Optional
 
@@ -74,11 +76,15 @@ class Block(NamedTuple):
         return self.offset + self.length
 
 
-def block_bounds(count: int, parts: int) -> list[Block]:
-    """Split ``count`` elements into ``parts`` contiguous blocks.
+@functools.lru_cache(maxsize=4)
+def block_bounds(count: int, parts: int) -> tuple:
+    """Split ``count`` elements into ``parts`` contiguous blocks (a tuple
+    of :class:`Block`).
 
     The first ``count % parts`` blocks get one element more; blocks may be
-    empty when ``count < parts``.
+    empty when ``count < parts``.  The last few answers are kept (every
+    rank of a simulation asks the same one: building p schedules would
+    otherwise cost p^2).
     """
     if parts < 1:
         raise ValueError(f"parts must be >= 1, got {parts}")
@@ -91,7 +97,7 @@ def block_bounds(count: int, parts: int) -> list[Block]:
         length = q + (1 if i < r else 0)
         blocks.append(Block(offset, length))
         offset += length
-    return blocks
+    return tuple(blocks)
 
 
 def blocks_of(counts) -> list[Block]:

@@ -27,6 +27,9 @@ rank's.  The machine's shared parts queue what uses them at once:
   ``beta_inter``, and each node has one network port, as in LogGOPSim: the
   bytes of its ranks leave (and enter) it one message after another, so q
   ranks sending n bytes across at once take ``alpha_inter + q n beta_inter``;
+  with a ``network`` (:mod:`mpi_allreduce.network`: torus, fat tree,
+  Dragonfly) a message also crosses the links of its route between the
+  nodes' ports, each link shared the same way, and pays each hop's latency;
 * inside a node a rank sends (and receives) one message at a time, its CPU
   doing the copy (and across nodes too, in both directions together, on a
   ``half_duplex`` machine);

@@ -225,6 +225,19 @@ def test_a_wrong_machine_is_reported_wrong(tmp_path):
     assert ring[1] == 3 and ring[2] < 3 and ring[3] > 1.25
 
 
+def test_a_job_spread_over_groups():
+    assert measured.spread(5, 2, 4) == (0, 1, 2, 4, 5)
+    with pytest.raises(ValueError):
+        measured.spread(9, 2, 4)
+    network = Network("dragonfly", groups=2, routers=2, router_nodes=2)
+    # 4 nodes in one group, then over two; 8 nodes cannot be in one group of 4
+    rows = [measured.Row("recursive_doubling", 4, 1, 4096, 1.0, "x", groups=g) for g in (1, 2)]
+    rows.append(measured.Row("recursive_doubling", 8, 1, 4096, 1.0, "x", groups=1))
+    measured.check(Machine(beta_inter=1e-9, network=network), rows)
+    assert rows[0].traffic["global"] == 0 and rows[1].traffic["global"] > 0
+    assert rows[2].status.startswith("not placed")
+
+
 def test_bad_tables_are_refused(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("algorithm,nodes,bytes,microseconds,source\nring,2,8,1.0,x\n")
@@ -235,6 +248,10 @@ def test_bad_tables_are_refused(tmp_path):
         measured.read_rows(path)
     path.write_text("algorithm,nodes,ranks_per_node,bytes,microseconds,source\nring,0,1,8,1,y\n")
     with pytest.raises(ValueError, match="row 2"):
+        measured.read_rows(path)
+    path.write_text("algorithm,nodes,ranks_per_node,bytes,microseconds,source,groups\n"
+                    "ring,2,1,8,1,y,3\n")
+    with pytest.raises(ValueError, match="groups"):
         measured.read_rows(path)
 
 
@@ -247,9 +264,15 @@ def test_the_command_prints_every_row_and_the_share(tmp_path):
                                        "network": {"topology": "torus", "dims": [4, 2]}}))
     command = [sys.executable, "-m", "mpi_allreduce", "simulate", "--params", str(description),
                "--measured", str(table), "-d", "int32"]
-    out = subprocess.run(command + ["--fit-on", "recursive_doubling,ring"], capture_output=True,
-                         text=True, timeout=300)
+    written = tmp_path / "fitted.json"
+    out = subprocess.run(command + ["--fit-on", "recursive_doubling,ring", "--json", str(written)],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
+    # the JSON is a machine description of the fitted machine, with the rows
+    fitted = Machine.load(written)
+    assert fitted.alpha_inter == pytest.approx(TRUE["alpha_inter"], rel=1e-3)
+    assert fitted.network == network
+    assert len(json.loads(written.read_text())["rows"]) == 10
     lines = out.stdout.splitlines()
     assert sum(line.endswith("  fitted") for line in lines) == 6
     summary = [line.split() for line in lines if line.split()[:1] == ["all"]]

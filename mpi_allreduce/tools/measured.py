@@ -7,10 +7,15 @@ of measured all-reduce times, one row per measurement::
 
     algorithm,nodes,ranks_per_node,bytes,microseconds,source
 
-(more columns may follow; they are kept and ignored).  Every row whose
-``algorithm`` is one of ours is simulated (timing only, no data) on
-``nodes * ranks_per_node`` ranks placed on the machine's first nodes
-(``block`` unless the description's ``placement`` says ``round_robin``),
+(more columns may follow; ``groups`` is read where there is one, the
+others are ignored).  Every row whose ``algorithm`` is one of ours is
+simulated (timing only, no data) on ``nodes * ranks_per_node`` ranks
+(``block`` unless the description's ``placement`` says ``round_robin``)
+on the machine's first nodes, or, where the row gives ``groups``, on
+nodes spread over that many groups (Dragonfly groups, fat-tree leaves:
+the job's nodes cut into that many runs of consecutive nodes, each run
+from the start of its own group; as a job that spans that many groups
+is placed),
 and printed with its prediction and ``predicted / measured``; then, per
 algorithm and over all, the share of rows within 25%.  A row naming an
 algorithm we do not have (a vendor's default, say) is listed as not
@@ -37,16 +42,17 @@ import csv
 import itertools
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
 import numpy as np
 
 from .. import registry
 from ..network import placement, traffic
-from ..simulate import Machine, footprint, simulate
+from ..simulate import Machine, execute, footprint, schedules
 
-__all__ = ["Row", "read_rows", "describe", "fit", "check", "report", "COLUMNS", "WITHIN"]
+__all__ = ["Row", "read_rows", "describe", "fit", "check", "summary", "report", "write_json",
+           "spread", "COLUMNS", "WITHIN"]
 
 #: the columns a table of measured times has, in this order
 COLUMNS = ("algorithm", "nodes", "ranks_per_node", "bytes", "microseconds", "source")
@@ -68,6 +74,7 @@ class Row:
     microseconds: float
     source: str
     line: int = 0
+    groups: Optional[int] = None  # the groups of the network its nodes spread over
     predicted: Optional[float] = None  # microseconds
     status: str = ""  # "", "fitted", "not modelled", "not simulated"
     traffic: dict = field(default_factory=dict)
@@ -92,38 +99,79 @@ def read_rows(path) -> list:
             try:
                 row = Row(record["algorithm"].strip(), int(record["nodes"]),
                           int(record["ranks_per_node"]), int(record["bytes"]),
-                          float(record["microseconds"]), record["source"].strip(), number)
-            except (TypeError, ValueError) as exc:
+                          float(record["microseconds"]), record["source"].strip(), number,
+                          int(record["groups"]) if (record.get("groups") or "").strip()
+                          else None)
+            except (TypeError, ValueError, AttributeError) as exc:  # (a short row: None)
                 raise ValueError(f"{path}, row {number}: {exc}") from None
             if row.nodes < 1 or row.ranks_per_node < 1 or row.bytes < 0 or \
-                    not row.microseconds > 0:
+                    not row.microseconds > 0 or (
+                    row.groups is not None and not 1 <= row.groups <= row.nodes):
                 raise ValueError(f"{path}, row {number}: nodes and ranks_per_node from 1, bytes "
-                                 "from 0 and microseconds above 0")
+                                 "from 0, microseconds above 0, groups from 1 to the nodes")
             rows.append(row)
     return rows
 
 
 def describe(path) -> tuple:
     """(the :class:`~mpi_allreduce.simulate.Machine`, the description's
-    other keys: ``name``, ``sources``, ``placement``, ``dtype``, ...)."""
+    other keys: ``name``, ``sources``, ``placement``, ...)."""
     with open(path) as f:
         description = json.load(f)
     return Machine.load(path), {k: v for k, v in description.items()
                                 if k not in ("params", "network")}
 
 
+def _group_size(network) -> Optional[int]:
+    """Nodes of one group of ``network`` (a Dragonfly group, a fat tree's
+    leaf); None where it has none."""
+    if network is None:
+        return None
+    if network.topology == "dragonfly":
+        return network.routers * network.router_nodes
+    if network.topology == "fat_tree":
+        return network.leaf_nodes
+    return None
+
+
+def spread(nodes: int, groups: int, group_size: int) -> tuple:
+    """``nodes`` nodes cut into ``groups`` runs of consecutive nodes (the
+    first runs one longer where they do not divide), run g from the first
+    node of group g: every node's number."""
+    out = []
+    for g in range(groups):
+        length = nodes // groups + (g < nodes % groups)
+        if length > group_size:
+            raise ValueError(f"{nodes} nodes over {groups} groups of {group_size}: "
+                             f"{length} in one group")
+        out.extend(g * group_size + i for i in range(length))
+    return tuple(out)
+
+
 def _machine_for(machine: Machine, row: Row, how: str) -> Machine:
     size = row.nodes * row.ranks_per_node
-    return machine.placed(placement(how, size, row.ranks_per_node, machine.network))
+    nodes = placement(how, size, row.ranks_per_node, None)
+    group_size = _group_size(machine.network)
+    if row.groups is not None and group_size is not None:
+        where = spread(row.nodes, row.groups, group_size)
+        nodes = tuple(where[node] for node in nodes)
+    return machine.placed(placement(nodes, size, row.ranks_per_node, machine.network))
 
 
-def _simulated(machine: Machine, row: Row, how: str, itemsize: int, dtype: str) -> tuple:
-    """(microseconds, bytes per link) of ``row`` simulated on ``machine``."""
+def _simulated(machines: list, row: Row, how: str, itemsize: int) -> list:
+    """(microseconds, bytes per link) of ``row`` simulated on each of
+    ``machines`` (its schedules built once)."""
     size = row.nodes * row.ranks_per_node
     count = max(1, -(-row.bytes // itemsize))
-    outcome = simulate(row.algorithm, size, count, dtype, segment_size=count,
-                       machine=_machine_for(machine, row, how), data=False)
-    return outcome.seconds * 1e6, outcome.link_bytes
+    scheds = schedules(row.algorithm, size, count, count)
+    out = []
+    for machine in machines:
+        link_bytes: dict = {}
+        finish = execute(scheds, [None] * size, _machine_for(machine, row, how),
+                         itemsize=itemsize, label=f"{row.algorithm}, p={size}",
+                         link_bytes=link_bytes)
+        out.append((max(finish, default=0.0) * 1e6, link_bytes))
+    return out
 
 
 def _messages(row: Row, itemsize: int) -> int:
@@ -132,11 +180,17 @@ def _messages(row: Row, itemsize: int) -> int:
     return footprint(row.algorithm, size, count, count).messages
 
 
-def _triage(rows: list, itemsize: int, max_messages: int) -> None:
+def _triage(machine: Machine, rows: list, how: str, itemsize: int, max_messages: int) -> None:
     for row in rows:
         if row.algorithm not in registry.ALGORITHMS or row.algorithm == "hierarchical":
             row.status = "not modelled"
-        elif _messages(row, itemsize) > max_messages:
+            continue
+        try:
+            _machine_for(machine, row, how)
+        except ValueError as exc:  # (more nodes than the machine has, say)
+            row.status = f"not placed: {exc}"
+            continue
+        if _messages(row, itemsize) > max_messages:
             row.status = "not simulated"
 
 
@@ -144,20 +198,18 @@ def _triage(rows: list, itemsize: int, max_messages: int) -> None:
 FITTED = ("alpha_inter", "beta_inter", "gamma")
 
 
-def fit(machine: Machine, rows: list, how: str = "block", itemsize: int = 4,
-        dtype: str = "int32") -> Machine:
+def fit(machine: Machine, rows: list, how: str = "block", itemsize: int = 4) -> Machine:
     """``machine`` with :data:`FITTED` fitted to ``rows`` (see the module
     docstring).  Needs at least as many rows as parameters."""
     if len(rows) < len(FITTED):
         raise ValueError(f"fitting {', '.join(FITTED)} needs {len(FITTED)} rows or more, "
                          f"and there are {len(rows)}")
     zero = replace(machine, **{name: 0.0 for name in FITTED})
-    base = np.array([_simulated(zero, row, how, itemsize, dtype)[0] for row in rows])
-    columns = []
-    for name in FITTED:
-        unit = replace(zero, **{name: 1e-6})  # (1 us, or 1 us per byte: times in us)
-        columns.append(np.array([_simulated(unit, row, how, itemsize, dtype)[0]
-                                 for row in rows]) - base)
+    # (1 us, or 1 us per byte: times in us)
+    units = [zero] + [replace(zero, **{name: 1e-6}) for name in FITTED]
+    times = np.array([[t for t, _ in _simulated(units, row, how, itemsize)] for row in rows])
+    base = times[:, 0]
+    columns = [times[:, i + 1] - base for i in range(len(FITTED))]
     measured = np.array([row.microseconds for row in rows])
     design = np.stack(columns, axis=1) / measured[:, None]
     target = 1.0 - base / measured
@@ -182,15 +234,15 @@ def check(machine: Machine, rows: list, fit_on: tuple = (), how: str = "block",
     ``traffic``); the machine the predictions ran on (fitted on the rows
     of the algorithms ``fit_on`` names, where it names any)."""
     itemsize = np.dtype(dtype).itemsize
-    _triage(rows, itemsize, max_messages)
+    _triage(machine, rows, how, itemsize, max_messages)
     if fit_on:
         fitted = [row for row in rows if row.algorithm in fit_on and not row.status]
-        machine = fit(machine, fitted, how, itemsize, dtype)
+        machine = fit(machine, fitted, how, itemsize)
         for row in fitted:
             row.status = "fitted"
     for row in rows:
         if row.status in ("", "fitted"):
-            row.predicted, link_bytes = _simulated(machine, row, how, itemsize, dtype)
+            [(row.predicted, link_bytes)] = _simulated([machine], row, how, itemsize)
             row.traffic = traffic(link_bytes)
     return machine
 
@@ -198,7 +250,7 @@ def check(machine: Machine, rows: list, fit_on: tuple = (), how: str = "block",
 def summary(rows: list) -> list:
     """Per algorithm and over all (``"all"``), of the rows judged (not
     fitted, not left out): ``(algorithm, judged, within 25%, median ratio,
-    not modelled, not simulated)``."""
+    not modelled, not simulated or not placed)``."""
     out = []
     names = sorted({row.algorithm for row in rows})
     for name in names + ["all"]:
@@ -208,7 +260,8 @@ def summary(rows: list) -> list:
         out.append((name, len(judged), within,
                     float(np.median(judged)) if judged else None,
                     sum(row.status == "not modelled" for row in mine),
-                    sum(row.status == "not simulated" for row in mine)))
+                    sum(row.status.startswith(("not simulated", "not placed"))
+                        for row in mine)))
     return out
 
 
@@ -235,9 +288,31 @@ def report(rows: list, machine: Machine, header: str = "") -> str:
     lines.append(f"# within {WITHIN:.0%}: rows judged (not fitted on, simulated)")
     lines.append(f"{'algorithm':>20} {'judged':>7} {'within':>7} {'share':>7} "
                  f"{'median ratio':>13} {'not modelled':>13} {'not simulated':>14}")
+    # (not simulated: too many messages to simulate here, or not placed)
     for name, judged, within, median, unmodelled, unsimulated in summary(rows):
         share = f"{within / judged:.0%}" if judged else "-"
         median_text = "-" if median is None else f"{median:.2f}"
         lines.append(f"{name:>20} {judged:>7} {within:>7} {share:>7} {median_text:>13} "
                      f"{unmodelled:>13} {unsimulated:>14}")
     return "\n".join(lines)
+
+
+def write_json(path, rows: list, machine: Machine, meta: dict) -> None:
+    """The rows, the summary and the machine they ran on as JSON: a
+    machine description (``params``, ``network``, ``meta``'s keys) that
+    ``--params`` reads back, with ``rows`` and ``summary`` besides."""
+    out = dict(meta, params=machine.parameters())
+    if machine.network is not None:
+        out["network"] = {k: v for k, v in asdict(machine.network).items()
+                          if v != type(machine.network).__dataclass_fields__[k].default}
+    out["rows"] = [{"algorithm": r.algorithm, "nodes": r.nodes, "ranks_per_node": r.ranks_per_node,
+                    "bytes": r.bytes, "groups": r.groups, "measured_us": r.microseconds,
+                    "predicted_us": r.predicted, "ratio": r.ratio, "status": r.status,
+                    "global_bytes": r.traffic.get("global"),
+                    "hottest_link": list(r.traffic["hottest"]) if r.traffic else None,
+                    "source": r.source} for r in rows]
+    out["summary"] = [dict(zip(("algorithm", "judged", "within", "median_ratio", "not_modelled",
+                                "not_simulated"), entry)) for entry in summary(rows)]
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
