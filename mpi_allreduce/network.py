@@ -177,7 +177,7 @@ def link_name(link: tuple) -> str:
     return f"{kind} {a}->{b}"
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=4096)
 def route(network: Network, a: int, b: int) -> tuple:
     """The links from node ``a`` to node ``b``, each ``(class, from,
     to)``, NIC links included; ``()`` for a == b."""
@@ -213,19 +213,22 @@ def _check_node(network: Network, node: int) -> None:
 def _torus(network: Network, a: int, b: int) -> tuple:
     coords_a, coords_b = _coords(network.dims, a), _coords(network.dims, b)
     links = [("nic", f"n{a}", f"r{a}")]
-    here = list(coords_a)
-    for dim, extent in enumerate(network.dims):
-        delta = (coords_b[dim] - here[dim]) % extent
+    here, stride = a, 1
+    for extent, ca, cb in zip(network.dims, coords_a, coords_b):
+        delta = (cb - ca) % extent
         if network.wrap:
             step = 1 if delta <= extent - delta else -1
             steps = delta if step == 1 else extent - delta
         else:
-            step = 1 if coords_b[dim] >= here[dim] else -1
-            steps = abs(coords_b[dim] - here[dim])
+            step = 1 if cb >= ca else -1
+            steps = abs(cb - ca)
+        c = ca
         for _ in range(steps):
-            before = _index(network.dims, here)
-            here[dim] = (here[dim] + step) % extent
-            links.append(("torus", f"r{before}", f"r{_index(network.dims, here)}"))
+            after = (c + step) % extent
+            there = here + (after - c) * stride
+            links.append(("torus", f"r{here}", f"r{there}"))
+            here, c = there, after
+        stride *= extent
     links.append(("nic", f"r{b}", f"n{b}"))
     return tuple(links)
 
@@ -236,14 +239,6 @@ def _coords(dims: tuple, node: int) -> tuple:
         node, c = divmod(node, extent)
         out.append(c)
     return tuple(out)
-
-
-def _index(dims: tuple, coords) -> int:
-    index, scale = 0, 1
-    for extent, c in zip(dims, coords):
-        index += c * scale
-        scale *= extent
-    return index
 
 
 def _dragonfly(network: Network, a: int, b: int) -> tuple:

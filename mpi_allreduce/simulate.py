@@ -656,10 +656,18 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
     sends: dict = defaultdict(deque)
     recvs: dict = defaultdict(deque)
     ready = [(r.clock, rank) for rank, r in enumerate(ranks)]  # (clock, rank), a heap
-    # a link between nodes (:func:`~mpi_allreduce.network.route`; the
-    # node's port is its ``nic`` links) -> when each of its lanes is free
-    link_free: dict = {}
-    paths: dict = {}  # (node, node) -> (links, slowest seconds per byte, hops' latency)
+    # the links between nodes (:func:`~mpi_allreduce.network.route`; a
+    # node's port is its ``nic`` links), each known by its number here:
+    # when each of its lanes is free, and the bytes it carried
+    links_known: list = []
+    link_number: dict = {}
+    link_free: list = []
+    carried: list = []
+    # (node, node) -> (its links' numbers, slowest seconds per byte, hops'
+    # latency): numbers, not the links, so that a pair costs a few bytes a
+    # link (a torus of thousands of nodes has routes of dozens of links)
+    paths: dict = {}
+    lanes_of: dict = {}  # a class of links -> (lanes, seconds per byte of each)
     flat = Network()
     # (rank, "out" / "in" inside a node, "net" across on a half-duplex
     # machine) -> when the rank is free to move its next message
@@ -691,11 +699,19 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
         if known is None:
             network = machine.network or flat
             links = route(network, a, b)
-            nic = machine.link(True)[1]
-            lanes = [network.lanes(link[0], nic) for link in links]
+            lanes = [lanes_of.get(link[0]) or lanes_of.setdefault(
+                         link[0], network.lanes(link[0], machine.link(True)[1]))
+                     for link in links]
+            numbers = []
             for link, (count, _) in zip(links, lanes):
-                link_free.setdefault(link, [0.0] * count)
-            known = paths[(a, b)] = (links, max(beta for _, beta in lanes),
+                number = link_number.get(link)
+                if number is None:
+                    number = link_number[link] = len(links_known)
+                    links_known.append(link)
+                    link_free.append([0.0] * count)
+                    carried.append(0)
+                numbers.append(number)
+            known = paths[(a, b)] = (tuple(numbers), max(beta for _, beta in lanes),
                                      hops(links) * network.hop_latency)
         return known
 
@@ -732,8 +748,7 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
                 begin = max(begin, copy_free[(src, "net")], copy_free[(dst, "net")])
             for link, lane in zip(links, taken):
                 link_free[link][lane] = begin + nbytes * slowest
-                if link_bytes is not None:
-                    link_bytes[link] = link_bytes.get(link, 0) + nbytes
+                carried[link] += nbytes
             at = (begin + machine.message_time(True, nbytes) + latency
                   + nbytes * max(0.0, slowest - machine.link(True)[1]))
             if machine.half_duplex:
@@ -854,7 +869,9 @@ def execute(scheds: list, arrays: list, machine: Optional["Machine"] = None, com
     leftover = [pair for pair, q in list(sends.items()) + list(recvs.items()) if q]
     if leftover:
         raise SimulationError(f"unmatched messages between {leftover[:8]} ({label})")
-
+    if link_bytes is not None:
+        for link, nbytes in zip(links_known, carried):
+            link_bytes[link] = link_bytes.get(link, 0) + nbytes
     return [r.clock for r in ranks]
 
 

@@ -280,3 +280,17 @@ def test_the_command_prints_every_row_and_the_share(tmp_path):
     refused = subprocess.run(command[:-2] + ["--fit-on", "ring", "--predict"],
                              capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "--measured" in refused.stderr
+
+
+def test_a_simulated_trace_names_routes_and_hot_links():
+    from mpi_allreduce.tools.traces import simulated
+
+    network = Network("torus", dims=(4,))
+    events = simulated("recursive_doubling", 4, 64, "float32", _on(network, 4, beta_inter=1e-9),
+                       64)
+    sends = [e["args"] for e in events if e.get("name") == "send"]
+    # distance 2 on a ring of 4: two torus hops
+    assert any(len(a["route"]) == 4 for a in sends) and all("route" in a for a in sends)
+    calls = [e["args"] for e in events if e.get("name") == "recursive_doubling" and "args" in e]
+    hottest = calls[0]["hottest_links"]
+    assert hottest[0][1] == max(b for _, b in hottest) and len(hottest) == 10

@@ -345,13 +345,21 @@ def _plot(rows: list, png: str, title: str, timelines: list = ()) -> None:
 
 # -- the simulator's prediction ---------------------------------------------------------
 
+#: the links a simulated trace names as hottest, with their bytes
+HOTTEST = 10
+
 
 def simulated(algorithm: str, size: int, count: int, dtype, machine, segment_size: int,
               options: Optional[dict] = None, unit_us: float = 1e6) -> list:
     """Chrome events of the simulator's timeline of one call (``machine``
     times in seconds, shown at ``unit_us`` microseconds a unit): the same
-    names and categories as a real trace, so the two open side by side."""
+    names and categories as a real trace, so the two open side by side.
+    On a machine with a network, a message between nodes names the links
+    of its route (``route``) and each rank's call the hottest links and
+    their bytes (``hottest_links``)."""
     import numpy as np
+
+    from ..network import link_name, route
 
     from ..schedule import Recv, Send
     from ..simulate import execute, schedules
@@ -384,26 +392,36 @@ def simulated(algorithm: str, size: int, count: int, dtype, machine, segment_siz
             src, dst = f["src"], f["dst"]
             lanes_used[(src, dst)] += 1
             key = f"{group}/1/{src}>{dst}/{lanes_used[(src, dst)]}"
+            args = {}
+            if machine.network is not None and machine.across(src, dst):
+                args["route"] = [link_name(link) for link in
+                                 route(machine.network, machine.nodes[src], machine.nodes[dst])]
             for rank, kind, peer, index in ((src, "send", dst, f["src_round"]),
                                             (dst, "recv", src, f["dst_round"])):
                 raw.append((rank, {"ev": kind, "name": kind, "peer": peer, "t0": us(f["begin"]),
                                    "t1": us(f["end"]),
                                    "args": {"peer": peer, "bytes": f["elements"] * itemsize,
-                                            "round": index, "key": key}}))
+                                            "round": index, "key": key, **args}}))
 
     posted: dict = {}
     posts = defaultdict(int)
     for rank, s in enumerate(scheds):
         for k, actions in enumerate(s.rounds):
             posts[(rank, k)] = sum(1 for a in actions if isinstance(a, (Send, Recv)))
+    link_bytes: dict = {}
     finish = execute(scheds, [None] * size, machine, np.add, itemsize,
-                     f"{algorithm}, p={size}, count={count}", observe)
+                     f"{algorithm}, p={size}, count={count}", observe, link_bytes)
+    hot = {}
+    if machine.network is not None:
+        hottest = sorted(((b, link) for link, b in link_bytes.items() if link[0] != "intra"),
+                         reverse=True)[:HOTTEST]
+        hot = {"hottest_links": [[link_name(link), b] for b, link in hottest]}
     for rank in range(size):
         raw.append((rank, {"ev": "call", "name": algorithm, "lane": 0, "t0": 0,
                            "t1": us(finish[rank]),
                            "args": {"algorithm": algorithm, "elements": count,
                                     "bytes": count * itemsize, "ranks": size, "call": 1,
-                                    "kind": "simulated"}}))
+                                    "kind": "simulated", **hot}}))
     events = [_chrome(rank, e) for rank, e in raw]
     for rank in range(size):
         events += _names(rank, [e for r, e in raw if r == rank])
