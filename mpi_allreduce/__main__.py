@@ -455,6 +455,12 @@ def _check_simulate(args, error) -> None:
         error("-a/--algorithms: 'all' stands alone, or name the algorithms")
     if not args.predict:
         _check_row_size(args, error, args.size, args.algorithms)
+    if args.placement != "block":
+        from .simulate import Machine
+
+        if not args.params or Machine.load(args.params).network is None:
+            error("--placement: ranks are placed on a network's nodes: give --params a "
+                  "machine description with a network")
     if args.measured:
         if not args.params:
             error("--measured needs --params (a machine description)")
@@ -848,12 +854,16 @@ def cmd_predict(args) -> int:
 def cmd_measured(args) -> int:
     from .tools.measured import check, describe, read_rows, report, write_json
 
-    machine, meta = describe(args.params)
+    try:
+        machine, meta = describe(args.params)
+    except ValueError as exc:
+        raise ArgumentRefused("--params", str(exc)) from None
     rows = read_rows(args.measured)
     how = meta.get("placement", "block")
     try:
-        used = check(machine, rows, tuple(args.fit_on), how, args.dtype)
-    except ValueError as exc:  # (too few rows to fit on)
+        used = check(machine, rows, tuple(args.fit_on), how, args.dtype,
+                     floors=meta.get("floors"))
+    except ValueError as exc:  # (too few rows to fit on, a floor of no fitted parameter)
         raise ArgumentRefused("--fit-on", str(exc)) from None
     header = (f"$ python -m mpi_allreduce {' '.join(sys.argv[1:])}\n"
               f"# machine: {meta.get('name', args.params)}; ranks placed {how} on its first "
@@ -872,6 +882,8 @@ def _placed(args, machine):
         return machine
     from .network import placement
 
+    # (one rank a node unless told: hierarchical's nodes are these too)
+    args.ranks_per_node = args.ranks_per_node or 1
     try:
         return machine.placed(placement(args.placement, args.size, args.ranks_per_node or 1,
                                         machine.network))

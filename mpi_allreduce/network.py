@@ -107,7 +107,16 @@ class Network:
         if isinstance(self.link_speed, dict):
             object.__setattr__(self, "link_speed", tuple(sorted(self.link_speed.items())))
         object.__setattr__(self, "link_speed", tuple(tuple(item) for item in self.link_speed))
-        object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
+        if not isinstance(self.dims, (tuple, list)):
+            raise ValueError(f"dims: a list of whole numbers, not {self.dims!r}")
+        object.__setattr__(self, "dims", tuple(self.dims))
+        for name in ("wrap", "plus"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: true or false, not {getattr(self, name)!r}")
+        if self.nodes is not None and (self.topology in ("torus", "dragonfly") or not (
+                _whole(self.nodes))):
+            raise ValueError(f"nodes {self.nodes!r}: a whole number from 1, for flat and "
+                             "fat_tree only (a torus's and a Dragonfly's follow from their shape)")
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"topology {self.topology!r}: one of {', '.join(TOPOLOGIES)}")
         positive = {"torus": ("dims",), "fat_tree": ("leaf_nodes",),
@@ -116,7 +125,7 @@ class Network:
         for name in positive:
             values = getattr(self, name)
             for value in (values if isinstance(values, tuple) else (values,)):
-                if not (isinstance(value, int) and value >= 1):
+                if not _whole(value):
                     raise ValueError(f"{self.topology}: {name} must be whole numbers from 1, "
                                      f"not {values!r}")
         if self.topology == "torus" and not self.dims:
@@ -141,24 +150,29 @@ class Network:
             return self.groups * self.routers * self.router_nodes
         return self.nodes
 
-    def lanes(self, link_class: str, nic_beta: float) -> tuple:
-        """(lanes, seconds per byte of each) of a link of ``link_class``:
-        a link worth c NICs (c = its :meth:`beta` over the NIC's) carries
-        ``max(1, floor(c))`` messages at once, each at c / lanes NICs' speed."""
-        worth = nic_beta / self.beta(link_class, nic_beta) if nic_beta else 1.0
-        lanes = max(1, int(worth + 1e-9))
-        return lanes, self.beta(link_class, nic_beta) * lanes
+    def worth(self, link_class: str) -> float:
+        """How many NICs' bandwidth a link of ``link_class`` carries: its
+        ``link_speed`` (1 where none is given), times ``leaf_nodes / taper``
+        for a fat tree's uplinks and ``global_width`` for a Dragonfly's
+        global link."""
+        worth = float(dict(self.link_speed).get(link_class, 1.0))
+        if link_class == "global" and self.topology == "fat_tree":
+            return worth * self.leaf_nodes / self.taper
+        if link_class == "global" and self.topology == "dragonfly":
+            return worth * self.global_width
+        return worth
 
     def beta(self, link_class: str, nic_beta: float) -> float:
-        """Seconds per byte of a link of ``link_class`` (the fat tree's
-        uplinks: ``leaf_nodes / taper`` links' worth; a Dragonfly's global
-        link: ``global_width`` cables' worth)."""
-        beta = nic_beta / dict(self.link_speed).get(link_class, 1.0)
-        if self.topology == "fat_tree" and link_class == "global":
-            return beta * self.taper / self.leaf_nodes
-        if self.topology == "dragonfly" and link_class == "global":
-            return beta / self.global_width
-        return beta
+        """Seconds per byte of a link of ``link_class``, the NIC's being ``nic_beta``."""
+        return nic_beta / self.worth(link_class)
+
+    def lanes(self, link_class: str, nic_beta: float) -> tuple:
+        """(lanes, seconds per byte of each) of a link of ``link_class``:
+        a link worth c NICs carries ``max(1, floor(c))`` messages at once,
+        each at c / lanes NICs' speed."""
+        worth = self.worth(link_class)
+        lanes = max(1, int(worth + 1e-9))
+        return lanes, nic_beta * lanes / worth
 
     @classmethod
     def from_json(cls, description: dict) -> "Network":
@@ -169,6 +183,11 @@ class Network:
         if unknown:
             raise TypeError(f"network: unknown keys {unknown}; known: {sorted(known)}")
         return cls(**description)
+
+
+def _whole(value) -> bool:
+    """A whole number from 1 (not a bool, not a float)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def link_name(link: tuple) -> str:

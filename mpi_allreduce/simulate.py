@@ -151,6 +151,9 @@ class Machine:
         TypeError, a malformed file a ValueError or KeyError."""
         with open(path) as f:
             description = json.load(f)
+        if not isinstance(description, dict):
+            raise ValueError(f"{path}: a JSON object with params (and a network), not "
+                             f"{type(description).__name__}")
         network = description.get("network")
         return cls(**description["params"],
                    network=None if network is None else Network.from_json(network))

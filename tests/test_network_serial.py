@@ -244,10 +244,10 @@ def test_bad_tables_are_refused(tmp_path):
     with pytest.raises(ValueError, match="ranks_per_node"):
         measured.read_rows(path)
     path.write_text("algorithm,nodes,ranks_per_node,bytes,microseconds,source\nring,2,1,8,x,y\n")
-    with pytest.raises(ValueError, match="row 2"):
+    with pytest.raises(ValueError, match="line 2"):
         measured.read_rows(path)
     path.write_text("algorithm,nodes,ranks_per_node,bytes,microseconds,source\nring,0,1,8,1,y\n")
-    with pytest.raises(ValueError, match="row 2"):
+    with pytest.raises(ValueError, match="line 2"):
         measured.read_rows(path)
     path.write_text("algorithm,nodes,ranks_per_node,bytes,microseconds,source,groups\n"
                     "ring,2,1,8,1,y,3\n")
@@ -294,3 +294,51 @@ def test_a_simulated_trace_names_routes_and_hot_links():
     calls = [e["args"] for e in events if e.get("name") == "recursive_doubling" and "args" in e]
     hottest = calls[0]["hottest_links"]
     assert hottest[0][1] == max(b for _, b in hottest) and len(hottest) == 10
+
+
+def test_a_floor_keeps_a_fitted_link_no_faster_than_documented(tmp_path):
+    network = Network("torus", dims=(4, 2))
+    rows = measured.read_rows(_table(tmp_path / "t.csv", network,
+                                     ("recursive_doubling", "ring"), nodes=(8,)))
+    used = measured.check(Machine(network=network), rows, fit_on=("recursive_doubling", "ring"),
+                          floors={"beta_inter": 2 * TRUE["beta_inter"]})
+    assert used.beta_inter == pytest.approx(2 * TRUE["beta_inter"])
+    assert used.alpha_inter >= 0 and used.gamma >= 0
+    with pytest.raises(ValueError, match="floors"):
+        measured.fit(Machine(network=network), rows[:3], floors={"alpha": 1.0})
+
+
+@pytest.mark.parametrize("text, why", [
+    ("\ufeffalgorithm ,nodes,ranks_per_node,bytes,microseconds,source\n\n# note\n"
+     "ring,2,1,8,1.5,x\n", None),
+    ("algorithm,nodes,ranks_per_node,bytes,microseconds,source\nring,2,1,8,inf,x\n", "line 2"),
+    ("algorithm,nodes,ranks_per_node,bytes,microseconds,source\n# c\n\nring,2,1\n", "line 4"),
+])
+def test_tables_as_people_write_them(tmp_path, text, why):
+    path = tmp_path / "t.csv"
+    path.write_text(text, encoding="utf-8")
+    if why is None:
+        [row] = measured.read_rows(path)
+        assert (row.algorithm, row.microseconds) == ("ring", 1.5)
+    else:
+        with pytest.raises(ValueError, match=why):
+            measured.read_rows(path)
+
+
+@pytest.mark.parametrize("description", [
+    [], {"params": {}, "network": {"topology": "torus", "dims": [2.5, 2]}},
+    {"params": {}, "network": {"topology": "torus", "dims": [2, 2], "wrap": "false"}},
+    {"params": {}, "network": {"topology": "fat_tree", "leaf_nodes": 2, "nodes": "x"}},
+    {"params": {}, "placement": "cyclic"}, {"params": {}, "floors": {"beta_inter": -1.0}},
+    {"params": {}, "floors": [1]}, {"params": {}, "floors": {"alpha": 1e-6}}])
+def test_bad_descriptions_are_refused_with_a_message(tmp_path, description):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(description))
+    table = tmp_path / "t.csv"
+    table.write_text("algorithm,nodes,ranks_per_node,bytes,microseconds,source\n"
+                     "ring,2,1,8,1.0,x\n")
+    out = subprocess.run([sys.executable, "-m", "mpi_allreduce", "simulate", "--params",
+                          str(path), "--measured", str(table)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "--params" in out.stderr

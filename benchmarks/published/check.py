@@ -59,11 +59,12 @@ def run(name: str, params: Path, fit: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(TABLES),
-                        help="comma-separated tables (default: all)")
+                        help="comma-separated tables (default: all; summary.md keeps the "
+                             "others' results from their earlier runs)")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     results = {}
-    for name in args.only.split(","):
+    for name in filter(None, args.only.split(",")):
         if name.startswith("fugaku") and name != FUGAKU_FIT:
             fitted = json.loads((OUT / f"{FUGAKU_FIT}.json").read_text())
             description = json.loads((HERE / f"{name}.json").read_text())
@@ -83,7 +84,12 @@ def main() -> None:
              "",
              "| table | algorithm | judged | within 25% | share | median ratio |",
              "|---|---|---|---|---|---|"]
-    for name, result in results.items():
+    # (every table's latest results, those of an earlier --only run too)
+    for name in TABLES:
+        made = OUT / f"{name}.json"
+        if name not in results and not made.exists():
+            continue
+        result = results.get(name) or json.loads(made.read_text())
         for entry in result["summary"]:
             if not entry["judged"]:
                 continue

@@ -24,8 +24,9 @@ not simulated, each with its count in the summary.
 
 ``--fit-on ALGORITHMS`` fits the machine's ``alpha_inter``, ``beta_inter``
 and ``gamma`` to those algorithms' rows first (least squares on the
-relative error, each parameter 0 or more) and predicts the other
-algorithms' rows with the result; the fitted rows are printed but left
+relative error, each parameter 0 or more, or no lower than the
+description's ``floors`` say: the documented link's seconds per byte for
+``beta_inter``) and predicts the other algorithms' rows with the result; the fitted rows are printed but left
 out of the summary: a prediction is never judged on the rows it was fitted
 on.  The fit uses the simulation's time as the linear function of the
 three parameters that it is on a fixed critical path (each part timed
@@ -48,7 +49,7 @@ from typing import Optional
 import numpy as np
 
 from .. import registry
-from ..network import placement, traffic
+from ..network import PLACEMENTS, placement, traffic
 from ..simulate import Machine, execute, footprint, schedules
 
 __all__ = ["Row", "read_rows", "describe", "fit", "check", "summary", "report", "write_json",
@@ -89,37 +90,58 @@ def read_rows(path) -> list:
     any more).  A missing column or a value that is no number where one
     is needed is a ValueError naming the line."""
     rows = []
-    with open(path, newline="") as f:
-        reader = csv.DictReader(line for line in f if not line.startswith("#"))
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise ValueError(f"{path}: no column {', '.join(missing)} (the columns: "
-                             f"{','.join(COLUMNS)})")
-        for number, record in enumerate(reader, start=2):
+    with open(path, newline="", encoding="utf-8-sig") as f:  # (a byte-order mark is no column)
+        reader = csv.reader(f)
+        header = None
+        for fields_ in reader:
+            if not fields_ or fields_[0].lstrip().startswith("#"):
+                continue  # (blank lines and comments)
+            if header is None:
+                header = [name.strip() for name in fields_]
+                missing = [c for c in COLUMNS if c not in header]
+                if missing:
+                    raise ValueError(f"{path}: no column {', '.join(missing)} (the columns: "
+                                     f"{','.join(COLUMNS)})")
+                continue
+            number = reader.line_num
+            record = dict(zip(header, fields_))
             try:
                 row = Row(record["algorithm"].strip(), int(record["nodes"]),
                           int(record["ranks_per_node"]), int(record["bytes"]),
                           float(record["microseconds"]), record["source"].strip(), number,
                           int(record["groups"]) if (record.get("groups") or "").strip()
                           else None)
-            except (TypeError, ValueError, AttributeError) as exc:  # (a short row: None)
-                raise ValueError(f"{path}, row {number}: {exc}") from None
+            except (TypeError, ValueError, AttributeError, KeyError) as exc:  # (a short row)
+                raise ValueError(f"{path}, line {number}: {exc!r}") from None
             if row.nodes < 1 or row.ranks_per_node < 1 or row.bytes < 0 or \
-                    not row.microseconds > 0 or (
+                    not (row.microseconds > 0 and math.isfinite(row.microseconds)) or (
                     row.groups is not None and not 1 <= row.groups <= row.nodes):
-                raise ValueError(f"{path}, row {number}: nodes and ranks_per_node from 1, bytes "
-                                 "from 0, microseconds above 0, groups from 1 to the nodes")
+                raise ValueError(f"{path}, line {number}: nodes and ranks_per_node from 1, "
+                                 "bytes from 0, microseconds above 0 (finite), groups from 1 "
+                                 "to the nodes")
             rows.append(row)
     return rows
 
 
 def describe(path) -> tuple:
     """(the :class:`~mpi_allreduce.simulate.Machine`, the description's
-    other keys: ``name``, ``sources``, ``placement``, ...)."""
+    other keys: ``name``, ``sources``, ``placement``, ``floors``, ...).
+    A ``placement`` other than those of
+    :data:`~mpi_allreduce.network.PLACEMENTS`, or ``floors`` other than
+    fitted parameters with seconds of 0 or more, is a ValueError."""
+    machine = Machine.load(path)
     with open(path) as f:
-        description = json.load(f)
-    return Machine.load(path), {k: v for k, v in description.items()
-                                if k not in ("params", "network")}
+        meta = {k: v for k, v in json.load(f).items() if k not in ("params", "network")}
+    if meta.get("placement", "block") not in PLACEMENTS:
+        raise ValueError(f"{path}: placement {meta['placement']!r}: one of "
+                         f"{', '.join(PLACEMENTS)}")
+    floors = meta.get("floors", {})
+    if not isinstance(floors, dict) or any(
+            name not in FITTED or isinstance(value, bool) or not isinstance(value, (int, float))
+            or not value >= 0 for name, value in floors.items()):
+        raise ValueError(f"{path}: floors {floors!r}: an object naming some of "
+                         f"{', '.join(FITTED)}, each seconds (per byte) of 0 or more")
+    return machine, meta
 
 
 def _group_size(network) -> Optional[int]:
@@ -198,9 +220,20 @@ def _triage(machine: Machine, rows: list, how: str, itemsize: int, max_messages:
 FITTED = ("alpha_inter", "beta_inter", "gamma")
 
 
-def fit(machine: Machine, rows: list, how: str = "block", itemsize: int = 4) -> Machine:
+def fit(machine: Machine, rows: list, how: str = "block", itemsize: int = 4,
+        floors: Optional[dict] = None) -> Machine:
     """``machine`` with :data:`FITTED` fitted to ``rows`` (see the module
-    docstring).  Needs at least as many rows as parameters."""
+    docstring), each at least its value in ``floors`` (a description's
+    ``floors``: ``beta_inter`` no lower than the documented link's seconds
+    per byte, say -- no fit makes a link faster than it is) or 0.  Needs
+    at least as many rows as parameters."""
+    floors = dict(floors or {})
+    unknown = sorted(set(floors) - set(FITTED))
+    if unknown:
+        raise ValueError(f"floors: {unknown} are not fitted (the fitted: {', '.join(FITTED)})")
+    if machine.curve_inter is not None:
+        raise ValueError("the machine's time across nodes is a measured curve (curve_inter): "
+                         "alpha_inter and beta_inter do not enter it, so they cannot be fitted")
     if len(rows) < len(FITTED):
         raise ValueError(f"fitting {', '.join(FITTED)} needs {len(FITTED)} rows or more, "
                          f"and there are {len(rows)}")
@@ -212,7 +245,8 @@ def fit(machine: Machine, rows: list, how: str = "block", itemsize: int = 4) -> 
     columns = [times[:, i + 1] - base for i in range(len(FITTED))]
     measured = np.array([row.microseconds for row in rows])
     design = np.stack(columns, axis=1) / measured[:, None]
-    target = 1.0 - base / measured
+    least = np.array([floors.get(name, 0.0) * 1e6 for name in FITTED])
+    target = 1.0 - base / measured - design @ least  # (fitted: what each adds to its floor)
     best, best_error = np.zeros(len(FITTED)), math.inf
     # least squares with every parameter 0 or more: the best of the fits
     # on each subset of the parameters whose values all come out so
@@ -225,11 +259,13 @@ def fit(machine: Machine, rows: list, how: str = "block", itemsize: int = 4) -> 
             if error < best_error:
                 best_error, best = error, np.zeros(len(FITTED))
                 best[list(subset)] = values
-    return replace(machine, **{name: float(value) * 1e-6 for name, value in zip(FITTED, best)})
+    return replace(machine, **{name: float(value) * 1e-6
+                               for name, value in zip(FITTED, best + least)})
 
 
 def check(machine: Machine, rows: list, fit_on: tuple = (), how: str = "block",
-          dtype: str = "int32", max_messages: int = MAX_MESSAGES) -> Machine:
+          dtype: str = "int32", max_messages: int = MAX_MESSAGES,
+          floors: Optional[dict] = None) -> Machine:
     """Predict every row (filling in ``predicted``, ``status`` and
     ``traffic``); the machine the predictions ran on (fitted on the rows
     of the algorithms ``fit_on`` names, where it names any)."""
@@ -237,7 +273,7 @@ def check(machine: Machine, rows: list, fit_on: tuple = (), how: str = "block",
     _triage(machine, rows, how, itemsize, max_messages)
     if fit_on:
         fitted = [row for row in rows if row.algorithm in fit_on and not row.status]
-        machine = fit(machine, fitted, how, itemsize)
+        machine = fit(machine, fitted, how, itemsize, floors)
         for row in fitted:
             row.status = "fitted"
     for row in rows:
@@ -310,7 +346,7 @@ def write_json(path, rows: list, machine: Machine, meta: dict) -> None:
                     "predicted_us": r.predicted, "ratio": r.ratio, "status": r.status,
                     "global_bytes": r.traffic.get("global"),
                     "hottest_link": list(r.traffic["hottest"]) if r.traffic else None,
-                    "source": r.source} for r in rows]
+                    "line": r.line} for r in rows]  # (the table's row: its source is there)
     out["summary"] = [dict(zip(("algorithm", "judged", "within", "median_ratio", "not_modelled",
                                 "not_simulated"), entry)) for entry in summary(rows)]
     with open(path, "w") as f:
