@@ -53,7 +53,7 @@ from ..network import PLACEMENTS, placement, traffic
 from ..simulate import Machine, execute, footprint, schedules
 
 __all__ = ["Row", "read_rows", "describe", "fit", "check", "summary", "report", "write_json",
-           "spread", "COLUMNS", "WITHIN"]
+           "spread", "COLUMNS", "WITHIN", "FITTED", "MAX_MESSAGES"]
 
 #: the columns a table of measured times has, in this order
 COLUMNS = ("algorithm", "nodes", "ranks_per_node", "bytes", "microseconds", "source")
