@@ -885,7 +885,7 @@ def _placed(args, machine):
     # (one rank a node unless told: hierarchical's nodes are these too)
     args.ranks_per_node = args.ranks_per_node or 1
     try:
-        return machine.placed(placement(args.placement, args.size, args.ranks_per_node or 1,
+        return machine.placed(placement(args.placement, args.size, args.ranks_per_node,
                                         machine.network))
     except ValueError as exc:
         raise ArgumentRefused("--placement", str(exc)) from None
