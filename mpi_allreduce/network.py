@@ -57,11 +57,13 @@ hashable); :func:`route` and the rest are pure functions of it, and
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["Network", "route", "hops", "placement", "traffic", "link_name", "PLACEMENTS",
+__all__ = ["Network", "route", "hops", "placement", "traffic", "hottest", "link_name",
+           "PLACEMENTS",
            "LINK_CLASSES", "TOPOLOGIES"]
 
 #: the classes of links, in the order traffic is reported
@@ -322,16 +324,23 @@ def placement(kind, ranks: int, ranks_per_node: int, network: Optional[Network] 
     return nodes
 
 
+def hottest(link_bytes: dict, k: int) -> list:
+    """The ``k`` links between nodes (``intra`` left out) that carried the
+    most bytes, from bytes per link: ``[(name, bytes), ...]``, most first
+    (of links that carried as many, the first counted)."""
+    top = heapq.nlargest(k, ((link, nbytes) for link, nbytes in link_bytes.items()
+                             if link[0] != "intra"), key=lambda item: item[1])
+    return [(link_name(link), nbytes) for link, nbytes in top]
+
+
 def traffic(link_bytes: dict) -> dict:
     """Bytes per link class (``LINK_CLASSES``) and the hottest link, from
     bytes per link: ``{"intra": .., "nic": .., ..., "hottest": (name,
-    bytes)}``."""
+    bytes)}`` (``("", 0)`` where no link between nodes carried any)."""
     out = dict.fromkeys(LINK_CLASSES, 0)
-    hottest = ("", 0)
     for link, nbytes in link_bytes.items():
         out[link[0]] += nbytes
-        if link[0] != "intra" and nbytes > hottest[1]:
-            hottest = (link_name(link), nbytes)
-    out["hottest"] = hottest
+    top = [item for item in hottest(link_bytes, 1) if item[1] > 0]
+    out["hottest"] = top[0] if top else ("", 0)
     return out
 

@@ -150,9 +150,15 @@ class Machine:
         (:class:`~mpi_allreduce.network.Network`).  An unknown field is a
         TypeError, a malformed file a ValueError or KeyError."""
         with open(path) as f:
-            description = json.load(f)
+            return cls.described(json.load(f), path)
+
+    @classmethod
+    def described(cls, description, where="the description") -> "Machine":
+        """The machine of a ``model --json`` file's or a machine
+        description's JSON, already read (``where`` names it in errors):
+        as :meth:`load`."""
         if not isinstance(description, dict):
-            raise ValueError(f"{path}: a JSON object with params (and a network), not "
+            raise ValueError(f"{where}: a JSON object with params (and a network), not "
                              f"{type(description).__name__}")
         network = description.get("network")
         return cls(**description["params"],

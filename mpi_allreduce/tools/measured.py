@@ -129,9 +129,10 @@ def describe(path) -> tuple:
     A ``placement`` other than those of
     :data:`~mpi_allreduce.network.PLACEMENTS`, or ``floors`` other than
     fitted parameters with seconds of 0 or more, is a ValueError."""
-    machine = Machine.load(path)
     with open(path) as f:
-        meta = {k: v for k, v in json.load(f).items() if k not in ("params", "network")}
+        description = json.load(f)
+    machine = Machine.described(description, path)
+    meta = {k: v for k, v in description.items() if k not in ("params", "network")}
     if meta.get("placement", "block") not in PLACEMENTS:
         raise ValueError(f"{path}: placement {meta['placement']!r}: one of "
                          f"{', '.join(PLACEMENTS)}")
@@ -170,26 +171,30 @@ def spread(nodes: int, groups: int, group_size: int) -> tuple:
     return tuple(out)
 
 
-def _machine_for(machine: Machine, row: Row, how: str) -> Machine:
+def _nodes_for(network, row: Row, how: str) -> tuple:
+    """The node of every rank of ``row`` on ``network`` (a ValueError where
+    they do not fit on it)."""
     size = row.nodes * row.ranks_per_node
     nodes = placement(how, size, row.ranks_per_node, None)
-    group_size = _group_size(machine.network)
+    group_size = _group_size(network)
     if row.groups is not None and group_size is not None:
         where = spread(row.nodes, row.groups, group_size)
         nodes = tuple(where[node] for node in nodes)
-    return machine.placed(placement(nodes, size, row.ranks_per_node, machine.network))
+    return placement(nodes, size, row.ranks_per_node, network)
 
 
 def _simulated(machines: list, row: Row, how: str, itemsize: int) -> list:
     """(microseconds, bytes per link) of ``row`` simulated on each of
-    ``machines`` (its schedules built once)."""
+    ``machines``, which differ in their parameters alone (its schedules
+    built, and its ranks placed, once)."""
     size = row.nodes * row.ranks_per_node
     count = max(1, -(-row.bytes // itemsize))
     scheds = schedules(row.algorithm, size, count, count)
+    nodes = _nodes_for(machines[0].network, row, how)
     out = []
     for machine in machines:
         link_bytes: dict = {}
-        finish = execute(scheds, [None] * size, _machine_for(machine, row, how),
+        finish = execute(scheds, [None] * size, machine.placed(nodes),
                          itemsize=itemsize, label=f"{row.algorithm}, p={size}",
                          link_bytes=link_bytes)
         out.append((max(finish, default=0.0) * 1e6, link_bytes))
@@ -208,7 +213,7 @@ def _triage(machine: Machine, rows: list, how: str, itemsize: int, max_messages:
             row.status = "not modelled"
             continue
         try:
-            _machine_for(machine, row, how)
+            _nodes_for(machine.network, row, how)
         except ValueError as exc:  # (more nodes than the machine has, say)
             row.status = f"not placed: {exc}"
             continue

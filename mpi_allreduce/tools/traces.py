@@ -359,7 +359,7 @@ def simulated(algorithm: str, size: int, count: int, dtype, machine, segment_siz
     their bytes (``hottest_links``)."""
     import numpy as np
 
-    from ..network import link_name, route
+    from ..network import hottest, link_name, route
 
     from ..schedule import Recv, Send
     from ..simulate import execute, schedules
@@ -413,9 +413,7 @@ def simulated(algorithm: str, size: int, count: int, dtype, machine, segment_siz
                      f"{algorithm}, p={size}, count={count}", observe, link_bytes)
     hot = {}
     if machine.network is not None:
-        hottest = sorted(((b, link) for link, b in link_bytes.items() if link[0] != "intra"),
-                         reverse=True)[:HOTTEST]
-        hot = {"hottest_links": [[link_name(link), b] for b, link in hottest]}
+        hot = {"hottest_links": [list(item) for item in hottest(link_bytes, HOTTEST)]}
     for rank in range(size):
         raw.append((rank, {"ev": "call", "name": algorithm, "lane": 0, "t0": 0,
                            "t1": us(finish[rank]),
