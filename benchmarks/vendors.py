@@ -88,13 +88,34 @@ def bench(name: str, bin_dir: Path, args, out: Path, extra: list, env=None) -> l
     return load_results([str(out)])[0]
 
 
-def measure(name: str, bin_dir: Path, args, where: Path) -> dict:
+#: what the table's header says of an MPI's rows read from an earlier run
+REUSED = {"forced": "step 1's rows from an earlier run, steps 2 and 3 run again",
+          "all": "every row and the tuning file from an earlier run"}
+
+
+def _rows(paths: list) -> list:
+    """The rows of earlier launches' JSON files (a file that is not there: an error
+    naming it)."""
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise SystemExit(f"no earlier results to reuse: {', '.join(missing)}")
+    return [row for p in paths for row in load_results([str(p)])[0]]
+
+
+def measure(name: str, bin_dir: Path, args, where: Path, reuse: str = "") -> dict:
     """Steps 1-3 for one MPI: {"forced": rows, "default": [rows per round],
     "tuned": [rows per round], "file": path, "env": {...}, "meta": step 1's
-    metadata}."""
+    metadata}.  ``reuse`` "forced": step 1's rows read from ``where``'s files
+    of an earlier run (steps 2 and 3 run); "all": every step's rows and the
+    tuning file read from there (nothing runs)."""
     library = LIBRARIES[name]()
     ours = ["-a", args.ours]
-    if library.in_process:
+    if reuse:
+        # (every round of the earlier run's launches of their own, whatever --rounds is now)
+        sources = [where / "algorithms.json"] if library.in_process else sorted(
+            where.glob("algorithms-*.json")) + sorted(where.glob("algorithm-*-*.json"))
+        forced = _rows(sources or [where / "algorithms-0.json"])
+    elif library.in_process:
         forced = bench(name, bin_dir, args, where / "algorithms.json",
                        ours + ["--vendor-algorithms"])
         sources = [where / "algorithms.json"]
@@ -110,15 +131,17 @@ def measure(name: str, bin_dir: Path, args, where: Path) -> dict:
                 forced += bench(name, bin_dir, args, path, ours, env)
                 sources.append(path)
     tuned_file = where / f"tuned{library.suffix}"
-    _launch(name, bin_dir, args, ["tune", "--export", name, "-o", str(tuned_file), "--from"]
-            + [str(p) for p in sources], {})
+    if reuse != "all":
+        _launch(name, bin_dir, args, ["tune", "--export", name, "-o", str(tuned_file),
+                                      "--from"] + [str(p) for p in sources], {})
     env = library.tuned_env(str(tuned_file))
     arms = {"default": {}, "control": library.control_env(), "tuned": env}
     rounds = {arm: [] for arm, arm_env in arms.items() if arm_env or arm == "default"}
     for k in range(args.rounds):
         for arm in rounds:
-            rounds[arm].append(bench(name, bin_dir, args, where / f"{arm}-{k}.json", ours,
-                                     arms[arm]))
+            path = where / f"{arm}-{k}.json"
+            rounds[arm].append(_rows([path]) if reuse == "all" else
+                               bench(name, bin_dir, args, path, ours, arms[arm]))
     rounds.setdefault("control", [])
     meta = load_results([str(sources[0])])[1][0]
     return {"forced": forced, **rounds, "file": tuned_file, "env": env,
@@ -195,16 +218,28 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vendors-np2"),
                         help="PREFIX of PREFIX.md and the folder PREFIX-<mpi>/")
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per launch")
+    parser.add_argument("--reuse-forced", default="", metavar="MPIS",
+                        help="comma-separated: MPIs whose step 1 (the vendor's forced "
+                             "algorithms) is read from PREFIX-<mpi>/ of an earlier run with "
+                             "the same --ranks; steps 2 and 3 run")
+    parser.add_argument("--reuse-all", default="", metavar="MPIS",
+                        help="comma-separated: MPIs whose rows and tuning file are all read "
+                             "from PREFIX-<mpi>/ of an earlier run; nothing runs under them")
     args = parser.parse_args()
-    unknown = set(args.mpis.split(",")) - set(WHEELS)
+    mpis = args.mpis.split(",")
+    reuse = {**{m: "forced" for m in filter(None, args.reuse_forced.split(","))},
+             **{m: "all" for m in filter(None, args.reuse_all.split(","))}}
+    unknown = (set(mpis) | set(reuse)) - set(WHEELS)
     if unknown:
         raise SystemExit(f"unknown MPI {sorted(unknown)}; choose from {', '.join(WHEELS)}")
+    if set(reuse) - set(mpis):
+        raise SystemExit(f"--reuse-* names MPIs outside --mpis: {sorted(set(reuse) - set(mpis))}")
     runs = {}
-    for name in args.mpis.split(","):
-        bin_dir = environment(name, Path(args.envs))
+    for name in mpis:
         where = Path(f"{args.out}-{name}")
+        bin_dir = None if reuse.get(name) == "all" else environment(name, Path(args.envs))
         where.mkdir(parents=True, exist_ok=True)
-        runs[name] = measure(name, bin_dir, args, where)
+        runs[name] = measure(name, bin_dir, args, where, reuse.get(name, ""))
     command = " ".join(["python", "benchmarks/vendors.py"] + sys.argv[1:])
     first = next(iter(runs.values()))["meta"]
     header = [f"# The vendors' own algorithms, their tuning files, and ours (`{command}`)", "",
@@ -217,7 +252,9 @@ def main() -> None:
               "fastest forced: the vendor's own algorithm that was fastest in step 1 (its "
               "median over launches where each had launches of its own); our best among `"
               + args.ours + "` (medians over all launches of step 3). "
-              "Raw data and the tuning files in `" + Path(args.out).name + "-<mpi>/`.", ""]
+              "Raw data and the tuning files in `" + Path(args.out).name + "-<mpi>/`."
+              + "".join(f" {name}: {REUSED[how]} (its files' history is in git)."
+                        for name, how in reuse.items()), ""]
     for name, measured in runs.items():
         header.append(f"* {name}: {measured['meta']['mpi_library'].splitlines()[0]}; tuning file "
                       f"`{Path(measured['file']).name}`, used with "

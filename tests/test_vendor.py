@@ -69,8 +69,10 @@ def test_intel_value_reads_back_and_names_what_is_in_force(monkeypatch):
     library = vendor.IntelMPI()
     text = library.export([(0, library.algorithm("1")), (4097, library.algorithm("10")),
                            (65537, library.algorithm("ring"))], 2)
-    assert text.strip() == f"1:0-4096@2-2;10:4097-65536@2-2;8:65537-{2 ** 62}@2-2"
-    assert library.read(text) == [(2, 0, 1), (2, 4097, 10), (2, 65537, 8)]
+    assert text.strip() == f"1:0-4096;10:4097-65536;8:65537-{2 ** 62}"
+    assert library.read(text) == [(0, 0, 1), (0, 4097, 10), (0, 65537, 8)]
+    # (process ranges, which the export leaves out, are still read)
+    assert library.read("1:0-4096@2-2;8:4097-8192@2-4") == [(2, 0, 1), (2, 4097, 8)]
     with pytest.raises(vendor.VendorSettingError, match="at every size"):
         library.export([(0, library.algorithm("1")), (4097, None)], 2)
     assert vendor_winners(library, [(8, "mpi", 1.0), (8, "mpi:ring", 2.0),
