@@ -16,11 +16,22 @@ os.environ["MPI_ALLREDUCE_TUNING_DIR"] = "off"
 
 SUBCOMM_KINDS = ("world", "reversed", "even", "minus1")
 
-#: Under mpiexec with this set to 1, only the MPI tests that do not take the
-#: ``comm`` fixture run (those on COMM_WORLD itself, or a duplicate or split of
-#: it): tests/test_launch.py runs them so at a world size whose communicator
-#: sizes the launches with every sub-communicator already cover.
-WORLD_ONLY_ENV = "MPI_ALLREDUCE_TEST_WORLD_ONLY"
+#: Under mpiexec, "world": only the MPI tests that do not take the ``comm``
+#: fixture run (those on COMM_WORLD itself, or a duplicate or split of it);
+#: "comm": only those that take it.  tests/test_launch.py runs each part at
+#: the world sizes it needs (its docstring says which).
+ONLY_ENV = "MPI_ALLREDUCE_TEST_ONLY"
+
+#: Outside mpiexec, with pytest-xdist installed and no ``-n`` given, the test
+#: files are shared among this many processes at most (one a core; a file
+#: stays in one process: its tests share module fixtures, and the Slurm, the
+#: emulated hosts' and the launches' files must not overlap with themselves)
+WORKERS_AT_MOST = 4
+
+#: Files of one long test after another (the launches: 10 minutes here;
+#: torch's suite: 2), started first; the others fill the remaining processes
+#: around them in their order
+LONGEST_FIRST = ("test_launch.py", "test_torch_suite.py")
 
 #: One algorithm (a label of tests/helpers.py's VARIANTS) per kind of round
 #: the executor compiles on host memory (mpi_allreduce/executor.py): "ring"
@@ -117,21 +128,30 @@ def pytest_runtest_protocol(item, nextitem):
         timer.cancel()
 
 
-def pytest_runtest_logreport(report):
-    """Under mpiexec print a failure at once, with the rank: if the job is
-    aborted later, the summary at the end is never printed."""
-    if report.failed and report.when == "call" and "MPI_ALLREDUCE_UNDER_MPIEXEC" in __import__("os").environ:
-        import sys
-
-        from mpi4py import MPI
-
-        sys.stderr.write(f"\n[rank {MPI.COMM_WORLD.Get_rank()}] FAILED {report.nodeid}\n"
-                         f"{report.longreprtext}\n")
-        sys.stderr.flush()
-
-
 #: "np4: 1203 passed, 65 skipped in 9.1s" lines that tests/test_launch.py collects
 MPI_RUN_SUMMARIES: list = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """The serial session shares its files among processes (pytest-xdist,
+    ``--dist loadfile``) where xdist is installed and neither ``-n`` nor
+    ``-p no:xdist`` is given; an ``mpiexec`` run of the MPI tests never does
+    (its ranks are the processes), nor does an xdist worker itself."""
+    option = config.option
+    if (not hasattr(option, "numprocesses") or option.numprocesses is not None
+            or hasattr(config, "workerinput") or config.getoption("--with-mpi", default=False)
+            or getattr(option, "collectonly", False)):
+        return
+    workers = min(WORKERS_AT_MOST, len(os.sched_getaffinity(0)) if hasattr(
+        os, "sched_getaffinity") else os.cpu_count() or 1)
+    if workers > 1:
+        option.numprocesses = workers
+        if option.dist == "no":
+            option.dist = "loadfile"
+            # (files in the collection's order, LONGEST_FIRST first, not
+            # xdist's largest number of tests first)
+            option.loadscopereorder = False
 
 
 def pytest_configure(config):
@@ -146,13 +166,17 @@ def pytest_configure(config):
             # (the terminal reporter is looked up when a launch starts: it
             # may be registered after this hook has run; and the test's
             # output capture is suspended, or the line would wait for the
-            # test's end and show only if it failed)
+            # test's end and show only if it failed.  An xdist worker's
+            # reporter writes nowhere: it writes to the standard error it
+            # shares with the session's terminal)
+            stamped = f"[{time.strftime('%H:%M:%S')}] {line}"
             reporter = config.pluginmanager.get_plugin("terminalreporter")
             capture = config.pluginmanager.get_plugin("capturemanager")
-            if reporter is None:
-                return
             with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-                reporter.write_line(f"[{time.strftime('%H:%M:%S')}] {line}")
+                if hasattr(config, "workerinput"):
+                    os.write(2, f"\n{stamped}\n".encode())
+                elif reporter is not None:
+                    reporter.write_line(stamped)
 
         launch.announce = announce
         return
@@ -196,24 +220,53 @@ def _another_order_only(item) -> bool:
 
 def pytest_collection_modifyitems(config, items):
     """Outside mpiexec the MPI tests do not run here: test_launch.py runs them
-    under mpiexec.  Deselect them instead of skipping.  Under mpiexec with
-    WORLD_ONLY_ENV=1, deselect the tests that run on the ``comm`` fixture;
-    without it, the per-algorithm tests of algorithms outside PATH_VARIANTS
-    on the kinds of sub-communicator outside ALGORITHM_SUBCOMM_KINDS."""
+    under mpiexec.  Deselect them instead of skipping, and put LONGEST_FIRST's
+    files first.  Under mpiexec, deselect the part ONLY_ENV leaves out, and
+    the per-algorithm tests of algorithms outside PATH_VARIANTS on the kinds
+    of sub-communicator outside ALGORITHM_SUBCOMM_KINDS."""
     if config.getoption("--with-mpi", default=False):
-        if os.environ.get(WORLD_ONLY_ENV) != "1":
-            dropped_if = _another_order_only
-        else:
-            def dropped_if(item):
-                return "comm" in getattr(item, "fixturenames", ())
+        only = os.environ.get(ONLY_ENV, "")
+        if only not in ("", "world", "comm"):
+            raise pytest.UsageError(f"{ONLY_ENV}={only!r}: 'world', 'comm' or unset")
+
+        def dropped_if(item):
+            on_comm = "comm" in getattr(item, "fixturenames", ())
+            return ((only == "world" and on_comm) or (only == "comm" and not on_comm)
+                    or _another_order_only(item))
     else:
         def dropped_if(item):
             return item.get_closest_marker("mpi") is not None
+        # (stable: within a file, and among the other files, the order stays)
+        items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)
     keep = [item for item in items if not dropped_if(item)]
     dropped = [item for item in items if dropped_if(item)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+
+
+#: the user property under which tests/test_launch.py hands its launch's
+#: summary lines to the session (they reach it from an xdist worker too)
+SUMMARY_PROPERTY = "mpi_run_summary"
+
+
+def pytest_runtest_logreport(report):
+    """Under mpiexec print a failure at once, with the rank: if the job is
+    aborted later, the summary at the end is never printed.  Outside it,
+    keep each launch's summary lines for the end of the session."""
+    if "MPI_ALLREDUCE_UNDER_MPIEXEC" not in os.environ:
+        if report.when == "call":
+            MPI_RUN_SUMMARIES.extend(line for name, lines in report.user_properties
+                                     if name == SUMMARY_PROPERTY for line in lines)
+        return
+    if report.failed and report.when == "call":
+        import sys
+
+        from mpi4py import MPI
+
+        sys.stderr.write(f"\n[rank {MPI.COMM_WORLD.Get_rank()}] FAILED {report.nodeid}\n"
+                         f"{report.longreprtext}\n")
+        sys.stderr.flush()
 
 
 def pytest_terminal_summary(terminalreporter):

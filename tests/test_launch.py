@@ -18,12 +18,13 @@ strided and reversed rank orders: every size the launches at world sizes 2,
 The MPI tests that do not take ``comm`` (on COMM_WORLD itself, a duplicate
 of it, or a split such as ``trio``: the mismatch and watchdog stalls,
 guarantees, traces, verify, threads, mpi4py's own tests, the torch backend)
-see the world size itself: 1, 3, 5 and 8 above (one rank, two odd sizes, a
-power of two oversubscribed).  A fifth launch, at world size 2, runs these
-alone (``MPI_ALLREDUCE_TEST_WORLD_ONLY=1``): two ranks, where a rank's left
-and right neighbours are one rank, is the one world size of interest to them
-that the four launches lack.  The ``comm`` tests are not repeated there
-(their sizes 2 and 1 are above).
+see the world size itself.  They run at world sizes 1, 2, 3 and 8: one rank;
+two, where a rank's left and right neighbours are one rank; an odd size that
+folds (3 = 2 + 1); a power of two, oversubscribed.  The launch at world size
+2 runs them alone (``MPI_ALLREDUCE_TEST_ONLY=world``; the ``comm`` tests'
+sizes 2 and 1 are above) and the launch at 5 runs the ``comm`` tests alone
+(``MPI_ALLREDUCE_TEST_ONLY=comm``: a second odd size that folds adds a
+minute and a half to the suite here and no path of theirs).
 
 Each run prints its slowest tests (``--durations`` from pyproject.toml, rank 0
 only); this session's summary repeats the first of them for each launch."""
@@ -38,11 +39,12 @@ import pytest
 
 from mpi_allreduce.launch import find_mpiexec, mpiexec_flavor, run_mpi
 
-from .conftest import MPI_RUN_SUMMARIES, WORLD_ONLY_ENV
+from .conftest import ONLY_ENV, SUMMARY_PROPERTY
 
 ROOT = Path(__file__).resolve().parent.parent
-#: (world size, only the tests that do not take ``comm``): see the docstring
-LAUNCHES = [(1, False), (2, True), (3, False), (5, False), (8, False)]
+#: (world size, which tests: "" all, "world" those that do not take ``comm``,
+#: "comm" those that do): see the docstring
+LAUNCHES = [(1, ""), (2, "world"), (3, ""), (5, "comm"), (8, "")]
 #: seconds for one mpiexec of the MPI test files
 SUITE_TIMEOUT = 900
 #: slowest tests of each launch repeated in this session's summary
@@ -72,28 +74,29 @@ def peer_tests():
     return path
 
 
-@pytest.mark.parametrize("size,world_only", LAUNCHES,
-                         ids=[f"np{n}" + ("-world-only" if w else "") for n, w in LAUNCHES])
-def test_mpi_suite(size, world_only, peer_tests):
-    """All MPI tests (or, world_only, those not on the ``comm`` fixture)
-    pass on every rank at this world size."""
+@pytest.mark.parametrize("size,only", LAUNCHES,
+                         ids=[f"np{n}" + (f"-{only}-only" if only else "") for n, only in LAUNCHES])
+def test_mpi_suite(size, only, peer_tests, record_property):
+    """All MPI tests (or only those on COMM_WORLD, or only those on the
+    ``comm`` fixture) pass on every rank at this world size."""
     args = [sys.executable, "-m", "pytest", "--with-mpi", "-m", "mpi", "-q", "--color=no",
             "-p", "no:cacheprovider", str(ROOT / "tests")]
     env = {"MPI_ALLREDUCE_UNDER_MPIEXEC": "1"}
-    if world_only:
-        env[WORLD_ONLY_ENV] = "1"
+    if only:
+        env[ONLY_ENV] = only
     passed = [x for name in env for x in ("-x", name)] if _openmpi() else []
     result = run_mpi(size, args, timeout=SUITE_TIMEOUT, cwd=str(ROOT), env_extra=env,
                      extra=passed)
-    label = f"np{size}" + (" (world only)" if world_only else "")
+    label = f"np{size}" + (f" ({only} only)" if only else "")
     assert result.returncode == 0, f"mpiexec -n {size} failed ({result.returncode}):\n{tail(result.stdout)}"
     summaries = re.findall(r"^(\d+ passed.*) in [\d.]+s", result.stdout, re.M)
     assert summaries and all("failed" not in s and "error" not in s for s in summaries), \
         tail(result.stdout)
-    MPI_RUN_SUMMARIES.append(f"{label}: {len(summaries)} ranks reported; distinct per-rank "
-                             f"totals: {', '.join(sorted(set(summaries)))}")
     slowest = re.findall(r"^\d+\.\d+s (?:call|setup|teardown) +\S+", result.stdout, re.M)
-    MPI_RUN_SUMMARIES.extend(f"    {line}" for line in slowest[:SLOWEST_SHOWN])
+    # (the session's summary prints them: tests/conftest.py)
+    record_property(SUMMARY_PROPERTY, [f"{label}: {len(summaries)} ranks reported; distinct "
+                                       f"per-rank totals: {', '.join(sorted(set(summaries)))}"]
+                    + [f"    {line}" for line in slowest[:SLOWEST_SHOWN]])
 
 
 def test_each_launch_is_shown_as_it_starts_and_ends(monkeypatch):
