@@ -110,12 +110,20 @@ def measure(name: str, bin_dir: Path, args, where: Path, reuse: str = "") -> dic
     tuning file read from there (nothing runs)."""
     library = LIBRARIES[name]()
     ours = ["-a", args.ours]
+    in_process = library.in_process and name not in args.at_launch.split(",")
+    # (an earlier run's files of the steps this one measures again go first: a
+    # run of fewer rounds, or of the other way of forcing, would leave them)
+    redone = {"": ["algorithm*.json"], "forced": []}.get(reuse)
+    for pattern in [] if redone is None else redone + ["default-*.json", "control-*.json",
+                                                       "tuned-*.json"]:
+        for stale in where.glob(pattern):
+            stale.unlink()
     if reuse:
         # (every round of the earlier run's launches of their own, whatever --rounds is now)
-        sources = [where / "algorithms.json"] if library.in_process else sorted(
+        sources = [where / "algorithms.json"] if in_process else sorted(
             where.glob("algorithms-*.json")) + sorted(where.glob("algorithm-*-*.json"))
         forced = _rows(sources or [where / "algorithms-0.json"])
-    elif library.in_process:
+    elif in_process:
         forced = bench(name, bin_dir, args, where / "algorithms.json",
                        ours + ["--vendor-algorithms"])
         sources = [where / "algorithms.json"]
@@ -218,6 +226,10 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vendors-np2"),
                         help="PREFIX of PREFIX.md and the folder PREFIX-<mpi>/")
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per launch")
+    parser.add_argument("--at-launch", default="", metavar="MPIS",
+                        help="comma-separated: MPIs whose own algorithms are forced at launch, "
+                             "a launch each, as Intel MPI's always are, where step 1 would force "
+                             "them in the running process (Open MPI, MPICH)")
     parser.add_argument("--reuse-forced", default="", metavar="MPIS",
                         help="comma-separated: MPIs whose step 1 (the vendor's forced "
                              "algorithms) is read from PREFIX-<mpi>/ of an earlier run with "
@@ -232,6 +244,9 @@ def main() -> None:
     unknown = (set(mpis) | set(reuse)) - set(WHEELS)
     if unknown:
         raise SystemExit(f"unknown MPI {sorted(unknown)}; choose from {', '.join(WHEELS)}")
+    unknown = set(filter(None, args.at_launch.split(","))) - set(mpis)
+    if unknown:
+        raise SystemExit(f"--at-launch names MPIs outside --mpis: {sorted(unknown)}")
     if set(reuse) - set(mpis):
         raise SystemExit(f"--reuse-* names MPIs outside --mpis: {sorted(set(reuse) - set(mpis))}")
     runs = {}
@@ -254,7 +269,9 @@ def main() -> None:
               + args.ours + "` (medians over all launches of step 3). "
               "Raw data and the tuning files in `" + Path(args.out).name + "-<mpi>/`."
               + "".join(f" {name}: {REUSED[how]} (its files' history is in git)."
-                        for name, how in reuse.items()), ""]
+                        for name, how in reuse.items())
+              + "".join(f" {name}: its own algorithms forced at launch, a launch each."
+                        for name in filter(None, args.at_launch.split(","))), ""]
     for name, measured in runs.items():
         header.append(f"* {name}: {measured['meta']['mpi_library'].splitlines()[0]}; tuning file "
                       f"`{Path(measured['file']).name}`, used with "
