@@ -603,11 +603,12 @@ class IntelMPI(Library):
         if any(algorithm is None for _, algorithm in choices):
             raise VendorSettingError("Intel MPI's value names an algorithm at every size "
                                      "(a size left out does not keep Intel's own choice)")
-        # (size ranges only, no ``@<p>-<q>`` process ranges: on 4 ranks under
-        # Intel MPI 2021.18 a value of two or three ids with process ranges ran
-        # 1.6-4x the default from 8 B to 512 B, the same ids without them at or
-        # below it -- benchmarks/impi_value_forms.py; so the value applies at
-        # every communicator size)
+        # (size ranges only, smallest first, no ``@<p>-<q>`` process ranges: on
+        # 4 ranks under Intel MPI 2021.18 three ids with process ranges ran
+        # 1.3-3.6x the default from 8 B to 512 B in every launch, without them
+        # at its speed in two launches of three, and listed with the smallest
+        # sizes last slower in every launch -- benchmarks/impi_value_forms.py;
+        # so the value applies at every communicator size)
         return ";".join(f"{algorithm.value}:{start}-{2 ** 62 if end is None else end}"
                         for start, end, algorithm in _ranges(choices)) + "\n"
 

@@ -23,8 +23,8 @@ two, where a rank's left and right neighbours are one rank; an odd size that
 folds (3 = 2 + 1); a power of two, oversubscribed.  The launch at world size
 2 runs them alone (``MPI_ALLREDUCE_TEST_ONLY=world``; the ``comm`` tests'
 sizes 2 and 1 are above) and the launch at 5 runs the ``comm`` tests alone
-(``MPI_ALLREDUCE_TEST_ONLY=comm``: a second odd size that folds adds a
-minute and a half to the suite here and no path of theirs).
+(``MPI_ALLREDUCE_TEST_ONLY=comm``: a second odd size that folds adds an
+oversubscribed run of them and no path of theirs).
 
 Each run prints its slowest tests (``--durations`` from pyproject.toml, rank 0
 only); this session's summary repeats the first of them for each launch."""
