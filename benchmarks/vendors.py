@@ -85,7 +85,7 @@ def bench(name: str, bin_dir: Path, args, out: Path, extra: list, env=None) -> l
                                   str(args.warmup), "-r", str(args.repeats), "-c", "--quiet",
                                   "--json", str(out)]
             + extra, env or {})
-    return load_results([str(out)])[0]
+    return _rows([out])
 
 
 #: what the table's header says of an MPI's rows read from an earlier run
@@ -110,19 +110,21 @@ def measure(name: str, bin_dir: Path, args, where: Path, reuse: str = "") -> dic
     tuning file read from there (nothing runs)."""
     library = LIBRARIES[name]()
     ours = ["-a", args.ours]
-    in_process = library.in_process and name not in args.at_launch.split(",")
+    in_process = library.in_process and name not in args.at_launch
     # (an earlier run's files of the steps this one measures again go first: a
     # run of fewer rounds, or of the other way of forcing, would leave them)
-    redone = {"": ["algorithm*.json"], "forced": []}.get(reuse)
-    for pattern in [] if redone is None else redone + ["default-*.json", "control-*.json",
-                                                       "tuned-*.json"]:
-        for stale in where.glob(pattern):
-            stale.unlink()
+    if reuse != "all":
+        for pattern in ["default-*.json", "control-*.json", "tuned-*.json"] + (
+                [] if reuse else ["algorithm*.json"]):
+            for stale in where.glob(pattern):
+                stale.unlink()
     if reuse:
         # (every round of the earlier run's launches of their own, whatever --rounds is now)
         sources = [where / "algorithms.json"] if in_process else sorted(
             where.glob("algorithms-*.json")) + sorted(where.glob("algorithm-*-*.json"))
-        forced = _rows(sources or [where / "algorithms-0.json"])
+        if not sources:
+            raise SystemExit(f"no earlier results to reuse in {where}")
+        forced = _rows(sources)
     elif in_process:
         forced = bench(name, bin_dir, args, where / "algorithms.json",
                        ours + ["--vendor-algorithms"])
@@ -206,9 +208,14 @@ def table(runs: dict) -> str:
     return "\n".join(lines)
 
 
+def _names(text: str) -> list:
+    """A comma-separated list of MPI names (the empty string: none)."""
+    return [name for name in text.split(",") if name]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mpis", default=",".join(WHEELS), help="comma-separated: "
+    parser.add_argument("--mpis", type=_names, default=",".join(WHEELS), help="comma-separated: "
                         + ", ".join(WHEELS))
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("-b", "--minbytes", default="8")
@@ -226,25 +233,24 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vendors-np2"),
                         help="PREFIX of PREFIX.md and the folder PREFIX-<mpi>/")
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per launch")
-    parser.add_argument("--at-launch", default="", metavar="MPIS",
+    parser.add_argument("--at-launch", type=_names, default="", metavar="MPIS",
                         help="comma-separated: MPIs whose own algorithms are forced at launch, "
                              "a launch each, as Intel MPI's always are, where step 1 would force "
                              "them in the running process (Open MPI, MPICH)")
-    parser.add_argument("--reuse-forced", default="", metavar="MPIS",
+    parser.add_argument("--reuse-forced", type=_names, default="", metavar="MPIS",
                         help="comma-separated: MPIs whose step 1 (the vendor's forced "
                              "algorithms) is read from PREFIX-<mpi>/ of an earlier run with "
                              "the same --ranks; steps 2 and 3 run")
-    parser.add_argument("--reuse-all", default="", metavar="MPIS",
+    parser.add_argument("--reuse-all", type=_names, default="", metavar="MPIS",
                         help="comma-separated: MPIs whose rows and tuning file are all read "
                              "from PREFIX-<mpi>/ of an earlier run; nothing runs under them")
     args = parser.parse_args()
-    mpis = args.mpis.split(",")
-    reuse = {**{m: "forced" for m in filter(None, args.reuse_forced.split(","))},
-             **{m: "all" for m in filter(None, args.reuse_all.split(","))}}
+    mpis = args.mpis
+    reuse = {**dict.fromkeys(args.reuse_forced, "forced"), **dict.fromkeys(args.reuse_all, "all")}
     unknown = (set(mpis) | set(reuse)) - set(WHEELS)
     if unknown:
         raise SystemExit(f"unknown MPI {sorted(unknown)}; choose from {', '.join(WHEELS)}")
-    unknown = set(filter(None, args.at_launch.split(","))) - set(mpis)
+    unknown = set(args.at_launch) - set(mpis)
     if unknown:
         raise SystemExit(f"--at-launch names MPIs outside --mpis: {sorted(unknown)}")
     if set(reuse) - set(mpis):
@@ -271,7 +277,7 @@ def main() -> None:
               + "".join(f" {name}: {REUSED[how]} (its files' history is in git)."
                         for name, how in reuse.items())
               + "".join(f" {name}: its own algorithms forced at launch, a launch each."
-                        for name in filter(None, args.at_launch.split(","))), ""]
+                        for name in args.at_launch), ""]
     for name, measured in runs.items():
         header.append(f"* {name}: {measured['meta']['mpi_library'].splitlines()[0]}; tuning file "
                       f"`{Path(measured['file']).name}`, used with "

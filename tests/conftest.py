@@ -128,7 +128,8 @@ def pytest_runtest_protocol(item, nextitem):
         timer.cancel()
 
 
-#: "np4: 1203 passed, 65 skipped in 9.1s" lines that tests/test_launch.py collects
+#: each launch's summary lines ("np3: 3 ranks reported; ...") that
+#: tests/test_launch.py records (SUMMARY_PROPERTY) and the session prints
 MPI_RUN_SUMMARIES: list = []
 
 
