@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import sys
 import threading
 import time
 from typing import Optional
@@ -52,7 +53,7 @@ class Operation:
     __slots__ = ("stages", "plan", "comm", "mpitype", "post", "tag", "slot", "index", "pending",
                  "done", "error", "event", "threaded", "persistent", "kind", "starts",
                  "limit", "deadline", "reserved", "context", "lock", "owner", "kept",
-                 "round", "live", "holder", "unwaited", "__weakref__")
+                 "round", "live", "holder", "unwaited", "callbacks", "adopted", "__weakref__")
 
     def __init__(self, stages: list, plan, tag: int, slot: str, threaded: bool,
                  kind: str = "non-blocking call", context=None, reserved: bool = False):
@@ -87,6 +88,10 @@ class Operation:
         self.holder = None  # what holds its tag in its context (see Context.claim)
         #: a request of this call is complete but not yet waited (or tested)
         self.unwaited = False
+        #: what runs once this start of the call is complete (see :meth:`when_done`), or None
+        self.callbacks: Optional[list] = None
+        #: handed to the progress thread for this start only (see ``_Engine.adopt``)
+        self.adopted = False
         if plan is not None and seconds > 0:
             WATCH.watch(self)
 
@@ -103,7 +108,7 @@ class Operation:
         deadline (the watchdog's raise mode) makes the call poll in the one
         wait loop, through the stages.  ``self.round``: (the steps before
         the round, those that overlap it, those after it, what posts its
-        messages where they are not persistent requests)."""
+        messages where they are not persistent requests, the round's stage)."""
         if self.threaded or self.limit or self.plan.backend.device:
             return
         rounds = [i for i, stage in enumerate(self.stages) if stage.pairs]
@@ -119,12 +124,12 @@ class Operation:
             self.live = self.persistent[index]
         else:
             posts = message_calls(self.comm, stages[index].pairs, self.mpitype)
-        self.round = (before, list(stages[index].overlap), after, posts)
+        self.round = (before, list(stages[index].overlap), after, posts, index)
         self.index = index
 
     def round_steps(self) -> list:
         """A one-round start as compiled steps (see :meth:`one_round`)."""
-        before, overlap, _, _ = self.round
+        before, overlap = self.round[:2]
         if self.persistent is not None:  # (its request counts the start: Request.start)
             return [*before, (_startall, (self.live,)), *overlap]
         return [*before, (self._post_round, ()), *overlap]
@@ -138,9 +143,45 @@ class Operation:
         """What the watchdog samples: (starts, (kind, plan) while in flight, thread)."""
         return self.starts, None if self.done else (self.kind, self.plan), "any"
 
+    def finished(self) -> bool:
+        """Whether this start is complete as its caller may see it: a call
+        on the progress thread once the thread has let it go (its event:
+        ``done`` is set while the thread is still inside :meth:`advance`,
+        and a start made then would be advanced there too), else ``done``."""
+        return self.event.is_set() if self.threaded else self.done
+
     def holds_tag(self) -> bool:
         """Whether this call's tag may not be given to another call yet."""
         return self.reserved or not self.done
+
+    def when_done(self, callback) -> None:
+        """Run ``callback()`` once this start of the call is complete, with
+        or without an error (at once if it is): on the thread that completes
+        it -- the progress thread, which takes the call over if MPI runs
+        threads (``_Engine.adopt``), so that it completes whether or not
+        anyone waits; else the thread whose ``wait()`` or ``test()``
+        completes it."""
+        with _CALLBACKS:
+            queued = not self.done
+            if queued:
+                if self.callbacks is None:
+                    self.callbacks = []
+                self.callbacks.append(callback)
+        if not queued:
+            callback()
+        elif not self.threaded and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+            _ENGINE.adopt(self)
+
+    def taken(self) -> Optional[list]:
+        """The callbacks of a completed start, taken (each runs once)."""
+        with _CALLBACKS:
+            callbacks, self.callbacks = self.callbacks, None
+        return callbacks
+
+    def fire(self, callbacks: Optional[list] = None) -> None:
+        """Run the callbacks of a completed start (``callbacks``, or those
+        :meth:`taken` now): :func:`_run_all`."""
+        _run_all(self.taken() if callbacks is None else callbacks)
 
     def begin(self) -> None:
         """Run the stages up to the first with messages in flight."""
@@ -184,6 +225,8 @@ class Operation:
         if not self.lock.acquire(block):
             return self.done
         try:
+            if self.adopted and threading.get_ident() != _ENGINE.ident:
+                return self.done  # (the progress thread's alone now: see _Engine.adopt)
             while not self.done:
                 if block:
                     for p in self.pending:
@@ -233,7 +276,19 @@ class Operation:
         return [r for p in self.pending for r in p.requests]
 
 
+def _run_all(callbacks) -> None:
+    """Run each callback; an exception in one is reported on standard error,
+    as a thread's would be, and the others still run."""
+    for callback in callbacks or ():
+        try:
+            callback()
+        except BaseException:  # noqa: BLE001 - a callback's error is its own
+            sys.excepthook(*sys.exc_info())
+
+
 _startall = MPI.Prequest.Startall
+#: orders the callbacks' list of a call between the thread adding one and the one running them
+_CALLBACKS = threading.Lock()
 
 
 class _Started:
@@ -304,6 +359,8 @@ class _Engine:
         self.in_mpi = False  # the thread waits in MPI (wake it with a message)
         self.stopping = False
         self.wake_comm = None
+        self.ident = 0  # the progress thread's, once it runs
+        self.later: list = []  # what runs on the thread at its next turn (see soon)
         self._slots = itertools.count(1)  # next() is atomic: threads get distinct slots
 
     def slot(self) -> str:
@@ -353,8 +410,12 @@ class _Engine:
         call and raises :class:`Stalled`."""
         limit = op.limit
         spins = 0
-        while not op.done:
+        while not op.finished():
             if op.threaded:
+                if threading.get_ident() == self.ident:
+                    raise RuntimeError("a completion callback waits for a call that is not "
+                                       "complete: callbacks run on the progress thread, which "
+                                       "completes the calls; wait elsewhere")
                 if op.event.wait(0.01 if limit else 1.0):
                     return
             elif op.owner != threading.get_ident():
@@ -381,6 +442,9 @@ class _Engine:
             self.caller = []
             return
         held = [other for other in caller if other.lock.acquire(False)]
+        for other in [other for other in held if other.adopted]:  # (the thread's now)
+            other.lock.release()
+            held.remove(other)
         try:
             requests = [r for other in held for r in other.requests()]
             if requests and not any(p.statuses is not None for other in held
@@ -407,6 +471,39 @@ class _Engine:
             raise op.stalled()
 
     # --- the thread -------------------------------------------------------------
+    def adopt(self, op: Operation) -> None:
+        """Hand ``op``, a call its caller advances, to the progress thread
+        until its current start completes (then it is the caller's again):
+        what makes a completion callback (``Operation.when_done``) run
+        whether or not anyone waits.  Under the call's lock, so no thread
+        is inside MPI on its requests as they change hands (``advance`` and
+        ``_block`` hold it there, and leave an adopted call alone)."""
+        with op.lock:
+            if op.done or op.threaded:
+                return
+            if op.round is not None:  # the one-round fast path: its requests are op.live
+                op.pending, op.index = [_Started(op.live)], op.round[4]
+            op.event = threading.Event()
+            op.adopted = op.threaded = True
+        self.start_threaded(op)
+
+    def soon(self, callback) -> None:
+        """Run ``callback()`` on the progress thread at its next turn: a
+        completion callback added to a call already complete that must
+        still run on the thread that completes calls (torch's profiler
+        calls an event asynchronous only when another thread ends it).
+        Where MPI runs no threads there is no such thread: it runs now."""
+        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            callback()
+            return
+        if self.thread is None:
+            self._start_thread()
+        with self.cond:
+            self.later.append(callback)
+            self.cond.notify()
+            if self.in_mpi:
+                self._wake()
+
     def start_threaded(self, op: Operation) -> None:
         if self.thread is None:
             self._start_thread()
@@ -433,26 +530,49 @@ class _Engine:
         atexit.register(self.stop)
 
     def _run(self) -> None:
+        self.ident = threading.get_ident()
         wake_buf = bytearray(1)
         wake = self.wake_comm.Irecv([wake_buf, MPI.BYTE], 0, _WAKE_TAG)
         try:
             while True:
                 with self.cond:
-                    while not self.threaded and not self.stopping:
+                    while not self.threaded and not self.later and not self.stopping:
                         self.cond.wait()
                     if self.stopping:
                         return
-                    still = []
+                    later, self.later = self.later, []
+                    still, finished = [], []
                     for op in self.threaded:
-                        if op.advance(False):
-                            op.event.set()
+                        if op.advance(False) or self._overdue(op):
+                            finished.append(op)
                         else:
                             still.append(op)
                     self.threaded = still
-                    if not still:
-                        continue
+                    fired = []
+                    for op in finished:
+                        # taken before it is let go: a start made after it
+                        # has callbacks of its own
+                        fired.append((op, op.taken()))
+                        if op.adopted:  # (its next start is its caller's again)
+                            op.adopted = op.threaded = False
+                        op.event.set()
+                    # a call with callbacks and a deadline (raise mode) is
+                    # polled: nobody may be waiting to notice its stall
+                    poll = any(op.limit and op.callbacks for op in still)
                     requests = [wake] + [r for op in still for r in op.requests()]
-                    self.in_mpi = True
+                    # (``still`` is the list calls started from now on join:
+                    # what is in flight is decided here, under the lock)
+                    idle = not still
+                    self.in_mpi = not idle and not poll
+                for op, callbacks in fired:  # (outside the lock: a callback may start a call)
+                    if callbacks:
+                        op.fire(callbacks)
+                _run_all(later)
+                if idle:
+                    continue
+                if poll:
+                    time.sleep(200e-6)
+                    continue
                 index = MPI.Request.Waitany(requests)
                 with self.cond:
                     self.in_mpi = False
@@ -461,6 +581,17 @@ class _Engine:
         finally:
             wake.Cancel()
             wake.Wait()
+
+    @staticmethod
+    def _overdue(op: Operation) -> bool:
+        """A call with callbacks past its deadline (raise mode), given up on
+        here: its error is the stall, which its callbacks and wait() see."""
+        if not (op.limit and op.callbacks) or time.monotonic() <= op.deadline:
+            return False
+        error = op.stalled()
+        op.abandon()
+        op.error = error
+        return True
 
     def stop(self) -> None:
         """End the thread (at exit, before MPI is finalised)."""

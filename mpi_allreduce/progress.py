@@ -115,7 +115,7 @@ class Request:
                 self.wait()  # (the steps after the round)
             return done
         try:  # (to the end: an interrupt even as it completes breaks the communicator)
-            if op is not None and not op.done:
+            if op is not None and not op.finished():
                 if op.threaded:
                     if not op.event.is_set():
                         _ENGINE.overdue(op)
@@ -129,6 +129,8 @@ class Request:
                     if not op.done:
                         _ENGINE.overdue(op)
                         return False
+            if op is not None and op.callbacks:  # (completed here, not by the thread)
+                op.fire()
             self._complete()
         except BaseException as exc:
             self._given_up(exc)
@@ -147,6 +149,8 @@ class Request:
                 op.unwaited = False
                 op.done = True
                 self._state = "complete"
+                if op.callbacks:
+                    op.fire()
                 if _CLOSING or not op.kept and self.__class__ is Request:
                     self._complete()  # (reap; a call's own scratch back to its plan)
             except BaseException as exc:  # (to the end: as it completes too)
@@ -157,8 +161,10 @@ class Request:
             self._check_active("wait")
         op = self._op
         try:  # (to the end: an interrupt even as it completes breaks the communicator)
-            if op is not None and not op.done:
+            if op is not None and not op.finished():
                 _ENGINE.wait(op)
+            if op is not None and op.callbacks:  # (completed here, not by the thread)
+                op.fire()
             if _CLOSING or self.__class__ is Request or op is not None and op.error is not None:
                 self._complete()
             else:  # (a persistent call's wait: nothing more to do)
@@ -167,6 +173,29 @@ class Request:
             self._given_up(exc)
             raise
         return self._result
+
+    def add_done_callback(self, callback) -> None:
+        """Run ``callback(request)`` once the call is complete, with or
+        without an error (at once if it is), whether or not anyone waits
+        for it: where MPI runs threads (``MPI_THREAD_MULTIPLE``) the
+        progress thread takes the call over and runs the callback when it
+        completes; elsewhere the ``wait()`` or ``test()`` that completes it
+        runs it.  In the callback, ``request.wait()`` returns the result at
+        once (or raises the call's error); a callback must not wait for a
+        call that is not complete (on the progress thread that raises
+        ``RuntimeError``: the thread is what completes calls).  As with
+        MPI's requests, one thread at a time uses a request: add callbacks
+        before waiting for it, not while another thread waits."""
+        self._check_active("add_done_callback")
+        op = self._op
+        if op is None or op.done:
+            callback(self)
+            return
+        if self._round is not None and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+            # the progress thread completes it now, through its stages, not
+            # this request's one-round wait (Operation.round)
+            self._round = None
+        op.when_done(lambda: callback(self))
 
     def _given_up(self, exc: BaseException) -> None:
         """A wait or test left by an exception (a stall, an interrupt)
@@ -234,9 +263,10 @@ class PersistentRequest(Request):
                 raise RequestError("start() on a persistent request that is still active "
                                    "(wait() for it first)")
             raise RequestError("start() on a freed request")
-        if self._round is not None:  # the one-round fast path: _begin, inline
+        op = self._op
+        if op is not None and op.round is not None:  # the one-round fast path: _begin, inline
+            self._round = op.round  # (dropped by a callback's start: add_done_callback)
             self._start()
-            op = self._op
             op.done = False
             op.starts += 1
             self._state = "active"

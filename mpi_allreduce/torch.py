@@ -46,20 +46,19 @@ Where MPI runs threads (``MPI_THREAD_MULTIPLE``, mpi4py's
 default request; :data:`ASYNC`), ``all_reduce`` and the MPI calls return
 while their messages travel: ``async_op=True`` overlaps them with the
 caller's computation, ``wait()`` completes the call on the caller's thread,
-and ``get_future()`` hands it to a completion thread, so the future
-completes without a ``wait()`` (DDP's hooks chain on it).  Elsewhere, and
+and ``get_future()`` hands it to the library's progress thread, which
+completes it and its future without a ``wait()`` (DDP's hooks chain on
+it; the library's ``Request.add_done_callback``).  Elsewhere, and
 for ``reproducible`` all-reduces, the reduce-scatter and the allgather,
 every call completes before it returns.
 """
 
 from __future__ import annotations
 
-import atexit
 import functools
 import importlib
 import itertools
 import os
-import queue
 import socket
 import threading
 from collections import OrderedDict
@@ -77,7 +76,7 @@ from . import collectives
 from .api import allreduce, iallreduce
 from .backend import device_view, has_device_arrays, on_stream
 from .context import release, setup
-from .engine import duplicate, wait_for, wait_for_call
+from .engine import ENGINE, duplicate, wait_for, wait_for_call
 from .errors import Stalled
 from .options import keywords_for, options as resolve_options
 from .progress import mpi_request
@@ -185,11 +184,18 @@ class _Part:
             self.done = self.request.test()
         return self.done
 
+    def when_done(self, callback) -> None:
+        """``callback()`` once the request is complete, waited or not."""
+        if self.done:
+            callback()
+        else:
+            self.request.add_done_callback(lambda request: callback())
+
 
 class _Work(dist.Work):
     """A call in flight: its requests, what runs once they are done (copies
     back), and the future torch's hooks chain on.  ``wait()`` completes it
-    on the caller's thread; ``get_future()`` hands it to the completion
+    on the caller's thread; ``get_future()`` hands it to the progress
     thread, so the future completes without a ``wait()`` (DDP waits on the
     future).
 
@@ -271,34 +277,25 @@ class _Work(dist.Work):
         return self._status.Get_source()
 
     def get_future(self) -> Future:
+        """The call's future, completed once its parts are, whether or not
+        anyone waits: each part's completion callback (the library's
+        ``Request.add_done_callback``, run by the progress thread that then
+        advances it), the last of them completing the call."""
         if not self._queued:
             self._queued = True
-            _completer().put(self)
+            left, lock = [len(self._parts)], threading.Lock()
+
+            def part_done() -> None:
+                with lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    self._complete()
+            if not self._parts:
+                self._complete()
+            for part in self._parts:
+                part.when_done(part_done)
         return self._future
-
-
-@functools.lru_cache(maxsize=1)
-def _completer() -> "queue.SimpleQueue":
-    """The queue of the thread that completes calls whose future was asked
-    for.  At exit the thread is stopped and joined before the interpreter
-    ends: a daemon thread still inside one of torch's calls then (a
-    future's callbacks) is ended in C++ code, which aborts the process."""
-    works: "queue.SimpleQueue" = queue.SimpleQueue()
-
-    def run() -> None:
-        while True:
-            work = works.get()
-            if work is None:
-                return
-            work._complete()
-    thread = threading.Thread(target=run, name=f"{BACKEND} completion", daemon=True)
-    thread.start()
-
-    def stop() -> None:
-        works.put(None)
-        thread.join(timeout=10)
-    atexit.register(stop)
-    return works
 
 
 def _overlaps(opts) -> bool:
@@ -440,6 +437,9 @@ class _Inner:
 
     def test(self) -> bool:
         return self.work.is_completed()
+
+    def when_done(self, callback) -> None:
+        self.work.get_future().add_done_callback(lambda future: callback())
 
 
 def _staged(method, group, args, kwargs) -> "_Work":
@@ -999,8 +999,8 @@ _PROFILED = {
 def _profiled(method, title: str):
     """``method`` recording an event ``<backend>:<title>`` in torch's
     profiler while one runs (``torch.profiler``, the autograd profiler): it
-    starts with the call and ends on the completion thread when the call's
-    work completes (:class:`_Profiled`), so it spans an asynchronous call's
+    starts with the call and ends on the thread that completes the call's
+    work (the progress thread) (:class:`_Profiled`), so it spans an asynchronous call's
     messages.  Nothing is recorded, and one check is the cost, while no
     profiler runs."""
     name = f"{BACKEND}:{title}"
@@ -1045,7 +1045,7 @@ class _Event:
 
 class _Profiled(dist.Work):
     """A call's Work while torch's profiler runs: the call's event ends on
-    the completion thread once the call is complete, as torch's backends
+    the progress thread once the call is complete, as torch's backends
     end theirs on their worker threads (so the profiler shows it as an
     asynchronous event spanning the messages, as it shows theirs);
     ``wait()`` and the future complete after the event has ended."""
@@ -1053,18 +1053,25 @@ class _Profiled(dist.Work):
     def __init__(self, work, event: _Event):
         super().__init__()
         self._work, self._event, self._future = work, event, Future()
-        _completer().put(self)
+        work.get_future().add_done_callback(self._elsewhere)
 
-    def _complete(self) -> None:
-        """(On the completion thread.)"""
+    def _elsewhere(self, future: Future) -> None:
+        """The end on the progress thread: there already for a call it
+        completes; handed over for one complete before (a blocking call)."""
+        if threading.get_ident() == ENGINE.ident:
+            self._complete(future)
+        else:
+            ENGINE.soon(functools.partial(self._complete, future))
+
+    def _complete(self, future: Future) -> None:
+        """(On the progress thread, the thread that completes calls.)"""
+        self._event.end()
         try:
-            self._work.wait()
+            value = future.value()
         except BaseException as exc:  # noqa: BLE001 - handed to wait() and the future
-            self._event.end()
             self._future.set_exception(exc)
         else:
-            self._event.end()
-            self._future.set_result(self._work.get_future().value())
+            self._future.set_result(value)
 
     def wait(self, timeout=None) -> bool:
         self._future.wait()

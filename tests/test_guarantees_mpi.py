@@ -378,6 +378,28 @@ def test_watchdog_on_a_test_polling_loop(fresh, watchdog):
                 time.sleep(0.001)
 
 
+def test_watchdog_on_a_call_with_a_callback_nobody_waits_for(fresh, watchdog):
+    """Raise mode: a call only rank 0 starts, with a completion callback and
+    no wait() or test(): the progress thread gives up on it at its deadline
+    and the callback sees Stalled."""
+    _need(fresh)
+    watchdog(0.5)
+    if fresh.Get_rank() == 0:
+        request = mar.iallreduce(np.ones(4), comm=fresh, algorithm="ring")
+        seen = []
+
+        def record(r):
+            try:
+                r.wait()
+            except mar.Stalled as exc:
+                seen.append(exc)
+        request.add_done_callback(record)
+        deadline = time.monotonic() + 20
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen and "non-blocking call" in str(seen[0])
+
+
 @pytest.mark.parametrize("how", ["wait", "test"])
 def test_mpis_own_requests_go_through_the_engine_and_its_watchdog(fresh, watchdog, how):
     """MPI's requests handed to the engine (the torch backend's broadcasts,

@@ -4,6 +4,8 @@ result computed locally (and against MPI's own collectives)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -174,6 +176,66 @@ def test_a_repeated_nonblocking_call_runs_its_kept_call(comm):
     if comm.Get_size() > 1:
         assert all(o is first for again in ops[1:] for o, first in zip(again, ops[0]))
         assert len({o.tag for o in ops[0]}) == 3
+
+
+def _until(done, seconds: float = 30.0) -> None:
+    """Sleep until ``done()`` (no wait() or test() of any request meanwhile)."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, "a call with a callback never completed"
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "ring", "driver"])
+def test_callbacks_complete_calls_nobody_waits_for(comm, algorithm, progress_mode):
+    """Calls on two communicators, each with a completion callback, that no
+    rank waits for or tests; rank 0 adds its callbacks in the opposite
+    order (a call of several rounds moves only when someone advances it:
+    the progress thread takes each over).  Every callback runs, once, with
+    the result there; kept repeats on the same arrays alternate with
+    waited ones, and fresh arrays with both."""
+    other = comm.Dup()
+    try:
+        p, rank = comm.Get_size(), comm.Get_rank()
+        x = np.arange(7, dtype=np.float64) + rank
+        want = np.arange(7) * p + p * (p - 1) // 2
+        kept = [np.empty_like(x), np.empty_like(x)]
+        for round_ in range(6):
+            outs = kept if round_ % 3 else [np.empty_like(x), np.empty_like(x)]
+            requests = [mar.iallreduce(x, out, comm=c, algorithm=algorithm)
+                        for c, out in zip((comm, other), outs)]
+            if round_ % 2:  # waited, as any call is
+                for request in requests:
+                    np.testing.assert_array_equal(request.wait(), want)
+                continue
+            seen: list = []
+            for k in (range(2) if rank else (1, 0)):
+                requests[k].add_done_callback(
+                    lambda request, k=k: seen.append((k, request.wait().copy())))
+            _until(lambda: len(seen) == 2)
+            assert sorted(k for k, _ in seen) == [0, 1]
+            for _, result in seen:
+                np.testing.assert_array_equal(result, want)
+    finally:
+        other.Free()
+
+
+def test_callbacks_of_a_persistent_call_run_each_start(comm, progress_mode):
+    x = np.ones(5)
+    request = mar.allreduce_init(x, np.empty_like(x), comm=comm, algorithm="recursive_doubling")
+    with request:
+        for round_ in range(4):
+            request.start()
+            if round_ % 2:
+                np.testing.assert_array_equal(request.wait(), comm.Get_size())
+                continue
+            seen: list = []
+            request.add_done_callback(lambda r: seen.append(r.wait().copy()))
+            _until(lambda: seen)
+            assert len(seen) == 1
+            np.testing.assert_array_equal(seen[0], comm.Get_size())
+            with pytest.raises(mar.RequestError):
+                request.add_done_callback(seen.append)  # (not started)
 
 
 def test_request_misuse_raises(comm):
