@@ -14,7 +14,10 @@ calls after a warm-up, the slowest rank's mean:
 * ``empty``: ``dist.all_reduce`` on a group of the same backend whose
   ``allreduce`` does nothing but return a completed ``Work``: what torch's
   dispatch to a ProcessGroup written in Python costs by itself, so that
-  ``mar + empty`` is the least a Python backend can take.
+  ``mar + empty`` is the least a Python backend can take;
+* the same three with ``async_op=True`` and ``wait()`` (``mar``:
+  ``mar.iallreduce`` + ``wait``, the repeated call's kept request), in a
+  table of their own.
 
 Then DDP training steps on each backend, interleaved, of two models: a
 4-layer MLP of about 1.1 M parameters at batch 256, whose compute
@@ -72,7 +75,7 @@ class _Empty(backend.MPIAllreduceGroup):
 
 
 def _empty_group(options, backend_options=None):
-    return _Empty(options.group_rank, options.group_size, MPI.COMM_WORLD)
+    return _Empty(options.group_rank, options.group_size, MPI.COMM_WORLD.Dup())
 
 
 def main() -> None:
@@ -91,7 +94,7 @@ def main() -> None:
     empty = dist.new_group(backend="empty")
     comm = MPI.COMM_WORLD.Dup()
     p = comm.Get_size()
-    names = ["ours", "gloo", "mar", "mpi", "empty"]
+    names = ["ours", "gloo", "mar", "mpi", "empty", "ours_async", "mar_async", "empty_async"]
     rows = []
     for nbytes in sizes_between(parse_size(args.min), parse_size(args.max), args.factor):
         t = torch.zeros(max(1, nbytes // 4))  # (zeros: repeated in-place sums stay finite)
@@ -101,7 +104,10 @@ def main() -> None:
                  "gloo": lambda: dist.all_reduce(t, group=gloo),
                  "mar": lambda: mar.allreduce(MPI.IN_PLACE, a, comm=comm),
                  "mpi": lambda: comm.Allreduce(a, out),
-                 "empty": lambda: dist.all_reduce(t, group=empty)}
+                 "empty": lambda: dist.all_reduce(t, group=empty),
+                 "ours_async": lambda: dist.all_reduce(t, async_op=True).wait(),
+                 "mar_async": lambda: mar.iallreduce(MPI.IN_PLACE, a, comm=comm).wait(),
+                 "empty_async": lambda: dist.all_reduce(t, group=empty, async_op=True).wait()}
         iters, warmup = iterations_for(nbytes, args.iters, 5)
         times = {name: [] for name in names}
         for repeat in range(args.repeats):
@@ -126,11 +132,23 @@ def main() -> None:
         print(f"# {'size':>8} {'ours':>9} {'gloo':>9} {'mar':>9} {'mpi':>9} {'empty':>9}"
               f" {'ours/gloo':>17} {'ours/mar':>17} {'ours/mpi':>17} {'ours/(mar+empty)':>17}")
         for nbytes, times in rows:
-            cells = " ".join(f"{median(times[n]):9.1f}" for n in names)
+            cells = " ".join(f"{median(times[n]):9.1f}" for n in names[:5])
             floor = [m + e for m, e in zip(times["mar"], times["empty"])]
             ratios = " ".join("{:5.2f} ({:4.2f}-{:4.2f})".format(*paired_ratios(times["ours"],
                                                                                   against))
                               for against in (times["gloo"], times["mar"], times["mpi"], floor))
+            print(f"  {human(nbytes):>8} {cells} {ratios}")
+        print("# async_op=True + wait(): ours, mar.iallreduce + wait on the same memory, the "
+              "empty group's (torch's dispatch alone); the least a Python backend can take is "
+              "mar + empty, so (mar+empty)/mar is the floor of ours/mar")
+        print(f"# {'size':>8} {'ours':>9} {'mar':>9} {'empty':>9} {'ours/mar':>17} "
+              f"{'floor/mar':>17} {'ours/(mar+empty)':>17}")
+        for nbytes, times in rows:
+            ours, mar_, empty_ = (times[n + "_async"] for n in ("ours", "mar", "empty"))
+            floor = [m + e for m, e in zip(mar_, empty_)]
+            cells = " ".join(f"{median(x):9.1f}" for x in (ours, mar_, empty_))
+            ratios = " ".join("{:5.2f} ({:4.2f}-{:4.2f})".format(*paired_ratios(a, b))
+                              for a, b in ((ours, mar_), (floor, mar_), (ours, floor)))
             print(f"  {human(nbytes):>8} {cells} {ratios}")
         for label, ddp in ddp_rows:
             ratio = paired_ratios(ddp["ours"], ddp["gloo"])
@@ -139,7 +157,8 @@ def main() -> None:
                   f"{median(ddp['gloo']) / 1e3:.2f} ms, no communication "
                   f"{median(ddp['empty']) / 1e3:.2f} ms; ours/gloo {ratio[0]:.2f} "
                   f"({ratio[1]:.2f}-{ratio[2]:.2f}), no communication/gloo {floor[0]:.2f} "
-                  f"({floor[1]:.2f}-{floor[2]:.2f})")
+                  f"({floor[1]:.2f}-{floor[2]:.2f}); ours/no communication "
+                  "{:.2f} ({:.2f}-{:.2f})".format(*paired_ratios(ddp["ours"], ddp["empty"])))
     comm.Free()
     dist.destroy_process_group()
 

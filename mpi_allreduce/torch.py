@@ -105,6 +105,12 @@ def configure(**options) -> None:
     resolve_options(**options)
     _OPTIONS.clear()
     _OPTIONS.update(options)
+    _REQUEST_OPTIONS.clear()
+    _REQUEST_OPTIONS.update(keywords_for(options, "request"))
+
+
+#: of :data:`_OPTIONS`, those a non-blocking all-reduce takes (made once, at configure)
+_REQUEST_OPTIONS: dict = {}
 
 
 def _halves() -> dict:
@@ -218,11 +224,10 @@ class _Work(dist.Work):
         self._parts = [_Part(r) for r in ours]
         self._status = status
         self._after, self._result = list(after), result
-        self._future = Future()
+        self._future: Optional[Future] = None  # (made when asked for: most calls are waited)
         self._lock = threading.Lock()
         self._done = False
         self._error: Optional[BaseException] = None
-        self._queued = False
 
     def _complete(self, error: Optional[BaseException] = None) -> None:
         """Wait for the parts and run what comes after, or end with ``error``."""
@@ -239,10 +244,15 @@ class _Work(dist.Work):
             except BaseException as exc:  # noqa: BLE001 - handed to wait() and the future
                 self._error = exc
             self._done = True
+            future = self._future
+        if future is not None:
+            self._settle(future)
+
+    def _settle(self, future: Future) -> None:
         if self._error is None:
-            self._future.set_result(self._result)
+            future.set_result(self._result)
         else:
-            self._future.set_exception(self._error)
+            future.set_exception(self._error)
 
     def wait(self, timeout=None) -> bool:
         self._complete()
@@ -281,21 +291,29 @@ class _Work(dist.Work):
         anyone waits: each part's completion callback (the library's
         ``Request.add_done_callback``, run by the progress thread that then
         advances it), the last of them completing the call."""
-        if not self._queued:
-            self._queued = True
-            left, lock = [len(self._parts)], threading.Lock()
+        with self._lock:  # (against _complete: one of the two settles the future)
+            future, first = self._future, self._future is None
+            if first:
+                future = self._future = Future()
+            done = self._done
+        if not first:
+            return future
+        if done:
+            self._settle(future)
+            return future
+        left, lock = [len(self._parts)], threading.Lock()
 
-            def part_done() -> None:
-                with lock:
-                    left[0] -= 1
-                    last = left[0] == 0
-                if last:
-                    self._complete()
-            if not self._parts:
+        def part_done() -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
                 self._complete()
-            for part in self._parts:
-                part.when_done(part_done)
-        return self._future
+        if not self._parts:
+            self._complete()
+        for part in self._parts:
+            part.when_done(part_done)
+        return future
 
 
 def _overlaps(opts) -> bool:
@@ -608,7 +626,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         for tensor in tensors:
             work, back = _contiguous(tensor)
             requests.append(iallreduce(MPI.IN_PLACE, _array(work, keep=back is None), op,
-                                       comm=self.comm, **keywords_for(_OPTIONS, "request")))
+                                       comm=self.comm, **_REQUEST_OPTIONS))
             if back is not None:
                 after.append(back)
         return self._started("all_reduce", requests, tensors, opts, after)
