@@ -218,11 +218,14 @@ class Operation:
             if pairs:
                 return
 
-    def advance(self, block: bool) -> bool:
+    def advance(self, block: bool, take_lock: Optional[bool] = None) -> bool:
         """Move on as far as the messages allow (``block``: until done);
         whether the call is complete.  An error ends the call: it is kept
-        for ``wait()`` to raise.  (Another thread advancing it now: no.)"""
-        if not self.lock.acquire(block):
+        for ``wait()`` to raise.  (Another thread advancing it now: no,
+        unless ``take_lock`` -- the progress thread, which must not leave a
+        call whose requests its own wait completed: others hold a call on
+        the thread only for a moment.)"""
+        if not self.lock.acquire(block if take_lock is None else take_lock):
             return self.done
         try:
             if self.adopted and threading.get_ident() != _ENGINE.ident:
@@ -386,7 +389,10 @@ class _Engine:
         op.owner = threading.get_ident()
         caller = self.caller
         if len(caller) >= _PRUNE:  # calls other threads waited for stay here until pruned
-            caller = self.caller = [other for other in caller if not other.done]
+            # (once each: a call restarted while an older entry of it stays,
+            # one the thread took over, is here twice)
+            caller = self.caller = list({id(other): other for other in caller
+                                         if not other.done and other is not op}.values())
         caller.append(op)
 
     def progress_caller(self) -> None:
@@ -410,12 +416,13 @@ class _Engine:
         call and raises :class:`Stalled`."""
         limit = op.limit
         spins = 0
+        if not op.finished() and threading.get_ident() == self.ident:
+            raise RuntimeError("a completion callback waits for a call that is not complete: "
+                               "callbacks run on the progress thread, which completes the "
+                               "calls (and this rank's part of its peers' calls); wait "
+                               "elsewhere")
         while not op.finished():
             if op.threaded:
-                if threading.get_ident() == self.ident:
-                    raise RuntimeError("a completion callback waits for a call that is not "
-                                       "complete: callbacks run on the progress thread, which "
-                                       "completes the calls; wait elsewhere")
                 if op.event.wait(0.01 if limit else 1.0):
                     return
             elif op.owner != threading.get_ident():
@@ -485,6 +492,7 @@ class _Engine:
                 op.pending, op.index = [_Started(op.live)], op.round[4]
             op.event = threading.Event()
             op.adopted = op.threaded = True
+        self._drop(op)  # (from its owner's calls, where the owner adopts it)
         self.start_threaded(op)
 
     def soon(self, callback) -> None:
@@ -543,7 +551,7 @@ class _Engine:
                     later, self.later = self.later, []
                     still, finished = [], []
                     for op in self.threaded:
-                        if op.advance(False) or self._overdue(op):
+                        if op.advance(False, True) or self._overdue(op):
                             finished.append(op)
                         else:
                             still.append(op)

@@ -181,11 +181,14 @@ class Request:
         progress thread takes the call over and runs the callback when it
         completes; elsewhere the ``wait()`` or ``test()`` that completes it
         runs it.  In the callback, ``request.wait()`` returns the result at
-        once (or raises the call's error); a callback must not wait for a
-        call that is not complete (on the progress thread that raises
-        ``RuntimeError``: the thread is what completes calls).  As with
-        MPI's requests, one thread at a time uses a request: add callbacks
-        before waiting for it, not while another thread waits."""
+        once (or raises the call's error); as any request, it is waited
+        once, so a callback that waits is the request's waiter.  A callback
+        must not wait for a call that is not complete, nor make a blocking
+        call (on the progress thread a wait raises ``RuntimeError``: the
+        thread is what completes calls, this rank's part of its peers'
+        too).  As with MPI's requests, one thread at a time uses a request:
+        add callbacks before waiting for it, not while another thread
+        waits."""
         self._check_active("add_done_callback")
         op = self._op
         if op is None or op.done:

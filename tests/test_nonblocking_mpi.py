@@ -4,6 +4,7 @@ result computed locally (and against MPI's own collectives)."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -217,6 +218,53 @@ def test_callbacks_complete_calls_nobody_waits_for(comm, algorithm, progress_mod
             for _, result in seen:
                 np.testing.assert_array_equal(result, want)
     finally:
+        other.Free()
+
+
+def test_a_call_the_thread_took_over_completes_while_its_owner_polls_others(comm):
+    """A call with a callback (the progress thread's now) while its owner
+    waits for and polls calls of its own on another communicator (which
+    take the thread's calls' locks for a moment): the thread never leaves
+    a call whose requests its own wait completed (a race: a short switch
+    interval widens its window; a program of this shape hung within 120
+    rounds in each of three runs before the fix, though this test did not
+    catch it in the one run I made of it then), and the owner's list of
+    calls stays bounded however often a call is taken over and waited
+    (65 entries after 65 rounds before)."""
+    from mpi_allreduce.engine import _PRUNE, ENGINE
+    other = comm.Dup()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        p, rank = comm.Get_size(), comm.Get_rank()
+        x = np.arange(5, dtype=np.float64) + rank
+        want = np.arange(5) * p + p * (p - 1) // 2
+        a_out, b_out = np.empty(5), np.empty(5)
+        for round_ in range(200):
+            a = mar.iallreduce(x, a_out, comm=comm, algorithm="ring")
+            seen: list = []
+            a.add_done_callback(lambda request: seen.append(request.wait() is a_out))
+            for _ in range(3):
+                if rank == 0:
+                    time.sleep(0.003)  # (the others spin in test() or wait() meanwhile)
+                b = mar.iallreduce(x, b_out, comm=other, algorithm="ring")
+                if round_ % 2:
+                    b.wait()
+                else:
+                    while not b.test():
+                        pass
+                np.testing.assert_array_equal(b_out, want)
+            _until(lambda: seen, 20.0)
+            assert seen == [True]
+            np.testing.assert_array_equal(a_out, want)
+        for _ in range(3 * _PRUNE):  # taken over and waited, again and again
+            a = mar.iallreduce(x, a_out, comm=comm, algorithm="ring")
+            a.add_done_callback(lambda request: None)
+            a.wait()
+            assert len(ENGINE.caller) <= _PRUNE
+        np.testing.assert_array_equal(a_out, want)
+    finally:
+        sys.setswitchinterval(interval)
         other.Free()
 
 
