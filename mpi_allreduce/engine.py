@@ -504,19 +504,19 @@ class _Engine:
         if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
             callback()
             return
-        if self.thread is None:
-            self._start_thread()
-        with self.cond:
-            self.later.append(callback)
-            self.cond.notify()
-            if self.in_mpi:
-                self._wake()
+        self._hand("later", callback)
 
     def start_threaded(self, op: Operation) -> None:
+        self._hand("threaded", op)
+
+    def _hand(self, name: str, item) -> None:
+        """``item`` onto the thread's list ``name`` (the thread started
+        first), the thread woken to take it.  (The list is looked up under
+        the lock: the thread replaces it there.)"""
         if self.thread is None:
             self._start_thread()
         with self.cond:
-            self.threaded.append(op)
+            getattr(self, name).append(item)
             self.cond.notify()
             if self.in_mpi:
                 self._wake()
