@@ -21,6 +21,11 @@ Who advances an operation:
   any order.  Short vectors stay with the caller because their messages
   are sent eagerly as soon as they are posted: a hand-over to a thread
   would cost more than the call.
+* **the progress thread again**, for a call of any size with a completion
+  callback (:meth:`Request.add_done_callback`): it takes the call over
+  until that start completes (``_Engine.adopt``) and runs the callbacks,
+  so the call completes whether or not anyone waits (the torch backend's
+  futures).
 
 Ranks must start collective calls on one communicator in the same order
 (as MPI requires); they may complete and be waited in any order, from any
