@@ -180,7 +180,7 @@ class Operation:
 
     def fire(self, callbacks: Optional[list] = None) -> None:
         """Run the callbacks of a completed start (``callbacks``, or those
-        :meth:`taken` now): :func:`_run_all`."""
+        :meth:`taken` now): ``_run_all``."""
         _run_all(self.taken() if callbacks is None else callbacks)
 
     def begin(self) -> None:
