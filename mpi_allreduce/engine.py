@@ -23,6 +23,7 @@ This module knows nothing of requests as the caller sees them
 from __future__ import annotations
 
 import atexit
+import functools
 import itertools
 import sys
 import threading
@@ -408,7 +409,8 @@ class _Engine:
             op.advance(False)
 
     def wait(self, op: Operation) -> None:
-        """Until ``op`` is done, from any thread: the one wait loop.
+        """Until ``op`` is done, from any thread but the progress thread
+        (there: ``RuntimeError``, see :meth:`check_not_on_thread`): the one wait loop.
         Without a deadline its owner blocks in MPI (``MPI_Waitall`` for a
         call alone in flight, ``MPI_Waitany`` over all of its calls
         otherwise); another thread, or any thread with a deadline (the
@@ -416,11 +418,7 @@ class _Engine:
         call and raises :class:`Stalled`."""
         limit = op.limit
         spins = 0
-        if not op.finished() and threading.get_ident() == self.ident:
-            raise RuntimeError("a completion callback waits for a call that is not complete: "
-                               "callbacks run on the progress thread, which completes the "
-                               "calls (and this rank's part of its peers' calls); wait "
-                               "elsewhere")
+        self.check_not_on_thread(op)
         while not op.finished():
             if op.threaded:
                 if op.event.wait(0.01 if limit else 1.0):
@@ -440,6 +438,16 @@ class _Engine:
                         and not op.done:
                     self._drop(op)
                     raise op.stalled()
+
+    def check_not_on_thread(self, op: Operation) -> None:
+        """Refuse a wait for ``op``, not complete, on the progress thread (a
+        completion callback's): the thread is what completes calls, this
+        rank's part of its peers' too, so it would wait for itself."""
+        if self.ident and not op.finished() and threading.get_ident() == self.ident:
+            raise RuntimeError("a completion callback waits for a call that is not complete: "
+                               "callbacks run on the progress thread, which completes the "
+                               "calls (and this rank's part of its peers' calls); wait "
+                               "elsewhere")
 
     def _block(self, op: Operation) -> None:
         """Block in MPI until one of this thread's calls can move on."""
@@ -485,13 +493,25 @@ class _Engine:
         whether or not anyone waits.  Under the call's lock, so no thread
         is inside MPI on its requests as they change hands (``advance`` and
         ``_block`` hold it there, and leave an adopted call alone)."""
-        with op.lock:
-            if op.done or op.threaded:
+        on_thread = threading.get_ident() == self.ident
+        # (on the thread itself, a call whose owner blocks in MPI on it now is
+        # taken over at the thread's next turn: waiting for it would stop
+        # every call the thread advances)
+        if not op.lock.acquire(not on_thread):
+            self._hand("later", functools.partial(self.adopt, op))
+            return
+        try:
+            if op.threaded:
+                return
+            if op.done:  # (completed meanwhile, by its owner: its callbacks still run)
+                self._hand("later", op.fire)
                 return
             if op.round is not None:  # the one-round fast path: its requests are op.live
                 op.pending, op.index = [_Started(op.live)], op.round[4]
             op.event = threading.Event()
             op.adopted = op.threaded = True
+        finally:
+            op.lock.release()
         self._drop(op)  # (from its owner's calls, where the owner adopts it)
         self.start_threaded(op)
 
@@ -561,9 +581,10 @@ class _Engine:
                         # taken before it is let go: a start made after it
                         # has callbacks of its own
                         fired.append((op, op.taken()))
+                        event = op.event  # (a start made once it is let go has its own)
                         if op.adopted:  # (its next start is its caller's again)
                             op.adopted = op.threaded = False
-                        op.event.set()
+                        event.set()
                     # a call with callbacks and a deadline (raise mode) is
                     # polled: nobody may be waiting to notice its stall
                     poll = any(op.limit and op.callbacks for op in still)
@@ -596,7 +617,11 @@ class _Engine:
         here: its error is the stall, which its callbacks and wait() see."""
         if not (op.limit and op.callbacks) or time.monotonic() <= op.deadline:
             return False
-        error = op.stalled()
+        try:
+            error = op.stalled()
+        except BaseException as exc:  # noqa: BLE001 - (an owner's on_stall): the thread lives on
+            sys.excepthook(*sys.exc_info())
+            error = exc
         op.abandon()
         op.error = error
         return True

@@ -144,9 +144,11 @@ class Request:
 
     def wait(self):
         """Wait until the call is complete; return the result buffer."""
+        op = self._op
+        if op is not None and _ENGINE.ident and self._state == "active":
+            _ENGINE.check_not_on_thread(op)  # (before the try: the call is not given up)
         round_ = self._round
         if round_ is not None and self._state == "active":
-            op = self._op
             try:  # the one-round fast path: the rest of the call, in this frame
                 _waitall(op.live)
                 for function, args in round_[2]:
@@ -164,7 +166,6 @@ class Request:
             return self._result
         if self._state != "active":
             self._check_active("wait")
-        op = self._op
         try:  # (to the end: an interrupt even as it completes breaks the communicator)
             if op is not None and not op.finished():
                 _ENGINE.wait(op)

@@ -225,15 +225,19 @@ class _Work(dist.Work):
         self._status = status
         self._after, self._result = list(after), result
         self._future: Optional[Future] = None  # (made when asked for: most calls are waited)
-        self._lock = threading.Lock()
+        # (re-entrant: a part's completion callback may run inside this Work's
+        # own _complete, on its thread, which then settles the future itself)
+        self._lock = threading.RLock()
+        self._running = False
         self._done = False
         self._error: Optional[BaseException] = None
 
     def _complete(self, error: Optional[BaseException] = None) -> None:
         """Wait for the parts and run what comes after, or end with ``error``."""
         with self._lock:
-            if self._done:
+            if self._done or self._running:
                 return
+            self._running = True
             try:
                 if error is not None:
                     raise error
@@ -243,7 +247,7 @@ class _Work(dist.Work):
                     function()
             except BaseException as exc:  # noqa: BLE001 - handed to wait() and the future
                 self._error = exc
-            self._done = True
+            self._done, self._running = True, False
             future = self._future
         if future is not None:
             self._settle(future)
@@ -456,8 +460,9 @@ class _Inner:
     def test(self) -> bool:
         return self.work.is_completed()
 
-    def when_done(self, callback) -> None:
-        self.work.get_future().add_done_callback(lambda future: callback())
+    def add_done_callback(self, callback) -> None:
+        """``callback(self)`` once the inner Work is complete (its future's)."""
+        self.work.get_future().add_done_callback(lambda future: callback(self))
 
 
 def _staged(method, group, args, kwargs) -> "_Work":
