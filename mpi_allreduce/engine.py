@@ -34,11 +34,12 @@ from mpi4py import MPI
 
 from .backend import message_calls, started
 from .config import environment
-from .errors import Broken, Stalled
+from .errors import Broken, Stalled, WaitOnProgressThread
 from .watchdog import WATCH, describe, report, settings
 
 __all__ = ["Operation", "MPIOperation", "ENGINE", "wait_for", "wait_for_call", "duplicate",
            "thread_progress", "THREAD_MIN_BYTES", "ABANDONED"]
+
 
 #: calls moving fewer bytes per rank than this are advanced by the caller
 THREAD_MIN_BYTES = 64 * 1024
@@ -444,7 +445,7 @@ class _Engine:
         completion callback's): the thread is what completes calls, this
         rank's part of its peers' too, so it would wait for itself."""
         if self.ident and not op.finished() and threading.get_ident() == self.ident:
-            raise RuntimeError("a completion callback waits for a call that is not complete: "
+            raise WaitOnProgressThread("a completion callback waits for a call that is not complete: "
                                "callbacks run on the progress thread, which completes the "
                                "calls (and this rank's part of its peers' calls); wait "
                                "elsewhere")

@@ -33,7 +33,7 @@ from . import trace
 from .config import SettingError, environment
 
 __all__ = ["ArgumentMismatch", "Broken", "Stalled", "RequestError", "ConcurrentCall", "TagsExhausted",
-           "SettingError", "failed"]
+           "WaitOnProgressThread", "SettingError", "failed"]
 
 
 class ArgumentMismatch(ValueError):
@@ -73,6 +73,13 @@ class TagsExhausted(RuntimeError):
     """A non-blocking or persistent call would take a tag that a call still
     in flight (or a persistent request not yet freed) holds on this rank.
     Refused rather than let the two calls match each other's messages."""
+
+
+class WaitOnProgressThread(RuntimeError):
+    """A wait, in a completion callback (on the progress thread), for a
+    call that is not complete: refused, since the thread is what completes
+    calls; nothing is given up (the call goes on, and may be waited
+    elsewhere)."""
 
 
 def failed(comm: MPI.Comm, exc: BaseException, what: str) -> None:

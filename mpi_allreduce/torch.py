@@ -77,7 +77,7 @@ from .api import allreduce, iallreduce
 from .backend import device_view, has_device_arrays, on_stream
 from .context import release, setup
 from .engine import ENGINE, duplicate, wait_for, wait_for_call
-from .errors import Stalled
+from .errors import Stalled, WaitOnProgressThread
 from .options import keywords_for, options as resolve_options
 from .progress import mpi_request
 from .topology import on_node
@@ -245,6 +245,9 @@ class _Work(dist.Work):
                     part.wait()
                 for function in self._after:
                     function()
+            except WaitOnProgressThread:
+                self._running = False  # (refused, nothing given up: it may be waited later)
+                raise
             except BaseException as exc:  # noqa: BLE001 - handed to wait() and the future
                 self._error = exc
             self._done, self._running = True, False
