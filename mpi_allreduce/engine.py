@@ -445,10 +445,10 @@ class _Engine:
         completion callback's): the thread is what completes calls, this
         rank's part of its peers' too, so it would wait for itself."""
         if self.ident and not op.finished() and threading.get_ident() == self.ident:
-            raise WaitOnProgressThread("a completion callback waits for a call that is not complete: "
-                               "callbacks run on the progress thread, which completes the "
-                               "calls (and this rank's part of its peers' calls); wait "
-                               "elsewhere")
+            raise WaitOnProgressThread(
+                "a completion callback waits for a call that is not complete: callbacks run "
+                "on the progress thread, which completes the calls (and this rank's part of "
+                "its peers' calls); wait elsewhere")
 
     def _block(self, op: Operation) -> None:
         """Block in MPI until one of this thread's calls can move on."""
