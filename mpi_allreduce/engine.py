@@ -38,7 +38,7 @@ from .errors import Broken, Stalled, WaitOnProgressThread
 from .watchdog import WATCH, describe, report, settings
 
 __all__ = ["Operation", "MPIOperation", "ENGINE", "wait_for", "wait_for_call", "duplicate",
-           "thread_progress", "THREAD_MIN_BYTES", "ABANDONED"]
+           "thread_progress", "mpi_threads", "THREAD_MIN_BYTES", "ABANDONED"]
 
 
 #: calls moving fewer bytes per rank than this are advanced by the caller
@@ -171,7 +171,7 @@ class Operation:
                 self.callbacks.append(callback)
         if not queued:
             callback()
-        elif not self.threaded and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+        elif not self.threaded and mpi_threads():
             _ENGINE.adopt(self)
 
     def taken(self) -> Optional[list]:
@@ -522,7 +522,7 @@ class _Engine:
         still run on the thread that completes calls (torch's profiler
         calls an event asynchronous only when another thread ends it).
         Where MPI runs no threads there is no such thread: it runs now."""
-        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        if not mpi_threads():
             callback()
             return
         self._hand("later", callback)
@@ -643,12 +643,19 @@ class _Engine:
 _ENGINE = _Engine()
 
 
+def mpi_threads() -> bool:
+    """Whether the MPI library runs threads (``MPI_THREAD_MULTIPLE``): what
+    the progress thread, the thread of :func:`wait_for_call` and the
+    torch backend's overlapping calls need."""
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
 def thread_progress() -> bool:
     """Whether calls of at least :data:`THREAD_MIN_BYTES` are advanced by the
     progress thread (``MPI_ALLREDUCE_PROGRESS``; default: where the MPI
     library runs with ``MPI_THREAD_MULTIPLE``)."""
     setting = environment().progress or "thread"
-    return setting == "thread" and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    return setting == "thread" and mpi_threads()
 
 
 
@@ -712,7 +719,7 @@ def wait_for_call(call, what: str, key=None, context=None):
     can give up on it, so under ``raise`` it is MPI's own wait."""
     if key is not None and key in _STUCK:
         raise Broken(_STUCK[key])
-    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+    if not mpi_threads():
         cell = WATCH.cell()
         cell.count += 1
         cell.what = (what, None)

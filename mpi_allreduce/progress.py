@@ -51,7 +51,7 @@ from mpi4py import MPI
 
 from .context import _CLOSING, reap
 from .engine import (_ENGINE, _PRUNE, ABANDONED, THREAD_MIN_BYTES, MPIOperation,  # noqa: F401
-                     Operation, thread_progress)
+                     Operation, mpi_threads, thread_progress)
 from .errors import RequestError, Stalled, failed
 from .backend import message_calls, started
 from .executor import Bound, Stage, runner
@@ -200,7 +200,7 @@ class Request:
         if op is None or op.done:
             callback(self)
             return
-        if self._round is not None and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+        if self._round is not None and mpi_threads():
             # the progress thread completes it now, through its stages, not
             # this request's one-round wait (Operation.round)
             self._round = None

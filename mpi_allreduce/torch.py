@@ -76,7 +76,7 @@ from . import collectives
 from .api import allreduce, iallreduce
 from .backend import device_view, has_device_arrays, on_stream
 from .context import release, setup
-from .engine import ENGINE, duplicate, wait_for, wait_for_call
+from .engine import ENGINE, duplicate, mpi_threads, wait_for, wait_for_call
 from .errors import Stalled, WaitOnProgressThread
 from .options import keywords_for, options as resolve_options
 from .progress import mpi_request
@@ -167,7 +167,7 @@ class _Done(dist.Work):
 
 #: calls return while their messages travel (``async_op=True`` overlaps them with the
 #: caller's computation) where MPI runs threads; else every call completes first
-ASYNC = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+ASYNC = mpi_threads()
 
 
 class _Part:
