@@ -7,11 +7,15 @@
 # writes into OUT (default benchmarks/results/gpu), each file headed by its command:
 #   machine.txt          the GPU, driver, cupy, mpi4py and MPI
 #   gpu-tests-np2.txt    tests/test_gpu_mpi.py under mpiexec at 2 ranks
+#   torch-tests-np2.txt  tests/test_torch_mpi.py under mpiexec at 2 ranks (CUDA tensors
+#                        where torch has CUDA)
+#   device-parts-np2.txt benchmarks/device_parts.py: a short call on cupy arrays, part by part
+#   torch-backend-cuda-np2.txt  benchmarks/torch_backend.py --device cuda (against gloo)
 #   verify-cuda-np2.txt  verify --device cuda: every algorithm against MPI.Allreduce
 #   bench-cuda-np2.txt   bench --device cuda, 8 B to 16 MiB, side by side with MPI.Allreduce
 #   refused-np2.txt      verify --device cuda with the GPU hidden: one usage line a rank,
 #                        exit status 2
-# Every mpiexec has a time limit.
+# Every mpiexec has a time limit (LIMIT seconds, default 400).
 set -uo pipefail
 out=${1:-benchmarks/results/gpu}
 mkdir -p "$out"
@@ -21,7 +25,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 record() {  # record NAME COMMAND...: the command, its output and its exit status
     local name=$1; shift
-    { echo "\$ $*   # commit $commit"; timeout 400 "$@" 2>&1; echo "# exit status $?"; } \
+    { echo "\$ $*   # commit $commit"; timeout "${LIMIT:-400}" "$@" 2>&1; echo "# exit status $?"; } \
         > "$out/$name.txt"
 }
 
@@ -32,6 +36,13 @@ record() {  # record NAME COMMAND...: the command, its output and its exit statu
 record gpu-tests-np2 env MPI_ALLREDUCE_UNDER_MPIEXEC=1 mpiexec -n 2 --oversubscribe \
     -x MPI_ALLREDUCE_UNDER_MPIEXEC -x PYTHONPATH python -m pytest --with-mpi -q \
     -p no:cacheprovider tests/test_gpu_mpi.py
+record torch-tests-np2 env MPI_ALLREDUCE_UNDER_MPIEXEC=1 mpiexec -n 2 --oversubscribe \
+    -x MPI_ALLREDUCE_UNDER_MPIEXEC -x PYTHONPATH python -m pytest --with-mpi -q \
+    -p no:cacheprovider tests/test_torch_mpi.py
+record device-parts-np2 mpiexec -n 2 --oversubscribe -x PYTHONPATH python \
+    benchmarks/device_parts.py
+record torch-backend-cuda-np2 mpiexec -n 2 --oversubscribe -x PYTHONPATH python \
+    benchmarks/torch_backend.py --device cuda -r 3 -n 50 --ddp-iters 10
 record verify-cuda-np2 mpiexec -n 2 --oversubscribe -x PYTHONPATH python -m mpi_allreduce \
     verify --device cuda --no-large
 record bench-cuda-np2 mpiexec -n 2 --oversubscribe -x PYTHONPATH python -m mpi_allreduce \

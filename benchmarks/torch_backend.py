@@ -28,6 +28,11 @@ backend's step can take on these processes.  Ratios are taken per repeat.
 Run::
 
     mpiexec -n 2 python benchmarks/torch_backend.py > benchmarks/results/torch-backend-np2.txt
+
+``--device cuda`` runs it all on CUDA tensors (each rank's GPU: local rank
+mod visible GPUs): ``mar`` on a cupy view of the tensor's memory, ``mpi`` on
+a host copy made and written back per call (the vendor's MPI is not assumed
+CUDA-aware), the models and their data on the GPU.
 """
 
 from __future__ import annotations
@@ -52,12 +57,12 @@ DDP_MODELS = {"MLP of 1.1 M parameters, batch 256": ((512, 1024, 512, 64), 256),
               "wide MLP of 12.6 M parameters, batch 4": ((2048, 2048, 2048, 2048), 4)}
 
 
-def _ddp_step_us(comm, group, widths, repeats_data, iters: int) -> float:
+def _ddp_step_us(comm, group, widths, repeats_data, iters: int, device) -> float:
     torch.manual_seed(0)
     layers = []
     for a, b in zip(widths, widths[1:]):
         layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers[:-1])
+    model = torch.nn.Sequential(*layers[:-1]).to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
     x, y = repeats_data
@@ -66,7 +71,14 @@ def _ddp_step_us(comm, group, widths, repeats_data, iters: int) -> float:
         optimizer.zero_grad()
         ((ddp(x) - y) ** 2).mean().backward()
         optimizer.step()
+        _sync(device)
     return batch_mean_us(comm, step, iters, 2)
+
+
+def _sync(device) -> None:
+    """A timed call ends when the GPU's work has (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class _Empty(backend.MPIAllreduceGroup):
@@ -86,28 +98,53 @@ def main() -> None:
     parser.add_argument("-n", "--iters", type=int, default=200)
     parser.add_argument("-r", "--repeats", type=int, default=7)
     parser.add_argument("--ddp-iters", type=int, default=20)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
 
+    comm = MPI.COMM_WORLD.Dup()
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        from mpi_allreduce import backend as arrays
+
+        arrays.select_device(comm, "cuda")
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
     dist.init_process_group("mpi_allreduce")
     gloo = dist.new_group(backend="gloo")
-    dist.Backend.register_backend("empty", _empty_group, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend("empty", _empty_group, extended_api=True,
+                                  devices=["cpu", "cuda"])
     empty = dist.new_group(backend="empty")
-    comm = MPI.COMM_WORLD.Dup()
     p = comm.Get_size()
     names = ["ours", "gloo", "mar", "mpi", "empty", "ours_async", "mar_async", "empty_async"]
     rows = []
     for nbytes in sizes_between(parse_size(args.min), parse_size(args.max), args.factor):
-        t = torch.zeros(max(1, nbytes // 4))  # (zeros: repeated in-place sums stay finite)
-        a = t.numpy()
-        out = a.copy()
-        calls = {"ours": lambda: dist.all_reduce(t),
-                 "gloo": lambda: dist.all_reduce(t, group=gloo),
-                 "mar": lambda: mar.allreduce(MPI.IN_PLACE, a, comm=comm),
-                 "mpi": lambda: comm.Allreduce(a, out),
-                 "empty": lambda: dist.all_reduce(t, group=empty),
-                 "ours_async": lambda: dist.all_reduce(t, async_op=True).wait(),
-                 "mar_async": lambda: mar.iallreduce(MPI.IN_PLACE, a, comm=comm).wait(),
-                 "empty_async": lambda: dist.all_reduce(t, group=empty, async_op=True).wait()}
+        # (zeros: repeated in-place sums stay finite)
+        t = torch.zeros(max(1, nbytes // 4), device=device)
+        if device.type == "cuda":
+            a = arrays.device_view(t)
+
+            def vendor():
+                h = t.cpu().numpy()
+                comm.Allreduce(MPI.IN_PLACE, h)
+                t.copy_(torch.from_numpy(h))
+        else:
+            a = t.numpy()
+            out = a.copy()
+
+            def vendor():
+                comm.Allreduce(a, out)
+
+        def synced(fn):
+            return lambda: (fn(), _sync(device))
+        calls = {name: synced(fn) for name, fn in {
+            "ours": lambda: dist.all_reduce(t),
+            "gloo": lambda: dist.all_reduce(t, group=gloo),
+            "mar": lambda: mar.allreduce(MPI.IN_PLACE, a, comm=comm),
+            "mpi": vendor,
+            "empty": lambda: dist.all_reduce(t, group=empty),
+            "ours_async": lambda: dist.all_reduce(t, async_op=True).wait(),
+            "mar_async": lambda: mar.iallreduce(MPI.IN_PLACE, a, comm=comm).wait(),
+            "empty_async": lambda: dist.all_reduce(t, group=empty, async_op=True).wait()}.items()}
         iters, warmup = iterations_for(nbytes, args.iters, 5)
         times = {name: [] for name in names}
         for repeat in range(args.repeats):
@@ -118,15 +155,19 @@ def main() -> None:
     ddp_rows = []
     for label, (widths, batch) in DDP_MODELS.items():
         torch.manual_seed(comm.Get_rank())
-        data = (torch.randn(batch, widths[0]), torch.randn(batch, widths[-1]))
+        data = (torch.randn(batch, widths[0], device=device),
+                torch.randn(batch, widths[-1], device=device))
         ddp = {"ours": [], "gloo": [], "empty": []}
         for repeat in range(args.repeats):
             for name in repeat_order(list(ddp), 0, repeat):
                 group = {"ours": None, "gloo": gloo, "empty": empty}[name]
-                ddp[name].append(_ddp_step_us(comm, group, widths, data, args.ddp_iters))
+                ddp[name].append(_ddp_step_us(comm, group, widths, data, args.ddp_iters,
+                                                 device))
         ddp_rows.append((label, ddp))
     if comm.Get_rank() == 0:
+        where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
         print(f"# torch {torch.__version__} all_reduce, float32 SUM in place, {p} ranks; "
+              f"tensors on {device.type} ({where}); "
               f"{args.repeats} interleaved repeats; {mpi_library()}; {platform.node()}")
         print("# medians (us) and ratios per repeat (median, q1-q3)")
         print(f"# {'size':>8} {'ours':>9} {'gloo':>9} {'mar':>9} {'mpi':>9} {'empty':>9}"
