@@ -11,7 +11,9 @@ On 2 ranks, each with a GPU through cupy, side by side in one launch:
   host-to-device copy, a cupy add into an output array, ``cupy.shares_memory``
   of two distinct arrays;
 * rank 0's profile of 300 ``auto`` calls (cProfile, the 25 functions of most
-  time of their own).
+  time of their own);
+* where torch with CUDA imports: ``dist.all_reduce`` of an 8-byte CUDA tensor
+  on this library's torch backend, and its profile likewise.
 
 Each time: the mean per call over 300 calls after 30 warm-up calls, the best
 of 3 rounds (rank 0's).  Run (the figures in docs/gpu.md)::
@@ -78,15 +80,42 @@ rows += [("MPI.Allreduce on host copies", vendor_staged),
          ("device-to-host 8 B into pinned (get(out=))", lambda: send.get(out=pinned)),
          ("host-to-device 8 B (set())", lambda: recv.set(pinned)),
          ("cupy.add(send, other, out=recv)", lambda: cp.add(send, other, out=recv)),
-         ("cupy.shares_memory(send, recv)", lambda: cp.shares_memory(send, recv))]
+         ("cupy.shares_memory(send, recv)", lambda: cp.shares_memory(send, recv)),
+         ("the backend's shares_memory (bounds first)",
+          lambda: backend.backend_for(send).shares_memory(send, recv))]
 results = [(label, timed(fn)) for label, fn in rows]
 check = cp.asnumpy(recv)
 
-profile = cProfile.Profile()
-profile.enable()
-for _ in range(N):
-    mar.allreduce(send, recv, MPI.SUM, comm=comm)
-profile.disable()
+
+
+def profiled(fn) -> str:
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(N):
+        fn()
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
+    return text.getvalue()
+
+
+profiles = [("auto calls", profiled(lambda: mar.allreduce(send, recv, MPI.SUM, comm=comm)))]
+try:
+    import torch
+    import torch.distributed as dist
+    import mpi_allreduce.torch  # noqa: F401 - registers the backend
+    usable = torch.cuda.is_available()
+except ImportError:
+    usable = False
+if usable:
+    dist.init_process_group("mpi_allreduce")
+    tensor = torch.ones(2, device=torch.device("cuda", cp.cuda.Device().id))
+
+    def torch_call():
+        dist.all_reduce(tensor)
+        torch.cuda.synchronize()
+    results.append(("torch dist.all_reduce, CUDA tensor (ours)", timed(torch_call)))
+    profiles.append(("torch dist.all_reduce calls", profiled(torch_call)))
 if comm.Get_rank() == 0:
     print(f"# {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; cupy {cp.__version__}; "
           f"{MPI.Get_library_version().splitlines()[0].strip()}; 2 ranks; "
@@ -95,8 +124,9 @@ if comm.Get_rank() == 0:
     for label, us in results:
         print(f"{label:48s} {us:10.2f}")
     print(f"# last result {check.tolist()} (expected [2.0, 2.0])")
-    text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
-    print(f"# profile of {N} auto calls (rank 0), by time of their own")
-    print(text.getvalue())
+    for label, text in profiles:
+        print(f"# profile of {N} {label} (rank 0), by time of their own")
+        print(text)
 sys.stdout.flush()
+if usable:
+    dist.destroy_process_group()

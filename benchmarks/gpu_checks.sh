@@ -15,7 +15,8 @@
 #   bench-cuda-np2.txt   bench --device cuda, 8 B to 16 MiB, side by side with MPI.Allreduce
 #   refused-np2.txt      verify --device cuda with the GPU hidden: one usage line a rank,
 #                        exit status 2
-# Every mpiexec has a time limit (LIMIT seconds, default 400).
+# Every mpiexec has a time limit (LIMIT seconds, default 400).  ONLY="NAME ..." runs
+# those of the checks above alone (machine.txt is always written).
 set -uo pipefail
 out=${1:-benchmarks/results/gpu}
 mkdir -p "$out"
@@ -25,6 +26,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 record() {  # record NAME COMMAND...: the command, its output and its exit status
     local name=$1; shift
+    [[ -z ${ONLY:-} || " $ONLY " == *" $name "* ]] || return 0
     { echo "\$ $*   # commit $commit"; timeout "${LIMIT:-400}" "$@" 2>&1; echo "# exit status $?"; } \
         > "$out/$name.txt"
 }

@@ -88,6 +88,31 @@ class Backend:
         return Pending(_start(comm, send, dest, recv, source, mpitype, tag))
 
 
+def byte_bounds(pointer: int, shape, strides, itemsize: int) -> tuple:
+    """``[low, high)``: the bytes an array of this layout starting at
+    ``pointer`` can touch (negative strides reach below the pointer); an
+    empty array touches none (``low == high``)."""
+    if any(n == 0 for n in shape):
+        return pointer, pointer
+    low = high = pointer
+    for n, stride in zip(shape, strides):
+        if stride < 0:
+            low += (n - 1) * stride
+        else:
+            high += (n - 1) * stride
+    return low, high + itemsize
+
+
+def bounds_overlap(a: tuple, b: tuple) -> bool:
+    """Whether two ``[low, high)`` byte ranges share a byte."""
+    return a[0] < a[1] and b[0] < b[1] and a[0] < b[1] and b[0] < a[1]
+
+
+def device_bounds(array) -> tuple:
+    """:func:`byte_bounds` of a cupy array (its device pointer)."""
+    return byte_bounds(array.data.ptr, array.shape, array.strides, array.itemsize)
+
+
 class Pending:
     """Requests in flight, and what to do once they are done."""
 
@@ -239,6 +264,10 @@ class CupyBackend(Backend):
         self.xp.cuda.Device().synchronize()
 
     def shares_memory(self, a, b) -> bool:
+        # cupy's exact test costs a third of a millisecond even on two arrays
+        # far apart (an H200, cupy 14.2): the bounds first, from the pointers
+        if not bounds_overlap(device_bounds(a), device_bounds(b)):
+            return False
         return bool(self.xp.shares_memory(a, b))
 
     def to_host(self, array) -> np.ndarray:

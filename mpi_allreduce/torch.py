@@ -127,6 +127,10 @@ def _reduction(opts) -> tuple:
         if reduce_op == torch_op:
             return name, None
     if reduce_op == dist.ReduceOp.PREMUL_SUM:
+        if not hasattr(reduce_op, "factor"):
+            raise ValueError(f"the {BACKEND} backend needs a torch whose ReduceOp has .factor "
+                             f"(2.13 has it; this is {torch.__version__}) to read "
+                             "PREMUL_SUM's factor")
         return "sum", reduce_op.factor
     raise ValueError(f"the {BACKEND} backend does not support {reduce_op}")
 

@@ -130,3 +130,37 @@ def test_complex_as_two_float_lanes_is_read_as_complex(dtype):
     np.testing.assert_array_equal(view, data)
     view[0] = 7 - 7j
     assert data[0] == 7 - 7j
+
+
+def _views(base):
+    """Views of one buffer: slices, reversed and strided ones, 2-D ones, empty ones."""
+    flat = base.reshape(-1)
+    grid = base.reshape(6, 8)
+    return [flat, flat[:5], flat[5:], flat[::2], flat[1::2], flat[::-1], flat[40:2:-3],
+            flat[10:10], grid[1:3], grid[:, 2], grid[::-2, ::3], grid.T, grid[2:5, 1:4][::-1]]
+
+
+def test_byte_bounds_are_numpys_and_say_when_views_may_overlap():
+    """The device arrays' cheap overlap test (before cupy's exact one, which
+    costs a third of a millisecond on a GPU), on numpy views of one buffer
+    whose bounds numpy knows: the same bounds as numpy's, and overlap exactly
+    where numpy's bounds test says so."""
+    try:
+        from numpy.lib.array_utils import byte_bounds as numpys
+    except ImportError:  # numpy 1
+        numpys = np.byte_bounds
+    base = np.arange(48.0)
+    views = _views(base)
+
+    def bounds(a):
+        return backend.byte_bounds(a.__array_interface__["data"][0], a.shape, a.strides,
+                                   a.itemsize)
+    for a in views:
+        if a.size:
+            assert bounds(a) == numpys(a)
+        else:
+            assert bounds(a)[0] == bounds(a)[1]
+        for b in views:
+            assert backend.bounds_overlap(bounds(a), bounds(b)) == np.may_share_memory(a, b), \
+                (a.strides, b.strides)
+    assert not backend.bounds_overlap(bounds(base), bounds(np.arange(48.0)))

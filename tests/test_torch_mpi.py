@@ -139,12 +139,25 @@ def test_premul_sum_multiplies_every_input_first(group, factor):
     """PREMUL_SUM (``_make_nccl_premul_sum``, a number or a one-element
     tensor): all_reduce, reduce_scatter_tensor and reduce give the sum of
     every rank's input times the factor (exact here: small integers and a
-    factor of 2.5); reduce_scatter leaves its input as it was."""
+    factor of 2.5); reduce_scatter leaves its input as it was.  A torch whose
+    ReduceOp does not show its factor to Python (2.11) gets a ValueError
+    saying so on every rank, before any message, and the group goes on."""
     p, r = dist.get_world_size(), dist.get_rank()
     scale = 2.5
     op = dist._make_nccl_premul_sum(torch.tensor([scale]) if factor == "tensor" else scale)
     expected = _expected(p, 2 * p, torch.float64, "sum") * scale
     t = _mine(r, 2 * p, torch.float64)
+    if not hasattr(dist.ReduceOp, "factor"):
+        for call in (lambda: dist.all_reduce(t, op=op),
+                     lambda: dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.float64), t,
+                                                        op=op),
+                     lambda: dist.reduce(t, 0, op=op)):
+            with pytest.raises(ValueError, match="ReduceOp has .factor"):
+                call()
+        assert torch.equal(t, _mine(r, 2 * p, torch.float64))
+        dist.all_reduce(t)
+        assert torch.equal(t, _expected(p, 2 * p, torch.float64, "sum"))
+        return
     dist.all_reduce(t, op=op)
     assert torch.equal(t, expected)
     mine = _mine(r, 2 * p, torch.float64)
