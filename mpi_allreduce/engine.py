@@ -445,10 +445,15 @@ class _Engine:
         completion callback's): the thread is what completes calls, this
         rank's part of its peers' too, so it would wait for itself."""
         if self.ident and not op.finished() and threading.get_ident() == self.ident:
-            raise WaitOnProgressThread(
-                "a completion callback waits for a call that is not complete: callbacks run "
-                "on the progress thread, which completes the calls (and this rank's part of "
-                "its peers' calls); wait elsewhere")
+            self.refuse("waits for a call that is not complete")
+
+    @staticmethod
+    def refuse(what: str) -> None:
+        """:class:`WaitOnProgressThread` for a completion callback that ``what``."""
+        raise WaitOnProgressThread(
+            f"a completion callback {what}: callbacks run on the progress thread, which "
+            "completes the calls (and this rank's part of its peers' calls); wait, or make "
+            "blocking calls, elsewhere")
 
     def _block(self, op: Operation) -> None:
         """Block in MPI until one of this thread's calls can move on."""

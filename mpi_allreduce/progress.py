@@ -44,6 +44,7 @@ watched by the watchdog from start to completion, and in the watchdog's
 
 from __future__ import annotations
 
+from threading import get_ident
 from time import sleep as _yield
 from typing import Optional
 
@@ -78,7 +79,8 @@ class Request:
     """A non-blocking call: ``test()``, ``wait()``; persistent ones also
     ``start()`` and ``free()`` (MPI-4's persistent collectives)."""
 
-    __slots__ = ("_op", "_result", "_state", "_keep", "_start", "_round", "__weakref__")
+    __slots__ = ("_op", "_result", "_state", "_keep", "_start", "_round", "_error",
+                 "__weakref__")
 
     # states: "active" (started, not yet waited), "complete" (waited; a
     # persistent request may start again), "freed"
@@ -89,9 +91,13 @@ class Request:
         #: the operation's one-round fast path (see Operation.one_round), or None
         self._round = op.round if op is not None else None
         self._state = "complete"
+        #: the error this start of the call ended with, once raised: every
+        #: later wait() or test() of it raises it too (a callback's wait took it first)
+        self._error = None
 
     def _begin(self) -> None:
         op = self._op
+        self._error = None
         if op is None:  # nothing to send: complete at once
             self._state = "active"
             return
@@ -136,6 +142,9 @@ class Request:
                         return False
             if op is not None and op.callbacks:  # (completed here, not by the thread)
                 op.fire()
+                if self._state != "active":  # (a callback waited for it)
+                    self._settled()
+                    return True
             self._complete()
         except BaseException as exc:
             self._given_up(exc)
@@ -158,6 +167,7 @@ class Request:
                 self._state = "complete"
                 if op.callbacks:
                     op.fire()
+                    self._settled()
                 if _CLOSING or not op.kept and self.__class__ is Request:
                     self._complete()  # (reap; a call's own scratch back to its plan)
             except BaseException as exc:  # (to the end: as it completes too)
@@ -171,6 +181,9 @@ class Request:
                 _ENGINE.wait(op)
             if op is not None and op.callbacks:  # (completed here, not by the thread)
                 op.fire()
+                if self._state != "active":  # (a callback waited for it)
+                    self._settled()
+                    return self._result
             if _CLOSING or self.__class__ is Request or op is not None and op.error is not None:
                 self._complete()
             else:  # (a persistent call's wait: nothing more to do)
@@ -190,7 +203,8 @@ class Request:
         once (or raises the call's error); as any request, it is waited
         once, so a callback that waits is the request's waiter.  A callback
         must not wait for a call that is not complete, nor make a blocking
-        call (on the progress thread a wait raises ``RuntimeError``: the
+        call (on the progress thread either raises ``WaitOnProgressThread``,
+        a ``RuntimeError``, before any message: the
         thread is what completes calls, this rank's part of its peers'
         too).  As with MPI's requests, one thread at a time uses a request:
         add callbacks before waiting for it, not while another thread
@@ -213,6 +227,8 @@ class Request:
         communicator is broken (see Context.breaks) and the request is not
         waited again."""
         op = self._op
+        if self._error is None:
+            self._error = exc
         if op is None:
             self._state = "complete"
             return
@@ -222,6 +238,16 @@ class Request:
             op.abandon()
             _ENGINE._drop(op)
         self._state = "complete"
+        if not op.threaded and op.callbacks:  # (the thread runs those of its own calls)
+            op.done = True  # (given up: complete, with this error)
+            op.fire()
+
+    def _settled(self) -> None:
+        """After this thread ran the callbacks of a call it completed: one
+        of them waited for the call (the request is complete), so what it
+        raised, this wait raises too -- a call's error is never dropped."""
+        if self._error is not None:
+            raise self._error
 
     # mpi4py's spellings, so code written for MPI.Request runs unchanged
     def Wait(self, status=None) -> bool:  # noqa: N802
@@ -240,6 +266,7 @@ class Request:
             reap()
         if op is not None and op.error is not None:
             error, op.error = op.error, None
+            self._error = error
             failed(getattr(op, "comm", MPI.COMM_WORLD), error, "a non-blocking call")
         if self.__class__ is Request and (op is None or not op.kept):  # scratch: the next call's
             for bound in self._keep:  # (not after an error: messages may still land)
@@ -248,6 +275,8 @@ class Request:
     def _check_active(self, what: str) -> None:
         if self._state == "active":
             return
+        if self._error is not None and what in ("wait", "test") and self._state == "complete":
+            raise self._error  # (the call ended with it: see _settled)
         if self._state == "freed":
             raise RequestError(f"{what}() on a freed request")
         if isinstance(self, PersistentRequest):
@@ -278,7 +307,7 @@ class PersistentRequest(Request):
             self._start()
             op.done = False
             op.starts += 1
-            self._state = "active"
+            self._state, self._error = "active", None
             return
         self._begin()
 
@@ -354,8 +383,8 @@ def starter(op: Operation):
         return op.begin
     what = ("start of a " + op.kind, op.plan)
     if op.round is not None:  # (see Operation.one_round)
-        return guarded(op.context, what, runner(op.round_steps()))
-    return guarded(op.context, what, op.begin)
+        return guarded(op.context, what, runner(op.round_steps()), False)
+    return guarded(op.context, what, op.begin, False)
 
 
 def kept_scratch_back(op: Operation, bound: Bound):
@@ -413,7 +442,7 @@ def _restarter_one_round(op: Operation, context, result, fingerprint: int, start
         request._state = "active"
         op.unwaited = True
         return request
-    return guarded(context, ("start of a " + op.kind, op.plan), restart)
+    return guarded(context, ("start of a " + op.kind, op.plan), restart, False)
 
 
 def local_operation(backend, send, recv) -> Operation:
@@ -424,7 +453,7 @@ def local_operation(backend, send, recv) -> Operation:
     return Operation([Stage(tuple(steps), (), ())], None, 0, "", False)
 
 
-def guarded(context, what: tuple, run):
+def guarded(context, what: tuple, run, blocks: bool = True):
     """``run`` as one call on ``context`` (``what``: (kind, plan), what the
     watchdog reports; what ``run`` returns is returned): the one re-entry guard of every call -- another
     thread inside a call on this communicator: ConcurrentCall; a broken
@@ -432,11 +461,19 @@ def guarded(context, what: tuple, run):
     that leaves ``run`` breaks the communicator, since messages may be in
     flight (see ``Context.breaks`` in ``mpi_allreduce.context``).  A call
     made of calls (a reproducible sum, live selection) is guarded as a
-    whole; its inner calls re-enter on the same thread."""
+    whole; its inner calls re-enter on the same thread.  A call that
+    ``blocks`` (all but a non-blocking start) is refused on the progress
+    thread, in a completion callback, before anything else
+    (:class:`~mpi_allreduce.errors.WaitOnProgressThread`): the thread
+    would wait in it for peers that may wait for a call only the thread
+    advances."""
     acquire, release = context.guard.acquire, context.guard.release
     kind = what[0]
+    engine, ident = _ENGINE, get_ident
 
     def guarded_run():
+        if blocks and engine.ident == ident():
+            engine.refuse(f"makes a blocking call ({kind})")
         if not acquire(False):
             raise context.concurrent()
         held = True

@@ -401,6 +401,154 @@ def test_watchdog_on_a_call_with_a_callback_nobody_waits_for(fresh, watchdog):
 
 
 @pytest.mark.parametrize("how", ["wait", "test"])
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_without_threads_a_wait_that_raises_runs_the_callbacks_with_its_error(
+        fresh, watchdog, monkeypatch, how, algorithm):
+    """Where MPI runs no threads, the wait() or test() that completes a call
+    runs its callbacks -- also one that ends it with an error (a stall,
+    under raise): the callback's own wait raises that error, and so does
+    the caller's, never a result (recursive doubling at 2 ranks is the
+    one-round fast path, the ring at 2 ranks is not)."""
+    from mpi_allreduce import engine, progress
+    _need(fresh)
+    for module in (engine, progress):
+        monkeypatch.setattr(module, "mpi_threads", lambda: False)
+    watchdog(0.5)
+    if fresh.Get_rank() == 0:
+        request = mar.iallreduce(np.ones(4), comm=fresh, algorithm=algorithm)
+        seen = []
+
+        def record(r):
+            try:
+                r.wait()
+                seen.append("a result")
+            except mar.Stalled as exc:
+                seen.append(exc)
+        request.add_done_callback(record)
+        with pytest.raises(mar.Stalled) as raised:
+            if how == "wait":
+                request.wait()
+            while not request.test():
+                time.sleep(0.001)
+        assert seen == [raised.value]
+        with pytest.raises(mar.Stalled):  # (its error, again, not a result)
+            request.wait()
+
+
+@pytest.mark.parametrize("how", ["wait", "test"])
+def test_a_callback_that_waits_takes_the_error_and_the_caller_still_gets_it(fresh, watchdog,
+                                                                            monkeypatch, how):
+    """A call that ends with an error (an operation that raises inside the
+    call, on every rank, under MPI_ALLREDUCE_ON_ERROR=raise), whose callback
+    waits for it: the callback gets the error, and the caller's wait() or
+    test() raises it too instead of returning the result as if nothing
+    had happened."""
+    from mpi_allreduce import progress
+    _need(fresh)
+    monkeypatch.setenv(config.ON_ERROR_ENV, "raise")
+    monkeypatch.setattr(progress, "THREAD_MIN_BYTES", 1 << 40)  # (completed by its caller)
+    config.refresh()
+    try:
+        def boom(a, b):
+            raise ZeroDivisionError("an operation that fails")
+        op = mar.user_op(boom, commute=True)
+        request = mar.iallreduce(np.ones(4), comm=fresh, op=op, algorithm="ring")
+        seen = []
+
+        def record(r):
+            try:
+                r.wait()
+                seen.append("a result")
+            except ZeroDivisionError as exc:
+                seen.append(exc)
+        request.add_done_callback(record)
+        with pytest.raises(ZeroDivisionError, match="fails") as raised:
+            if how == "wait":
+                request.wait()
+            while not request.test():
+                time.sleep(0.001)
+        assert seen == [raised.value]
+    finally:
+        monkeypatch.delenv(config.ON_ERROR_ENV)
+        config.refresh()
+
+
+BLOCKING_CALLS = {
+    "allreduce": lambda c: mar.allreduce(np.ones(3), comm=c),
+    "reduce_scatter": lambda c: mar.reduce_scatter(np.ones(3 * c.Get_size()), None, comm=c),
+    "allgather": lambda c: mar.allgather(np.ones(2), None, comm=c),
+    "reproducible sum": lambda c: mar.allreduce(np.ones(3), comm=c, reproducible=True),
+    "live selection": lambda c: mar.allreduce(np.ones(3), comm=c, selection="live"),
+    "Comm.Allreduce": lambda c: mar.Comm(c).Allreduce(np.ones(3), np.empty(3)),
+}
+
+
+@pytest.mark.skipif(not THREADS, reason="callbacks run on a progress thread only where MPI "
+                                        "runs threads")
+@pytest.mark.parametrize("kind", list(BLOCKING_CALLS))
+def test_a_blocking_call_in_a_callback_is_refused_and_nothing_breaks(fresh, kind):
+    """A completion callback runs on the progress thread, which completes
+    this rank's part of every call; a blocking call there would wait for
+    peers that may wait for a call only this thread advances.  Each kind
+    of blocking call is refused there (WaitOnProgressThread, before any
+    message), on every rank; the call whose callback it was completes with
+    its sum, and the other communicator takes the same call from the
+    caller's thread."""
+    from mpi_allreduce.errors import WaitOnProgressThread
+    _need(fresh)
+    other = fresh.Dup()
+    try:
+        p = fresh.Get_size()
+        call = BLOCKING_CALLS[kind]
+        call(other)  # (the communicator's set-up, from the caller's thread)
+        first = mar.iallreduce(np.ones(4), comm=fresh, algorithm="ring")
+        seen: list = []
+
+        def blocking(request):
+            try:
+                call(other)
+                seen.append("made")
+            except WaitOnProgressThread as exc:
+                seen.append(exc)
+        first.add_done_callback(blocking)
+        deadline = time.monotonic() + 20
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(seen) == 1 and isinstance(seen[0], WaitOnProgressThread), seen
+        assert "blocking call" in str(seen[0])
+        np.testing.assert_array_equal(first.wait(), p)
+        call(other)
+        np.testing.assert_array_equal(mar.allreduce(np.ones(2), comm=other), p)
+    finally:
+        other.Free()
+
+
+def test_callbacks_added_from_another_thread_run_once(fresh):
+    """A request started on one thread, its callback added from another
+    while the call may be completing (on the progress thread, or by the
+    starter's wait): the callback runs exactly once, with the sum there."""
+    p = fresh.Get_size()
+    x, out = np.ones(6), np.empty(6)
+    for round_ in range(40):
+        request = mar.iallreduce(x, out, comm=fresh,
+                                 algorithm="ring" if round_ % 2 else "recursive_doubling")
+        seen: list = []
+        adder = threading.Thread(
+            target=request.add_done_callback,
+            args=(lambda r: seen.append(r.wait().copy() if round_ % 4 < 2 else out.copy()),))
+        adder.start()
+        adder.join()
+        if round_ % 4 >= 2:
+            request.wait()
+        deadline = time.monotonic() + 20
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.002)
+        assert len(seen) == 1, seen
+        np.testing.assert_array_equal(seen[0], p)
+
+
+@pytest.mark.parametrize("how", ["wait", "test"])
 def test_mpis_own_requests_go_through_the_engine_and_its_watchdog(fresh, watchdog, how):
     """MPI's requests handed to the engine (the torch backend's broadcasts,
     gathers, receives): waited beside the library's calls in any order,
