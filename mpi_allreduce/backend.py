@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import itertools
 import os
 from typing import Optional
 
@@ -192,6 +193,55 @@ class HostBackend(Backend):
 
     def __init__(self):
         super().__init__(np)
+
+
+class Slots:
+    """Names of staging buffers (``slot``), one per call that may be in
+    flight at the same time as another: a blocking call bound to its arrays
+    (``executor.Bound``) or a non-blocking one (``engine.Operation``) takes
+    one when it is made and gives it back when it is gone, so two calls --
+    on two communicators, from two threads -- never stage through one
+    buffer, and the buffers are as many as the calls alive at once, not
+    one per call ever made.  A call given up with messages in flight (an
+    interrupt, a stall) never gives its name back: a late message may
+    still land in its buffers."""
+
+    def __init__(self):
+        self._free: list = []
+        self._next = itertools.count(1)  # next() is atomic: threads get distinct names
+
+    def take(self) -> str:
+        try:
+            return self._free.pop()
+        except IndexError:
+            return f"c{next(self._next)}"
+
+    def give(self, slot: Optional[str]) -> None:
+        if slot:
+            self._free.append(slot)
+
+
+SLOTS = Slots()
+
+
+class Slot:
+    """A call's name for its staging buffers (``name``), taken from
+    :data:`SLOTS` for as long as this object lives: what runs the call holds
+    it (a blocking call's compiled steps, an operation).  ``""`` on the host,
+    where nothing is staged."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, staged: bool = True):
+        self.name = SLOTS.take() if staged else ""
+
+    def burn(self) -> None:
+        """The call was given up with messages in flight: its name (and
+        buffers) are never used again."""
+        self.name = ""
+
+    def __del__(self):
+        SLOTS.give(self.name)
 
 
 class StagedBackend(Backend):

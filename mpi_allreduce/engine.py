@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import itertools
 import sys
 import threading
 import time
@@ -32,7 +31,7 @@ from typing import Optional
 
 from mpi4py import MPI
 
-from .backend import message_calls, started
+from .backend import Slot, message_calls, started
 from .config import environment
 from .errors import Broken, Stalled, WaitOnProgressThread
 from .watchdog import WATCH, describe, report, settings
@@ -57,12 +56,14 @@ class Operation:
                  "limit", "deadline", "reserved", "context", "lock", "owner", "kept",
                  "round", "live", "holder", "unwaited", "callbacks", "adopted", "__weakref__")
 
-    def __init__(self, stages: list, plan, tag: int, slot: str, threaded: bool,
+    def __init__(self, stages: list, plan, tag: int, slot: Slot, threaded: bool,
                  kind: str = "non-blocking call", context=None, reserved: bool = False):
         self.stages, self.tag, self.plan = stages, tag, plan
         if plan is not None:
             self.comm, self.mpitype, self.post = plan.comm, plan.mpitype, plan.backend.post
-        self.slot = slot  # names this call's staging buffers (device backends)
+        #: names this call's staging buffers (device backends: a backend.Slot,
+        #: held while the operation lives; burnt if it is given up)
+        self.slot = slot
         self.threaded = threaded
         #: per stage, MPI persistent requests made once (host buffers), or None
         self.persistent = None
@@ -211,7 +212,8 @@ class Operation:
                     MPI.Prequest.Startall(requests)
                     self.pending = [_Started(requests)]
                 else:
-                    post, comm, mpitype, slot = self.post, self.comm, self.mpitype, self.slot
+                    post, comm, mpitype, slot = self.post, self.comm, self.mpitype, \
+                        self.slot.name
                     self.pending = [post(comm, send, dest, recv, source, mpitype, self.tag,
                                          f"{slot}.{k}")
                                     for k, (send, dest, recv, source) in enumerate(pairs)]
@@ -244,6 +246,7 @@ class Operation:
                 self._next()
         except BaseException as exc:  # noqa: BLE001 - raised again by wait()
             self.error, self.done, self.pending = exc, True, []
+            self.slot.burn()  # (messages may be in flight: see abandon)
             if self.context is not None:  # its messages are in disarray
                 self.context.breaks(exc, self.kind)
         finally:
@@ -263,7 +266,9 @@ class Operation:
 
     def abandon(self) -> None:
         """Give up on the messages in flight (a stalled call): receives are
-        cancelled, every request is freed, so none is left for MPI_Finalize."""
+        cancelled, every request is freed, so none is left for MPI_Finalize.
+        Its staging buffers are never reused: a late message may land there."""
+        self.slot.burn()
         for request in self.requests():
             if request == MPI.REQUEST_NULL:
                 continue
@@ -330,7 +335,7 @@ class MPIOperation(Operation):
 
     def __init__(self, requests, what: str, comm, statuses=None, cancel=False,
                  on_stall=None, context=None):
-        super().__init__([], None, 0, "", False, what, context)
+        super().__init__([], None, 0, Slot(False), False, what, context)
         self.comm, self.cancel, self.on_stall = comm, cancel, on_stall
         self.pending, self.index, self.done, self.starts = [_Started(requests, statuses)], -1, \
             False, 1
@@ -366,10 +371,6 @@ class _Engine:
         self.wake_comm = None
         self.ident = 0  # the progress thread's, once it runs
         self.later: list = []  # what runs on the thread at its next turn (see soon)
-        self._slots = itertools.count(1)  # next() is atomic: threads get distinct slots
-
-    def slot(self) -> str:
-        return f"nb{next(self._slots)}"
 
     # --- caller progress ----------------------------------------------------
     @property

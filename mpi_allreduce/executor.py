@@ -42,7 +42,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from .backend import Backend, exchange
+from .backend import Backend, Slot, exchange
 from .ops import Op, reduce_step
 from .schedule import Recv, Reduce, Schedule, Send
 from .spec import CallSpec, TagLayout, tag_layout
@@ -176,12 +176,15 @@ class Bound:
     together.  ``blocking``: also compile the steps (``steps`` and ``run``
     are None otherwise)."""
 
-    __slots__ = ("plan", "stages", "steps", "run", "scratch", "__weakref__")
+    __slots__ = ("plan", "stages", "steps", "run", "scratch", "slot", "__weakref__")
 
     def __init__(self, plan: Plan, send, recv, scratch=None, blocking: bool = True,
                  datatype=None):
         self.plan, self.scratch = plan, scratch
         backend = plan.backend
+        #: the name of its staging buffers (device backends: see backend.Slots),
+        #: held by its steps too (they may outlive the Bound)
+        self.slot = Slot(backend.device and blocking)
         flat = recv.reshape(-1) if recv.ndim != 1 else recv
         lead = []
         if backend.device:
@@ -214,7 +217,7 @@ class Bound:
         if recorder is not None:  # MPI_ALLREDUCE_TRACE: recording steps between these
             stages = instrument(plan, stages, blocking, recorder)
         self.stages = stages
-        self.steps = _compile(plan, stages) if blocking else None
+        self.steps = _compile(plan, stages, self.slot) if blocking else None
         self.run = runner(self.steps) if blocking else None
 
     def __call__(self) -> None:
@@ -290,9 +293,10 @@ def _stages(plan: Plan, arrays: tuple, datatype=None) -> list:
     return stages
 
 
-def _compile(plan: Plan, stages: list) -> list:
+def _compile(plan: Plan, stages: list, slot: Slot) -> list:
     """A blocking call's steps: each stage's local steps, then its messages
-    (one MPI call where the round has one send and one receive on the host)."""
+    (one MPI call where the round has one send and one receive on the host;
+    ``slot``: the call's name for its staging buffers, see :class:`Bound`)."""
     comm, mpitype = plan.comm, plan.mpitype
     host = not plan.backend.device
     steps = []
@@ -304,22 +308,28 @@ def _compile(plan: Plan, stages: list) -> list:
             steps.append(exchange(comm, mpitype, plan.tag, *stage.pairs[0]))
         else:
             steps.append((_overlapped(plan.backend, comm, mpitype, plan.tag, stage.pairs,
-                                      stage.overlap), ()))
+                                      stage.overlap, slot), ()))
     return steps
 
 
-def _overlapped(backend, comm, mpitype, tag, pairs: tuple, overlap: tuple):
+def _overlapped(backend, comm, mpitype, tag, pairs: tuple, overlap: tuple, owner: Slot):
     """A round with several messages, or local work that overlaps them:
-    post everything, run the local work, wait for the messages."""
+    post everything, run the local work, wait for the messages.  (A round
+    left by an exception burns ``owner``, its call's staging name: a late
+    message may still land in those buffers.)"""
     post = backend.post
-    slots = [(send, dest, recv, source, str(k))
+    slots = [(send, dest, recv, source, f"{owner.name}.{k}")
              for k, (send, dest, recv, source) in enumerate(pairs)]
 
     def run() -> None:
-        pending = [post(comm, send, dest, recv, source, mpitype, tag, slot)
-                   for send, dest, recv, source, slot in slots]
-        for function, args in overlap:
-            function(*args)
-        for p in pending:
-            p.wait()
+        try:
+            pending = [post(comm, send, dest, recv, source, mpitype, tag, slot)
+                       for send, dest, recv, source, slot in slots]
+            for function, args in overlap:
+                function(*args)
+            for p in pending:
+                p.wait()
+        except BaseException:
+            owner.burn()
+            raise
     return run

@@ -54,7 +54,7 @@ from .context import _CLOSING, reap
 from .engine import (_ENGINE, _PRUNE, ABANDONED, THREAD_MIN_BYTES, MPIOperation,  # noqa: F401
                      Operation, mpi_threads, thread_progress)
 from .errors import RequestError, Stalled, failed
-from .backend import message_calls, started
+from .backend import Slot, message_calls, started
 from .executor import Bound, Stage, runner
 from .watchdog import settings
 
@@ -365,7 +365,8 @@ def operation(bound: Bound, context, nbytes: int, persistent: bool) -> Operation
     messages; a persistent request holds its tag until it is freed)."""
     threaded = nbytes >= THREAD_MIN_BYTES and thread_progress()
     kind = "persistent call" if persistent else "non-blocking call"
-    op = Operation(bound.stages, bound.plan, 0, _ENGINE.slot(), threaded, kind, context,
+    op = Operation(bound.stages, bound.plan, 0, Slot(bound.plan.backend.device), threaded, kind,
+                   context,
                    reserved=persistent)
     op.tag = context.claim(op, bound.plan.fingerprint, persistent)
     if persistent and not bound.plan.backend.device:
@@ -450,7 +451,7 @@ def local_operation(backend, send, recv) -> Operation:
     steps = []
     if send is not None and recv.size:
         steps = [(backend.device_synchronize, ()), (backend.copy, (recv, send))]
-    return Operation([Stage(tuple(steps), (), ())], None, 0, "", False)
+    return Operation([Stage(tuple(steps), (), ())], None, 0, Slot(False), False)
 
 
 def guarded(context, what: tuple, run, blocks: bool = True):
@@ -506,7 +507,8 @@ def blocking(bound: Bound, context, kind: str):
     seconds, action = settings()
     what = (kind, bound.plan)
     if seconds > 0 and action == "raise":
-        op = Operation(bound.stages, bound.plan, bound.plan.tag, "wd", False, kind, context)
+        op = Operation(bound.stages, bound.plan, bound.plan.tag, Slot(bound.plan.backend.device),
+                       False, kind, context)
 
         def deadline_run():
             op.begin()

@@ -19,6 +19,10 @@ CUDA-aware MPI.  tests/test_gpu_mpi.py does that where a GPU exists.
 
 from __future__ import annotations
 
+import gc
+import sys
+import threading
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -197,6 +201,97 @@ def test_staging_buffers_are_reused(comm):
         np.testing.assert_array_equal(backend.to_host(out), expected(comm, "int64", "sum", 1000))
     finally:
         unregister_backend(FakeDeviceArray)
+
+
+
+class PerThreadStreams(FakeStagedDevice):
+    """TEST DOUBLE: the staged device with a current stream per thread, as
+    cupy's is."""
+
+    def __init__(self):
+        self._local = threading.local()
+        super().__init__()
+
+    @property
+    def streams(self):
+        streams = getattr(self._local, "streams", None)
+        if streams is None:
+            streams = self._local.streams = FakeStreams()
+        return streams
+
+    @streams.setter
+    def streams(self, value):  # (the mixin's one queue: each thread makes its own)
+        pass
+
+
+@pytest.mark.parametrize("kind", ["blocking", "non-blocking"])
+def test_staging_buffers_are_bounded_over_calls_on_fresh_arrays(comm, kind):
+    """Calls on new arrays each time (each a call of its own): the pinned
+    staging buffers are as many as the calls alive at once, not one pair
+    per call ever made (400 pairs after 200 non-blocking calls before)."""
+    if comm.Get_size() == 1:
+        pytest.skip("one rank sends nothing")
+    backend = FakeStagedDevice()
+    register_backend(FakeDeviceArray, backend)
+    try:
+        counts = []
+        for i in range(120):
+            x = on_device(mine(comm, "float64", "sum", 300))
+            if kind == "blocking":
+                out = mar.allreduce(x, comm=comm, algorithm="ring")
+            else:
+                out = mar.iallreduce(x, comm=comm, algorithm="ring").wait()
+            np.testing.assert_array_equal(backend.to_host(out),
+                                          expected(comm, "float64", "sum", 300))
+            if i in (20, 119):
+                gc.collect()
+                counts.append((len(backend._staging), backend.allocations))
+        assert counts[1] == counts[0] and counts[0][0] <= 8, counts
+    finally:
+        unregister_backend(FakeDeviceArray)
+
+
+@pytest.mark.skipif(MPI.Query_thread() != MPI.THREAD_MULTIPLE,
+                    reason="two threads calling MPI need MPI_THREAD_MULTIPLE")
+@pytest.mark.parametrize("kind", ["blocking", "non-blocking"])
+def test_two_threads_on_two_communicators_never_share_staging_buffers(comm, kind):
+    """Two threads, each calling on a communicator of its own with device
+    arrays of its own values: each stages through buffers of its own call
+    (they shared one pair per round before: 5 to 91 wrong results in 300
+    calls a thread), so every result is that thread's sum."""
+    if comm.Get_size() == 1:
+        pytest.skip("one rank sends nothing")
+    backend = PerThreadStreams()
+    register_backend(FakeDeviceArray, backend)
+    comms = [comm.Dup(), comm.Dup()]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    wrong, errors = [0, 0], []
+
+    def work(k):
+        try:
+            c, p = comms[k], comms[k].Get_size()
+            for _ in range(150):
+                x = on_device(np.full(64, float(k + 1)))
+                if kind == "blocking":
+                    out = mar.allreduce(x, comm=c, algorithm="ring")
+                else:
+                    out = mar.iallreduce(x, comm=c, algorithm="ring").wait()
+                wrong[k] += int(np.count_nonzero(backend.to_host(out) != (k + 1) * p))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    try:
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+        unregister_backend(FakeDeviceArray)
+        for c in comms:
+            c.Free()
+    assert not errors and wrong == [0, 0], (errors, wrong)
 
 
 def test_missing_synchronize_would_be_caught(comm):
