@@ -23,6 +23,7 @@ This module knows nothing of requests as the caller sees them
 from __future__ import annotations
 
 import atexit
+import collections
 import functools
 import sys
 import threading
@@ -33,7 +34,7 @@ from mpi4py import MPI
 
 from .backend import Slot, message_calls, started
 from .config import environment
-from .errors import Broken, Stalled, WaitOnProgressThread
+from .errors import Broken, Stalled
 from .watchdog import WATCH, describe, report, settings
 
 __all__ = ["Operation", "MPIOperation", "ENGINE", "wait_for", "wait_for_call", "duplicate",
@@ -371,6 +372,10 @@ class _Engine:
         self.wake_comm = None
         self.ident = 0  # the progress thread's, once it runs
         self.later: list = []  # what runs on the thread at its next turn (see soon)
+        #: lists of callbacks to run on the thread, in order (a wait on the
+        #: thread runs them too: see _wait_on_thread)
+        self.due: collections.deque = collections.deque()
+        self.served = 0  # turns taken inside waits on the thread (see _run)
 
     # --- caller progress ----------------------------------------------------
     @property
@@ -411,16 +416,19 @@ class _Engine:
             op.advance(False)
 
     def wait(self, op: Operation) -> None:
-        """Until ``op`` is done, from any thread but the progress thread
-        (there: ``RuntimeError``, see :meth:`check_not_on_thread`): the one wait loop.
-        Without a deadline its owner blocks in MPI (``MPI_Waitall`` for a
-        call alone in flight, ``MPI_Waitany`` over all of its calls
-        otherwise); another thread, or any thread with a deadline (the
-        watchdog's raise mode), polls -- and past the deadline abandons the
-        call and raises :class:`Stalled`."""
+        """Until ``op`` is done: the one wait loop.  Without a deadline its
+        owner blocks in MPI (``MPI_Waitall`` for a call alone in flight,
+        ``MPI_Waitany`` over all of its calls otherwise); another thread,
+        or any thread with a deadline (the watchdog's raise mode), polls --
+        and past the deadline abandons the call and raises
+        :class:`Stalled`.  On the progress thread (a completion callback's
+        wait, or its blocking call) the thread goes on with its own work
+        while it waits (:meth:`_wait_on_thread`)."""
         limit = op.limit
         spins = 0
-        self.check_not_on_thread(op)
+        if self.ident and threading.get_ident() == self.ident:
+            self._wait_on_thread(op)
+            return
         while not op.finished():
             if op.threaded:
                 if op.event.wait(0.01 if limit else 1.0):
@@ -441,20 +449,46 @@ class _Engine:
                     self._drop(op)
                     raise op.stalled()
 
-    def check_not_on_thread(self, op: Operation) -> None:
-        """Refuse a wait for ``op``, not complete, on the progress thread (a
-        completion callback's): the thread is what completes calls, this
-        rank's part of its peers' too, so it would wait for itself."""
-        if self.ident and not op.finished() and threading.get_ident() == self.ident:
-            self.refuse("waits for a call that is not complete")
+    def _wait_on_thread(self, op: Operation) -> None:
+        """:meth:`wait` on the progress thread: it completes this rank's part
+        of every call it holds, its peers' waits may depend on any of them,
+        and the callbacks it has still to run may start calls that ``op``
+        waits for.  So it never blocks in MPI here: it polls ``op`` and
+        serves the rest (:meth:`_serve`) until ``op`` is done -- as a wait
+        on any other thread, it deadlocks only where the calls' order would
+        in MPI -- against the deadline of the raise mode."""
+        while not op.finished():
+            self.progress_caller()  # (calls started on the thread: by callbacks)
+            if not op.threaded and op.owner != self.ident:  # (a call of another thread's)
+                op.advance(False)
+            self._serve()
+            if op.finished():
+                return
+            if op.limit and time.monotonic() > op.deadline:
+                self._drop(op)
+                raise op.stalled()
+            time.sleep(20e-6)
 
-    @staticmethod
-    def refuse(what: str) -> None:
-        """:class:`WaitOnProgressThread` for a completion callback that ``what``."""
-        raise WaitOnProgressThread(
-            f"a completion callback {what}: callbacks run on the progress thread, which "
-            "completes the calls (and this rank's part of its peers' calls); wait, or make "
-            "blocking calls, elsewhere")
+    def serve_until(self, done) -> None:
+        """On the progress thread, serve (:meth:`_serve`) until ``done()``:
+        what any wait there must do, a framework's too (a torch future's,
+        a lock a caller holds while it waits for a call this thread
+        completes).  Elsewhere nothing: the caller waits its own way."""
+        if self.ident != threading.get_ident():
+            return
+        while not done():
+            self.progress_caller()
+            self._serve()
+            if not done():
+                time.sleep(20e-6)
+
+    def _serve(self) -> None:
+        """One turn of the thread's work that needs no waiting, from inside a
+        wait on the thread: its calls advanced, the callbacks due run."""
+        with self.cond:
+            self._turn()
+            self.served += 1
+        self._run_due()
 
     def _block(self, op: Operation) -> None:
         """Block in MPI until one of this thread's calls can move on."""
@@ -564,6 +598,43 @@ class _Engine:
         self.thread.start()
         atexit.register(self.stop)
 
+    def _turn(self) -> list:
+        """Under ``cond``: advance the thread's calls without blocking, let
+        go of the complete ones and queue their callbacks (and what
+        :meth:`soon` handed over) in ``due``; the calls still in flight."""
+        due = self.due
+        still = []
+        for op in self.threaded:
+            if op.advance(False, True) or self._overdue(op):
+                # taken before it is let go: a start made after it has
+                # callbacks of its own
+                callbacks = op.taken()
+                event = op.event  # (a start made once it is let go has its own)
+                if op.adopted:  # (its next start is its caller's again)
+                    op.adopted = op.threaded = False
+                event.set()
+                if callbacks:
+                    due.append(callbacks)
+            else:
+                still.append(op)
+        self.threaded = still
+        if self.later:
+            due.append(self.later)
+            self.later = []
+        return still
+
+    def _run_due(self) -> None:
+        """Outside the lock (a callback may start a call): the callbacks due,
+        oldest first, each list once, whichever wait on the thread is
+        running them."""
+        due = self.due
+        while due:
+            try:
+                callbacks = due.popleft()
+            except IndexError:  # (a wait inside a callback ran the rest)
+                return
+            _run_all(callbacks)
+
     def _run(self) -> None:
         self.ident = threading.get_ident()
         wake_buf = bytearray(1)
@@ -571,27 +642,12 @@ class _Engine:
         try:
             while True:
                 with self.cond:
-                    while not self.threaded and not self.later and not self.stopping:
+                    while not self.threaded and not self.later and not self.due \
+                            and not self.stopping:
                         self.cond.wait()
                     if self.stopping:
                         return
-                    later, self.later = self.later, []
-                    still, finished = [], []
-                    for op in self.threaded:
-                        if op.advance(False, True) or self._overdue(op):
-                            finished.append(op)
-                        else:
-                            still.append(op)
-                    self.threaded = still
-                    fired = []
-                    for op in finished:
-                        # taken before it is let go: a start made after it
-                        # has callbacks of its own
-                        fired.append((op, op.taken()))
-                        event = op.event  # (a start made once it is let go has its own)
-                        if op.adopted:  # (its next start is its caller's again)
-                            op.adopted = op.threaded = False
-                        event.set()
+                    still = self._turn()
                     # a call with callbacks and a deadline (raise mode) is
                     # polled: nobody may be waiting to notice its stall
                     poll = any(op.limit and op.callbacks for op in still)
@@ -600,14 +656,17 @@ class _Engine:
                     # what is in flight is decided here, under the lock)
                     idle = not still
                     self.in_mpi = not idle and not poll
-                for op, callbacks in fired:  # (outside the lock: a callback may start a call)
-                    if callbacks:
-                        op.fire(callbacks)
-                _run_all(later)
+                    served = self.served
+                self._run_due()
                 if idle:
                     continue
-                if poll:
-                    time.sleep(200e-6)
+                if poll or self.served != served:
+                    # (a wait inside a callback took turns: ``requests`` may
+                    # be stale, and a call's next stage not among them)
+                    with self.cond:
+                        self.in_mpi = False
+                    if poll:
+                        time.sleep(200e-6)
                     continue
                 index = MPI.Request.Waitany(requests)
                 with self.cond:

@@ -33,7 +33,7 @@ from . import trace
 from .config import SettingError, environment
 
 __all__ = ["ArgumentMismatch", "Broken", "Stalled", "RequestError", "ConcurrentCall", "TagsExhausted",
-           "WaitOnProgressThread", "SettingError", "failed"]
+           "SettingError", "failed"]
 
 
 class ArgumentMismatch(ValueError):
@@ -75,14 +75,6 @@ class TagsExhausted(RuntimeError):
     Refused rather than let the two calls match each other's messages."""
 
 
-class WaitOnProgressThread(RuntimeError):
-    """A wait, in a completion callback (on the progress thread), for a
-    call that is not complete, or a blocking call there: refused, since
-    the thread is what completes calls; nothing is given up (a call waited
-    for goes on, and may be waited elsewhere; a blocking call sends no
-    message)."""
-
-
 def failed(comm: MPI.Comm, exc: BaseException, what: str) -> None:
     """An error inside ``what`` after this rank's messages started: the
     other ranks may be waiting for messages this rank will never send.
@@ -90,10 +82,9 @@ def failed(comm: MPI.Comm, exc: BaseException, what: str) -> None:
     raise -- then the caller owns the consequences.  A stalled call raises
     (the watchdog's action said so)."""
     if environment().on_error == "raise" or isinstance(exc, (Broken, ConcurrentCall,
-                                                             TagsExhausted,
-                                                             WaitOnProgressThread)) \
+                                                             TagsExhausted)) \
             or not isinstance(exc, Exception):  # (an interrupt: the caller's to handle)
-        raise exc  # (the last three come before any message of the call)
+        raise exc  # (the last two come before any message of the call)
     sys.stderr.write(
         f"mpi_allreduce: rank {MPI.COMM_WORLD.Get_rank()}: {type(exc).__name__}: {exc}\n"
         f"mpi_allreduce: the error came inside {what!r} after messages had started, so "

@@ -52,7 +52,7 @@ from mpi4py import MPI
 
 from .context import _CLOSING, reap
 from .engine import (_ENGINE, _PRUNE, ABANDONED, THREAD_MIN_BYTES, MPIOperation,  # noqa: F401
-                     Operation, mpi_threads, thread_progress)
+                     Operation, _Started, mpi_threads, thread_progress)
 from .errors import RequestError, Stalled, failed
 from .backend import Slot, message_calls, started
 from .executor import Bound, Stage, runner
@@ -154,9 +154,12 @@ class Request:
     def wait(self):
         """Wait until the call is complete; return the result buffer."""
         op = self._op
-        if op is not None and _ENGINE.ident and self._state == "active":
-            _ENGINE.check_not_on_thread(op)  # (before the try: the call is not given up)
         round_ = self._round
+        if round_ is not None and _ENGINE.ident == get_ident() and not op.done:
+            # on the progress thread (a callback's wait) nothing blocks in
+            # MPI: the round's requests become its stage's, waited as any call
+            op.pending, op.index, self._round = [_Started(op.live)], round_[4], None
+            round_ = None
         if round_ is not None and self._state == "active":
             try:  # the one-round fast path: the rest of the call, in this frame
                 _waitall(op.live)
@@ -202,13 +205,11 @@ class Request:
         runs it.  In the callback, ``request.wait()`` returns the result at
         once (or raises the call's error); as any request, it is waited
         once, so a callback that waits is the request's waiter.  A callback
-        must not wait for a call that is not complete, nor make a blocking
-        call (on the progress thread either raises ``WaitOnProgressThread``,
-        a ``RuntimeError``, before any message: the
-        thread is what completes calls, this rank's part of its peers'
-        too).  As with MPI's requests, one thread at a time uses a request:
-        add callbacks before waiting for it, not while another thread
-        waits."""
+        may wait for other calls and make blocking calls: on the progress
+        thread such a wait goes on completing the thread's other calls and
+        running their callbacks, so it waits as it would on any thread.  As
+        with MPI's requests, one thread at a time uses a request: add
+        callbacks before waiting for it, not while another thread waits."""
         self._check_active("add_done_callback")
         op = self._op
         if op is None or op.done:
@@ -384,8 +385,8 @@ def starter(op: Operation):
         return op.begin
     what = ("start of a " + op.kind, op.plan)
     if op.round is not None:  # (see Operation.one_round)
-        return guarded(op.context, what, runner(op.round_steps()), False)
-    return guarded(op.context, what, op.begin, False)
+        return guarded(op.context, what, runner(op.round_steps()))
+    return guarded(op.context, what, op.begin)
 
 
 def kept_scratch_back(op: Operation, bound: Bound):
@@ -443,7 +444,7 @@ def _restarter_one_round(op: Operation, context, result, fingerprint: int, start
         request._state = "active"
         op.unwaited = True
         return request
-    return guarded(context, ("start of a " + op.kind, op.plan), restart, False)
+    return guarded(context, ("start of a " + op.kind, op.plan), restart)
 
 
 def local_operation(backend, send, recv) -> Operation:
@@ -454,7 +455,7 @@ def local_operation(backend, send, recv) -> Operation:
     return Operation([Stage(tuple(steps), (), ())], None, 0, Slot(False), False)
 
 
-def guarded(context, what: tuple, run, blocks: bool = True):
+def guarded(context, what: tuple, run, on_thread=None):
     """``run`` as one call on ``context`` (``what``: (kind, plan), what the
     watchdog reports; what ``run`` returns is returned): the one re-entry guard of every call -- another
     thread inside a call on this communicator: ConcurrentCall; a broken
@@ -462,19 +463,18 @@ def guarded(context, what: tuple, run, blocks: bool = True):
     that leaves ``run`` breaks the communicator, since messages may be in
     flight (see ``Context.breaks`` in ``mpi_allreduce.context``).  A call
     made of calls (a reproducible sum, live selection) is guarded as a
-    whole; its inner calls re-enter on the same thread.  A call that
-    ``blocks`` (all but a non-blocking start) is refused on the progress
-    thread, in a completion callback, before anything else
-    (:class:`~mpi_allreduce.errors.WaitOnProgressThread`): the thread
-    would wait in it for peers that may wait for a call only the thread
-    advances."""
+    whole; its inner calls re-enter on the same thread.  On the progress
+    thread (a completion callback's blocking call) ``on_thread`` runs
+    instead, where given: the call as an operation of the engine, whose
+    wait there never blocks in MPI (see ``_Engine._wait_on_thread``)."""
     acquire, release = context.guard.acquire, context.guard.release
     kind = what[0]
     engine, ident = _ENGINE, get_ident
 
     def guarded_run():
-        if blocks and engine.ident == ident():
-            engine.refuse(f"makes a blocking call ({kind})")
+        body = run
+        if on_thread is not None and engine.ident == ident():
+            body = on_thread
         if not acquire(False):
             raise context.concurrent()
         held = True
@@ -483,7 +483,7 @@ def guarded(context, what: tuple, run, blocks: bool = True):
                 raise context.refusal()
             context.what = what
             context.count += 1
-            value = run()
+            value = body()
             context.what = None
             held = False
             # (an interrupt is raised as a call returns, this one too: inside
@@ -502,24 +502,29 @@ def guarded(context, what: tuple, run, blocks: bool = True):
 
 def blocking(bound: Bound, context, kind: str):
     """What runs a blocking call of ``bound`` on ``context``: its compiled
-    steps under the guard (:func:`guarded`), or in the watchdog's raise mode
-    the call run as an operation against its deadline."""
+    steps under the guard (:func:`guarded`), or the call run as an
+    operation waited in the one wait loop -- in the watchdog's raise mode
+    (against its deadline), and on the progress thread (a completion
+    callback's blocking call: that wait never blocks in MPI)."""
     seconds, action = settings()
     what = (kind, bound.plan)
-    if seconds > 0 and action == "raise":
-        op = Operation(bound.stages, bound.plan, bound.plan.tag, Slot(bound.plan.backend.device),
-                       False, kind, context)
+    op = None
 
-        def deadline_run():
-            op.begin()
-            if not op.done:  # the one wait loop (it polls against the deadline)
-                _ENGINE.start_caller(op)
-                _ENGINE.wait(op)
-            if op.error is not None:
-                error, op.error = op.error, None
-                raise error
-        return guarded(context, what, deadline_run)
-    return guarded(context, what, bound.run)
+    def as_operation():
+        nonlocal op
+        if op is None:  # (made at the first such call: most never are)
+            op = Operation(bound.stages, bound.plan, bound.plan.tag,
+                           Slot(bound.plan.backend.device), False, kind, context)
+        op.begin()
+        if not op.done:  # the one wait loop (it polls against a deadline)
+            _ENGINE.start_caller(op)
+            _ENGINE.wait(op)
+        if op.error is not None:
+            error, op.error = op.error, None
+            raise error
+    if seconds > 0 and action == "raise":
+        return guarded(context, what, as_operation)
+    return guarded(context, what, bound.run, as_operation)
 
 
 def waitall(requests) -> list:

@@ -77,7 +77,7 @@ from .api import allreduce, iallreduce
 from .backend import device_view, has_device_arrays, on_stream
 from .context import release, setup
 from .engine import ENGINE, duplicate, mpi_threads, wait_for, wait_for_call
-from .errors import Stalled, WaitOnProgressThread
+from .errors import Stalled
 from .options import keywords_for, options as resolve_options
 from .progress import mpi_request
 from .topology import on_node
@@ -140,6 +140,17 @@ def _scaled(tensor: torch.Tensor, factor) -> torch.Tensor:
     return tensor if factor is None else tensor * factor
 
 
+class _Future(Future):
+    """torch's future, whose ``wait()`` in a callback on the progress thread
+    serves that thread's calls meanwhile (the thread is what completes
+    them, this one's too): a ``then`` callback may wait for another call's
+    future, as it may on torch's own backends."""
+
+    def wait(self):
+        ENGINE.serve_until(self.done)
+        return super().wait()
+
+
 class _Done(dist.Work):
     """A call already complete (the blocking path): its future is made only
     when asked for (a third of the cost of a Work made from a future)."""
@@ -164,7 +175,7 @@ class _Done(dist.Work):
         return self._result
 
     def get_future(self) -> Future:
-        future = Future()
+        future = _Future()
         future.set_result(self._result)
         return future
 
@@ -238,7 +249,14 @@ class _Work(dist.Work):
 
     def _complete(self, error: Optional[BaseException] = None) -> None:
         """Wait for the parts and run what comes after, or end with ``error``."""
-        with self._lock:
+        lock = self._lock
+        if ENGINE.ident == threading.get_ident():
+            # (a callback's wait: the thread serves while another thread holds
+            # the lock, waiting for a part that the thread completes)
+            ENGINE.serve_until(lambda: lock.acquire(False))
+        else:
+            lock.acquire()
+        try:
             if self._done or self._running:
                 return
             self._running = True
@@ -249,13 +267,12 @@ class _Work(dist.Work):
                     part.wait()
                 for function in self._after:
                     function()
-            except WaitOnProgressThread:
-                self._running = False  # (refused, nothing given up: it may be waited later)
-                raise
             except BaseException as exc:  # noqa: BLE001 - handed to wait() and the future
                 self._error = exc
             self._done, self._running = True, False
             future = self._future
+        finally:
+            lock.release()
         if future is not None:
             self._settle(future)
 
@@ -305,7 +322,7 @@ class _Work(dist.Work):
         with self._lock:  # (against _complete: one of the two settles the future)
             future, first = self._future, self._future is None
             if first:
-                future = self._future = Future()
+                future = self._future = _Future()
             done = self._done
         if not first:
             return future
@@ -1082,7 +1099,7 @@ class _Profiled(dist.Work):
 
     def __init__(self, work, event: _Event):
         super().__init__()
-        self._work, self._event, self._future = work, event, Future()
+        self._work, self._event, self._future = work, event, _Future()
         work.get_future().add_done_callback(self._elsewhere)
 
     def _elsewhere(self, future: Future) -> None:

@@ -736,6 +736,28 @@ def test_groups_made_and_destroyed_keep_nothing(group):
     assert grown_kib < 8 << 10, f"{grown_kib} KiB more after 300 groups"
 
 
+def test_a_then_callback_may_block_and_wait_for_other_futures(group):
+    """A ``then`` callback (run by the progress thread that completes the
+    call, or at once where the future was already complete) that makes a
+    blocking all-reduce and waits for another group's call's future, as
+    code written for gloo may: every rank gets both results."""
+    p = dist.get_world_size()
+    other = dist.new_group()
+    try:
+        for _ in range(3):
+            a, b, c = torch.ones(4), torch.full((3,), 2.0), torch.full((5,), 3.0)
+            first = dist.all_reduce(a, async_op=True)
+            second = dist.all_reduce(b, async_op=True, group=other)
+
+            def then(future):
+                dist.all_reduce(c)
+                return second.get_future().wait()[0].sum().item()
+            assert first.get_future().then(then).wait() == 3 * 2.0 * p
+            assert c.tolist() == [3.0 * p] * 5 and a.tolist() == [float(p)] * 4
+    finally:
+        dist.destroy_process_group(other)
+
+
 @pytest.mark.parametrize("algorithm", ["auto", "recursive_doubling", "ring"])
 def test_calls_complete_whatever_order_each_rank_waits_in(group, watchdog, algorithm):
     """Async all-reduces on two groups whose futures rank 0 alone asks for,
