@@ -473,14 +473,14 @@ class _Engine:
         """On the progress thread, serve (:meth:`_serve`) until ``done()``:
         what any wait there must do, a framework's too (a torch future's,
         a lock a caller holds while it waits for a call this thread
-        completes).  Elsewhere nothing: the caller waits its own way."""
+        completes; ``done`` may take the lock: it is not asked again once
+        it answered true).  Elsewhere nothing: the caller waits its own way."""
         if self.ident != threading.get_ident():
             return
-        while not done():
+        while not done():  # (done() is asked again only after a false answer)
             self.progress_caller()
             self._serve()
-            if not done():
-                time.sleep(20e-6)
+            time.sleep(20e-6)
 
     def _serve(self) -> None:
         """One turn of the thread's work that needs no waiting, from inside a

@@ -228,13 +228,17 @@ class Request:
         communicator is broken (see Context.breaks) and the request is not
         waited again."""
         op = self._op
-        if self._error is None:
-            self._error = exc
         if op is None:
             self._state = "complete"
             return
         if op.context is not None:
             op.context.breaks(exc, op.kind)
+        if self._error is None:
+            # what a later wait() or test() of it raises (see _settled): the
+            # error, or for an interrupt (the caller's own, already raised)
+            # the broken communicator's error, not the interrupt again
+            self._error = exc if isinstance(exc, Exception) or op.context is None \
+                else op.context.refusal()
         if not isinstance(exc, Stalled) and not op.threaded:  # (the thread holds its requests)
             op.abandon()
             _ENGINE._drop(op)
@@ -473,8 +477,8 @@ def guarded(context, what: tuple, run, on_thread=None):
 
     def guarded_run():
         body = run
-        if on_thread is not None and engine.ident == ident():
-            body = on_thread
+        if on_thread is not None and engine.ident and engine.ident == ident():
+            body = on_thread  # (ident is 0 until the thread starts)
         if not acquire(False):
             raise context.concurrent()
         held = True

@@ -758,6 +758,33 @@ def test_a_then_callback_may_block_and_wait_for_other_futures(group):
         dist.destroy_process_group(other)
 
 
+def test_a_callback_and_the_caller_may_wait_for_one_work(group):
+    """The caller waits for a call's Work (holding it while its parts
+    complete on the progress thread) while a ``then`` callback of another
+    call, on that thread, waits for the same Work: the thread serves while
+    it waits for the Work, so both return, and the Work is free afterwards
+    (a lock taken twice by the thread would leave it held)."""
+    p = dist.get_world_size()
+    other = dist.new_group()
+    try:
+        for _ in range(30):
+            a, b = torch.ones(1000), torch.ones(3)
+            first = dist.all_reduce(a, async_op=True)
+            second = dist.all_reduce(b, async_op=True, group=other)
+            seen = []
+            chained = second.get_future().then(
+                lambda future: (first.wait(), seen.append(a.sum().item())))
+            first.wait()
+            chained.wait()
+            assert seen == [1000.0 * p]
+            lock = getattr(first, "_lock", None)
+            if lock is not None:
+                assert lock.acquire(False), "the Work's lock is still held"
+                lock.release()
+    finally:
+        dist.destroy_process_group(other)
+
+
 @pytest.mark.parametrize("algorithm", ["auto", "recursive_doubling", "ring"])
 def test_calls_complete_whatever_order_each_rank_waits_in(group, watchdog, algorithm):
     """Async all-reduces on two groups whose futures rank 0 alone asks for,
