@@ -376,6 +376,7 @@ class _Engine:
         #: thread runs them too: see _wait_on_thread)
         self.due: collections.deque = collections.deque()
         self.served = 0  # turns taken inside waits on the thread (see _run)
+        self._starting = threading.Lock()
 
     # --- caller progress ----------------------------------------------------
     @property
@@ -450,18 +451,21 @@ class _Engine:
                     raise op.stalled()
 
     def _wait_on_thread(self, op: Operation) -> None:
-        """:meth:`wait` on the progress thread: it completes this rank's part
-        of every call it holds, its peers' waits may depend on any of them,
-        and the callbacks it has still to run may start calls that ``op``
-        waits for.  So it never blocks in MPI here: it polls ``op`` and
-        serves the rest (:meth:`_serve`) until ``op`` is done -- as a wait
-        on any other thread, it deadlocks only where the calls' order would
-        in MPI -- against the deadline of the raise mode."""
+        """:meth:`wait` on the progress thread (a completion callback's wait
+        or blocking call): the thread completes this rank's part of every
+        call it holds, and its peers' waits may depend on any of them, so it
+        never blocks in MPI here: it polls ``op`` and advances its other
+        calls (:meth:`_serve`) until ``op`` is done -- as a wait on any
+        other thread, it deadlocks only where the calls' order would in MPI
+        -- against the deadline of the raise mode.  Callbacks still due
+        wait for this one to return (callbacks run one at a time, in order:
+        one run inside another's wait could start a call on a communicator
+        whose call is in flight lower on the same stack)."""
         while not op.finished():
             self.progress_caller()  # (calls started on the thread: by callbacks)
             if not op.threaded and op.owner != self.ident:  # (a call of another thread's)
                 op.advance(False)
-            self._serve()
+            self._serve(False)
             if op.finished():
                 return
             if op.limit and time.monotonic() > op.deadline:
@@ -469,26 +473,30 @@ class _Engine:
                 raise op.stalled()
             time.sleep(20e-6)
 
-    def serve_until(self, done) -> None:
+    def serve_until(self, done, callbacks: bool = False) -> None:
         """On the progress thread, serve (:meth:`_serve`) until ``done()``:
-        what any wait there must do, a framework's too (a torch future's,
-        a lock a caller holds while it waits for a call this thread
-        completes; ``done`` may take the lock: it is not asked again once
-        it answered true).  Elsewhere nothing: the caller waits its own way."""
+        what any wait there must do, a framework's too (a lock a caller
+        holds while it waits for a call this thread completes; ``done`` may
+        take the lock: it is not asked again once it answered true).  With
+        ``callbacks``, the callbacks due run meanwhile: for what only a
+        callback completes (a torch future, set by its call's completion
+        callback).  Elsewhere nothing: the caller waits its own way."""
         if self.ident != threading.get_ident():
             return
         while not done():  # (done() is asked again only after a false answer)
             self.progress_caller()
-            self._serve()
+            self._serve(callbacks)
             time.sleep(20e-6)
 
-    def _serve(self) -> None:
+    def _serve(self, callbacks: bool) -> None:
         """One turn of the thread's work that needs no waiting, from inside a
-        wait on the thread: its calls advanced, the callbacks due run."""
+        wait on the thread: its calls advanced (and with ``callbacks`` the
+        callbacks due run)."""
         with self.cond:
             self._turn()
             self.served += 1
-        self._run_due()
+        if callbacks:
+            self._run_due()
 
     def _block(self, op: Operation) -> None:
         """Block in MPI until one of this thread's calls can move on."""
@@ -575,7 +583,9 @@ class _Engine:
         first), the thread woken to take it.  (The list is looked up under
         the lock: the thread replaces it there.)"""
         if self.thread is None:
-            self._start_thread()
+            with self._starting:  # (two threads' first hand-overs start one thread)
+                if self.thread is None:
+                    self._start_thread()
         with self.cond:
             getattr(self, name).append(item)
             self.cond.notify()

@@ -162,15 +162,18 @@ class Request:
             round_ = None
         if round_ is not None and self._state == "active":
             try:  # the one-round fast path: the rest of the call, in this frame
-                _waitall(op.live)
-                for function, args in round_[2]:
-                    function(*args)
+                if not op.done:  # (done: a callback of it waits for it, see below)
+                    _waitall(op.live)
+                    for function, args in round_[2]:
+                        function(*args)
+                    op.done = True
                 op.unwaited = False
-                op.done = True
-                self._state = "complete"
-                if op.callbacks:
+                if op.callbacks:  # (the request still active: a callback's wait is its own)
                     op.fire()
-                    self._settled()
+                    if self._state != "active":  # (a callback waited for it)
+                        self._settled()
+                        return self._result
+                self._state = "complete"
                 if _CLOSING or not op.kept and self.__class__ is Request:
                     self._complete()  # (reap; a call's own scratch back to its plan)
             except BaseException as exc:  # (to the end: as it completes too)

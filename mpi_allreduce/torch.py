@@ -147,8 +147,21 @@ class _Future(Future):
     future, as it may on torch's own backends."""
 
     def wait(self):
-        ENGINE.serve_until(self.done)
+        ENGINE.serve_until(self.done, callbacks=True)  # (futures are set by callbacks)
         return super().wait()
+
+    def then(self, callback):
+        """torch's ``then``, whose future is one of these too (its ``wait()``
+        in a callback serves likewise)."""
+        chained = _Future()
+
+        def run(future):
+            try:
+                chained.set_result(callback(future))
+            except BaseException as exc:  # noqa: BLE001 - handed to the chained future
+                chained.set_exception(exc)
+        self.add_done_callback(run)
+        return chained
 
 
 class _Done(dist.Work):
@@ -286,6 +299,9 @@ class _Work(dist.Work):
         self._complete()
         if self._error is not None:
             raise self._error
+        if not self._done:  # (re-entered on this thread while its completion runs below)
+            raise RuntimeError("a wait for a Work whose own completion is in progress lower "
+                               "on this thread's stack; it cannot complete here")
         return True
 
     def is_completed(self) -> bool:

@@ -534,6 +534,85 @@ def test_a_blocking_call_in_a_callback_completes_whichever_thread_runs_it(fresh,
         config.refresh()
 
 
+@pytest.mark.skipif(not THREADS, reason="callbacks run on a progress thread only where MPI "
+                                        "runs threads")
+def test_callbacks_run_one_at_a_time_so_their_blocking_calls_never_cross(fresh):
+    """Two callbacks, each making one blocking all-reduce (ring) on a
+    second communicator, in the same order on every rank; on rank 0 the
+    second is due while the first's call waits for the other ranks (they
+    add it only once their first is over).  Callbacks run one at a time,
+    so the second call starts after the first is complete: every rank gets
+    both sums (run inside the first's wait, it crossed the first's messages
+    and summed the wrong data, or MPI aborted the job)."""
+    _need(fresh)
+    other = fresh.Dup()
+    try:
+        rank, p, n = fresh.Get_rank(), fresh.Get_size(), 6
+        mar.allreduce(np.ones(n), comm=other, algorithm="ring")  # (its set-up)
+        results: dict = {}
+
+        def make(k):
+            def callback(request):
+                try:
+                    if k == 1 and rank != 0:
+                        time.sleep(0.2)
+                    results[k] = mar.allreduce(np.full(n, float(k)), comm=other,
+                                               algorithm="ring").tolist()
+                except BaseException as exc:  # noqa: BLE001 - asserted below
+                    results[k] = exc
+            return callback
+        first = mar.iallreduce(np.ones(4), comm=fresh, algorithm="recursive_doubling")
+        second = mar.iallreduce(np.ones(4), comm=fresh, algorithm="recursive_doubling")
+        first.add_done_callback(make(1))
+        deadline = time.monotonic() + 30
+        if rank != 0:
+            while 1 not in results and time.monotonic() < deadline:
+                time.sleep(0.001)
+        second.add_done_callback(make(2))
+        while len(results) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert results == {1: [1.0 * p] * n, 2: [2.0 * p] * n}, results
+        first.wait()
+        second.wait()
+    finally:
+        other.Free()
+
+
+@pytest.mark.parametrize("kind", ["non-blocking", "persistent"])
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "ring"])
+def test_without_threads_a_callback_waits_for_its_own_call_and_adds_more(
+        fresh, monkeypatch, algorithm, kind):
+    """Where MPI runs no threads, the wait() that completes a call runs its
+    callbacks while the request is still its callbacks' to wait: a
+    callback's wait() returns the sum (the one-round fast path -- recursive
+    doubling at 2 ranks -- said "already complete" before), and a callback
+    added inside a callback runs at once."""
+    from mpi_allreduce import engine, progress
+    _need(fresh)
+    for module in (engine, progress):
+        monkeypatch.setattr(module, "mpi_threads", lambda: False)
+    p = fresh.Get_size()
+    x, out = np.ones(4), np.empty(4)
+    request = mar.allreduce_init(x, out, comm=fresh, algorithm=algorithm) \
+        if kind == "persistent" else None
+    for _ in range(3):
+        if request is None:
+            r = mar.iallreduce(x, out, comm=fresh, algorithm=algorithm)
+        else:
+            r = request
+            r.start()
+        seen: list = []
+
+        def callback(req):
+            req.add_done_callback(lambda again: seen.append("added inside"))
+            seen.append(req.wait().tolist())
+        r.add_done_callback(callback)
+        np.testing.assert_array_equal(r.wait(), p)
+        assert seen == ["added inside", [float(p)] * 4], seen
+    if request is not None:
+        request.free()
+
+
 def test_callbacks_added_from_another_thread_run_once(fresh):
     """A request started on one thread, its callback added from another
     while the call may be completing (on the progress thread, or by the
