@@ -452,7 +452,10 @@ def test_a_callback_that_waits_takes_the_error_and_the_caller_still_gets_it(fres
         def boom(a, b):
             raise ZeroDivisionError("an operation that fails")
         op = mar.user_op(boom, commute=True)
-        request = mar.iallreduce(np.ones(4), comm=fresh, op=op, algorithm="ring")
+        # (a block for every rank: each reduces, so each raises; a rank with
+        # nothing to reduce would wait for peers that raised)
+        request = mar.iallreduce(np.ones(3 * fresh.Get_size() + 1), comm=fresh, op=op,
+                                 algorithm="ring")
         seen = []
 
         def record(r):
