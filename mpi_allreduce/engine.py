@@ -268,8 +268,11 @@ class Operation:
     def abandon(self) -> None:
         """Give up on the messages in flight (a stalled call): receives are
         cancelled, every request is freed, so none is left for MPI_Finalize.
-        Its staging buffers are never reused: a late message may land there."""
+        Its staging buffers are never reused, and its arrays are kept
+        (``ABANDONED``): a late message may still land there, or a send
+        still read from there."""
         self.slot.burn()
+        ABANDONED.append(self.stages)
         for request in self.requests():
             if request == MPI.REQUEST_NULL:
                 continue
@@ -319,7 +322,7 @@ class _Started:
         return MPI.Request.Testall(self.requests, self.statuses)
 
 
-#: requests of MPI calls given up on (stalled): never freed, since MPI does
+#: requests (and the stages, so their arrays) of MPI calls given up on (stalled): never freed, since MPI does
 #: not let a collective's request be cancelled or freed while it is active
 ABANDONED: list = []
 
@@ -465,7 +468,7 @@ class _Engine:
             self.progress_caller()  # (calls started on the thread: by callbacks)
             if not op.threaded and op.owner != self.ident:  # (a call of another thread's)
                 op.advance(False)
-            self._serve(False)
+            self._serve()
             if op.finished():
                 return
             if op.limit and time.monotonic() > op.deadline:
@@ -473,30 +476,26 @@ class _Engine:
                 raise op.stalled()
             time.sleep(20e-6)
 
-    def serve_until(self, done, callbacks: bool = False) -> None:
+    def serve_until(self, done) -> None:
         """On the progress thread, serve (:meth:`_serve`) until ``done()``:
         what any wait there must do, a framework's too (a lock a caller
         holds while it waits for a call this thread completes; ``done`` may
-        take the lock: it is not asked again once it answered true).  With
-        ``callbacks``, the callbacks due run meanwhile: for what only a
-        callback completes (a torch future, set by its call's completion
-        callback).  Elsewhere nothing: the caller waits its own way."""
+        take the lock: it is not asked again once it answered true).
+        Elsewhere nothing: the caller waits its own way."""
         if self.ident != threading.get_ident():
             return
         while not done():  # (done() is asked again only after a false answer)
             self.progress_caller()
-            self._serve(callbacks)
+            self._serve()
             time.sleep(20e-6)
 
-    def _serve(self, callbacks: bool) -> None:
+    def _serve(self) -> None:
         """One turn of the thread's work that needs no waiting, from inside a
-        wait on the thread: its calls advanced (and with ``callbacks`` the
-        callbacks due run)."""
+        wait on the thread: its calls advanced; the callbacks due wait for
+        the one running to return (see :meth:`_wait_on_thread`)."""
         with self.cond:
             self._turn()
             self.served += 1
-        if callbacks:
-            self._run_due()
 
     def _block(self, op: Operation) -> None:
         """Block in MPI until one of this thread's calls can move on."""

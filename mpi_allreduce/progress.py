@@ -97,12 +97,11 @@ class Request:
 
     def _begin(self) -> None:
         op = self._op
-        self._error = None
         if op is None:  # nothing to send: complete at once
-            self._state = "active"
+            self._state, self._error = "active", None
             return
-        self._start()
-        self._state = "active"
+        self._start()  # (a start refused keeps the error of the start before)
+        self._state, self._error = "active", None
         op.unwaited = True  # (until it is waited: see restarter)
         if op.done or self._round is not None:
             return  # (the one-round fast path: its wait or test finishes it)
@@ -141,9 +140,10 @@ class Request:
                         _ENGINE.overdue(op)
                         return False
             if op is not None and op.callbacks:  # (completed here, not by the thread)
+                starts = op.starts
                 op.fire()
-                if self._state != "active":  # (a callback waited for it)
-                    self._settled()
+                if self._state != "active" or op.starts != starts:  # (a callback waited
+                    self._settled()  # for it, and may have started it again)
                     return True
             self._complete()
         except BaseException as exc:
@@ -169,9 +169,10 @@ class Request:
                     op.done = True
                 op.unwaited = False
                 if op.callbacks:  # (the request still active: a callback's wait is its own)
+                    starts = op.starts
                     op.fire()
-                    if self._state != "active":  # (a callback waited for it)
-                        self._settled()
+                    if self._state != "active" or op.starts != starts:  # (a callback waited
+                        self._settled()  # for it, and may have started it again)
                         return self._result
                 self._state = "complete"
                 if _CLOSING or not op.kept and self.__class__ is Request:
@@ -186,9 +187,10 @@ class Request:
             if op is not None and not op.finished():
                 _ENGINE.wait(op)
             if op is not None and op.callbacks:  # (completed here, not by the thread)
+                starts = op.starts
                 op.fire()
-                if self._state != "active":  # (a callback waited for it)
-                    self._settled()
+                if self._state != "active" or op.starts != starts:  # (a callback waited
+                    self._settled()  # for it, and may have started it again)
                     return self._result
             if _CLOSING or self.__class__ is Request or op is not None and op.error is not None:
                 self._complete()
@@ -343,8 +345,12 @@ class PersistentRequest(Request):
             if op.persistent is not None and not MPI.Is_finalized():
                 for requests in op.persistent:
                     for r in requests or ():
-                        if r != MPI.REQUEST_NULL:  # (an abandoned stage's are freed)
+                        if r == MPI.REQUEST_NULL:  # (an abandoned stage's are freed)
+                            continue
+                        if op.done:
                             r.Free()
+                        else:  # (stalled, still the thread's: MPI may be inside it)
+                            ABANDONED.append(r)
             op.persistent = None
         self._state, self._op, self._keep, self._start, self._round = "freed", None, (), None, \
             None

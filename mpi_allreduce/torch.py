@@ -140,26 +140,44 @@ def _scaled(tensor: torch.Tensor, factor) -> torch.Tensor:
     return tensor if factor is None else tensor * factor
 
 
+def _as_exception(exc: BaseException) -> Exception:
+    """What a torch future can hold: torch refuses an interrupt (a
+    ``BaseException`` that is not an ``Exception``) and leaves the future
+    never complete, so one is wrapped."""
+    if isinstance(exc, Exception):
+        return exc
+    return RuntimeError(f"the call was interrupted: {type(exc).__name__}: {exc}")
+
+
 class _Future(Future):
-    """torch's future, whose ``wait()`` in a callback on the progress thread
-    serves that thread's calls meanwhile (the thread is what completes
-    them, this one's too): a ``then`` callback may wait for another call's
-    future, as it may on torch's own backends."""
+    """torch's future as this backend hands it out.  Its ``wait()`` in a
+    callback on the progress thread completes it right there
+    (``complete_here``: its call waited for, the thread advancing its other
+    calls meanwhile, then the future set, which runs the callbacks chained
+    on it), where torch's own wait would block the thread that completes
+    every call; the other callbacks due keep their turn.  A ``then``
+    callback may so wait for another call's future, as on gloo."""
+
+    def __init__(self, complete_here=None):
+        super().__init__()
+        self.complete_here = complete_here
 
     def wait(self):
-        ENGINE.serve_until(self.done, callbacks=True)  # (futures are set by callbacks)
+        if not self.done() and self.complete_here is not None \
+                and ENGINE.ident == threading.get_ident():
+            self.complete_here()
         return super().wait()
 
     def then(self, callback):
-        """torch's ``then``, whose future is one of these too (its ``wait()``
-        in a callback serves likewise)."""
-        chained = _Future()
+        """torch's ``then``, whose future is one of these too (waited on the
+        thread, it completes this one first)."""
+        chained = _Future(self.wait)
 
         def run(future):
             try:
                 chained.set_result(callback(future))
             except BaseException as exc:  # noqa: BLE001 - handed to the chained future
-                chained.set_exception(exc)
+                chained.set_exception(_as_exception(exc))
         self.add_done_callback(run)
         return chained
 
@@ -256,19 +274,25 @@ class _Work(dist.Work):
         # (re-entrant: a part's completion callback may run inside this Work's
         # own _complete, on its thread, which then settles the future itself)
         self._lock = threading.RLock()
+        self._settling = threading.Lock()
         self._running = False
         self._done = False
         self._error: Optional[BaseException] = None
 
-    def _complete(self, error: Optional[BaseException] = None) -> None:
-        """Wait for the parts and run what comes after, or end with ``error``."""
+    def _acquire(self) -> None:
+        """Take the Work's lock; on the progress thread (a callback's wait)
+        serving meanwhile: another thread may hold it while it waits for a
+        part that the thread completes."""
         lock = self._lock
         if ENGINE.ident == threading.get_ident():
-            # (a callback's wait: the thread serves while another thread holds
-            # the lock, waiting for a part that the thread completes)
             ENGINE.serve_until(lambda: lock.acquire(False))
         else:
             lock.acquire()
+
+    def _complete(self, error: Optional[BaseException] = None) -> None:
+        """Wait for the parts and run what comes after, or end with ``error``."""
+        lock = self._lock
+        self._acquire()
         try:
             if self._done or self._running:
                 return
@@ -287,13 +311,29 @@ class _Work(dist.Work):
         finally:
             lock.release()
         if future is not None:
-            self._settle(future)
+            if ASYNC and ENGINE.ident != threading.get_ident():
+                # (a wait on another thread completed it: the future's callbacks
+                # still run on the progress thread, in their turn)
+                ENGINE.soon(functools.partial(self._settle, future))
+            else:
+                self._settle(future)
 
     def _settle(self, future: Future) -> None:
-        if self._error is None:
-            future.set_result(self._result)
-        else:
-            future.set_exception(self._error)
+        """Set the future (once: a wait on the thread may have set it first)."""
+        with self._settling:
+            if future.done():
+                return
+            if self._error is None:
+                future.set_result(self._result)
+            else:
+                future.set_exception(_as_exception(self._error))
+
+    def _complete_future(self) -> None:
+        """The future's ``complete_here``: the call waited for on this thread
+        and the future set now."""
+        self._complete()
+        if self._future is not None:
+            self._settle(self._future)
 
     def wait(self, timeout=None) -> bool:
         self._complete()
@@ -335,11 +375,14 @@ class _Work(dist.Work):
         anyone waits: each part's completion callback (the library's
         ``Request.add_done_callback``, run by the progress thread that then
         advances it), the last of them completing the call."""
-        with self._lock:  # (against _complete: one of the two settles the future)
+        self._acquire()  # (against _complete: one of the two settles the future)
+        try:
             future, first = self._future, self._future is None
             if first:
-                future = self._future = _Future()
+                future = self._future = _Future(self._complete_future)
             done = self._done
+        finally:
+            self._lock.release()
         if not first:
             return future
         if done:
@@ -1115,7 +1158,8 @@ class _Profiled(dist.Work):
 
     def __init__(self, work, event: _Event):
         super().__init__()
-        self._work, self._event, self._future = work, event, _Future()
+        self._work, self._event = work, event
+        self._future = _Future(functools.partial(self._complete_here, work.get_future()))
         work.get_future().add_done_callback(self._elsewhere)
 
     def _elsewhere(self, future: Future) -> None:
@@ -1127,14 +1171,21 @@ class _Profiled(dist.Work):
             ENGINE.soon(functools.partial(self._complete, future))
 
     def _complete(self, future: Future) -> None:
-        """(On the progress thread, the thread that completes calls.)"""
+        """(On the progress thread, the thread that completes calls; once.)"""
+        if self._future.done():
+            return
         self._event.end()
         try:
             value = future.value()
         except BaseException as exc:  # noqa: BLE001 - handed to wait() and the future
-            self._future.set_exception(exc)
+            self._future.set_exception(_as_exception(exc))
         else:
             self._future.set_result(value)
+
+    def _complete_here(self, future: Future) -> None:
+        """The future's ``complete_here`` (a callback's wait on the thread)."""
+        future.wait()
+        self._complete(future)
 
     def wait(self, timeout=None) -> bool:
         self._future.wait()

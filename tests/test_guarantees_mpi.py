@@ -616,6 +616,37 @@ def test_without_threads_a_callback_waits_for_its_own_call_and_adds_more(
         request.free()
 
 
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "ring"])
+def test_without_threads_a_persistent_call_restarted_by_its_callback_goes_on(
+        fresh, monkeypatch, algorithm):
+    """Where MPI runs no threads, a persistent request whose callback waits
+    for it and starts it again: the restarted call stays active (it was
+    marked complete under its own feet before, and its MPI requests were
+    then started twice), and its next wait gives the next sum."""
+    from mpi_allreduce import engine, progress
+    _need(fresh)
+    for module in (engine, progress):
+        monkeypatch.setattr(module, "mpi_threads", lambda: False)
+    p = fresh.Get_size()
+    x, out = np.ones(5), np.empty(5)
+    request = mar.allreduce_init(x, out, comm=fresh, algorithm=algorithm)
+    sums: list = []
+
+    def again(req):
+        sums.append(req.wait()[0])
+        if len(sums) < 3:
+            req.start()
+            req.add_done_callback(again)
+    request.start()
+    request.add_done_callback(again)
+    for _ in range(3):
+        request.wait()
+    assert sums == [float(p)] * 3, sums
+    with pytest.raises(mar.RequestError):
+        request.wait()
+    request.free()
+
+
 def test_callbacks_added_from_another_thread_run_once(fresh):
     """A request started on one thread, its callback added from another
     while the call may be completing (on the progress thread, or by the

@@ -5,6 +5,8 @@ where torch is not installed (``pip install 'mpi_allreduce[torch]'``)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -783,6 +785,62 @@ def test_a_callback_and_the_caller_may_wait_for_one_work(group):
                 lock.release()
     finally:
         dist.destroy_process_group(other)
+
+
+def test_then_callbacks_keep_their_order_while_one_waits_for_a_future(group):
+    """Callback A (of the first call) waits for a third call's future, which
+    is not complete on rank 0 when A runs, then makes a blocking all-reduce
+    on a fourth group; callback B (of the second call) makes one on that
+    group too.  Rank 0 runs them on the progress thread, the others at once
+    on their own thread (their calls complete before they add them): A's
+    call comes first everywhere, so A gets p and B 100p (with B run inside
+    A's wait on rank 0, the two calls crossed and both got 100 + 1 a rank)."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    groups = [dist.new_group() for _ in range(4)]
+    try:
+        for g in groups:
+            dist.all_reduce(torch.ones(1), group=g)
+        g1, g2, g3, gx = groups
+        got: dict = {}
+
+        def make(name, value, before=None):
+            def callback(future):
+                if before is not None:
+                    before()
+                t = torch.full((4,), value)
+                dist.all_reduce(t, group=gx)
+                got[name] = t[0].item()
+            return callback
+        works = [dist.all_reduce(torch.ones(3), group=g, async_op=True) for g in (g1, g2)]
+        if r != 0:
+            for work in works:
+                work.wait()
+            time.sleep(0.3)  # (rank 0's A is waiting for the third call meanwhile)
+        third = dist.all_reduce(torch.ones(3), group=g3, async_op=True)
+        if r != 0:
+            third.wait()
+        a = works[0].get_future().then(make("A", 1.0, third.get_future().wait))
+        b = works[1].get_future().then(make("B", 100.0))
+        a.wait()
+        b.wait()
+        assert got == {"A": 1.0 * p, "B": 100.0 * p}, got
+    finally:
+        for g in groups:
+            dist.destroy_process_group(g)
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_a_then_callback_that_raises_an_interrupt_still_completes_its_future(group, interrupt):
+    """torch's futures refuse an interrupt as their error (and stayed never
+    complete): the chained future holds a RuntimeError naming it."""
+    work = dist.all_reduce(torch.ones(3), async_op=True)
+
+    def callback(future):
+        raise interrupt("stop")
+    chained = work.get_future().then(callback)
+    with pytest.raises(RuntimeError, match=interrupt.__name__):
+        chained.wait()
+    work.wait()
 
 
 @pytest.mark.parametrize("algorithm", ["auto", "recursive_doubling", "ring"])
