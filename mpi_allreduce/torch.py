@@ -337,6 +337,12 @@ class _Work(dist.Work):
 
     def wait(self, timeout=None) -> bool:
         self._complete()
+        future = self._future
+        if future is not None and not future.done() and ASYNC \
+                and ENGINE.ident != threading.get_ident():
+            # its future is set on the progress thread, in its callbacks' turn;
+            # as on torch's backends, wait() returns once that is done too
+            future.wait()
         if self._error is not None:
             raise self._error
         if not self._done:  # (re-entered on this thread while its completion runs below)
