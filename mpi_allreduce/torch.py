@@ -274,7 +274,7 @@ class _Work(dist.Work):
         # (re-entrant: a part's completion callback may run inside this Work's
         # own _complete, on its thread, which then settles the future itself)
         self._lock = threading.RLock()
-        self._settling = threading.Lock()
+        self._settling = threading.RLock()  # (a then-callback may settle it again: done)
         self._running = False
         self._done = False
         self._error: Optional[BaseException] = None
