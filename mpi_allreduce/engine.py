@@ -322,8 +322,9 @@ class _Started:
         return MPI.Request.Testall(self.requests, self.statuses)
 
 
-#: requests (and the stages, so their arrays) of MPI calls given up on (stalled): never freed, since MPI does
-#: not let a collective's request be cancelled or freed while it is active
+#: requests (and the stages, so their arrays) of MPI calls given up on
+#: (stalled): never freed, since MPI does not let a collective's request be
+#: cancelled or freed while it is active, and a late message may still land
 ABANDONED: list = []
 
 
