@@ -182,10 +182,9 @@ class Operation:
             callbacks, self.callbacks = self.callbacks, None
         return callbacks
 
-    def fire(self, callbacks: Optional[list] = None) -> None:
-        """Run the callbacks of a completed start (``callbacks``, or those
-        :meth:`taken` now): ``_run_all``."""
-        _run_all(self.taken() if callbacks is None else callbacks)
+    def fire(self) -> None:
+        """Run the callbacks of a completed start (those :meth:`taken` now)."""
+        _run_all(self.taken())
 
     def begin(self) -> None:
         """Run the stages up to the first with messages in flight."""
@@ -376,8 +375,8 @@ class _Engine:
         self.wake_comm = None
         self.ident = 0  # the progress thread's, once it runs
         self.later: list = []  # what runs on the thread at its next turn (see soon)
-        #: lists of callbacks to run on the thread, in order (a wait on the
-        #: thread runs them too: see _wait_on_thread)
+        #: lists of callbacks to run on the thread, one at a time, in order
+        #: (only its main loop runs them: see _wait_on_thread)
         self.due: collections.deque = collections.deque()
         self.served = 0  # turns taken inside waits on the thread (see _run)
         self._starting = threading.Lock()
@@ -466,7 +465,6 @@ class _Engine:
         one run inside another's wait could start a call on a communicator
         whose call is in flight lower on the same stack)."""
         while not op.finished():
-            self.progress_caller()  # (calls started on the thread: by callbacks)
             if not op.threaded and op.owner != self.ident:  # (a call of another thread's)
                 op.advance(False)
             self._serve()
@@ -486,14 +484,15 @@ class _Engine:
         if self.ident != threading.get_ident():
             return
         while not done():  # (done() is asked again only after a false answer)
-            self.progress_caller()
             self._serve()
             time.sleep(20e-6)
 
     def _serve(self) -> None:
         """One turn of the thread's work that needs no waiting, from inside a
-        wait on the thread: its calls advanced; the callbacks due wait for
-        the one running to return (see :meth:`_wait_on_thread`)."""
+        wait on the thread: its calls advanced, those callbacks started on it
+        too; the callbacks due wait for the one running to return (see
+        :meth:`_wait_on_thread`)."""
+        self.progress_caller()
         with self.cond:
             self._turn()
             self.served += 1
@@ -635,15 +634,11 @@ class _Engine:
 
     def _run_due(self) -> None:
         """Outside the lock (a callback may start a call): the callbacks due,
-        oldest first, each list once, whichever wait on the thread is
-        running them."""
+        oldest first, one list at a time (the thread's main loop alone runs
+        them)."""
         due = self.due
         while due:
-            try:
-                callbacks = due.popleft()
-            except IndexError:  # (a wait inside a callback ran the rest)
-                return
-            _run_all(callbacks)
+            _run_all(due.popleft())
 
     def _run(self) -> None:
         self.ident = threading.get_ident()

@@ -92,7 +92,8 @@ class Request:
         self._round = op.round if op is not None else None
         self._state = "complete"
         #: the error this start of the call ended with, once raised: every
-        #: later wait() or test() of it raises it too (a callback's wait took it first)
+        #: later wait() or test() of it raises it too (a callback's wait took it first:
+        #: see _fired)
         self._error = None
 
     def _begin(self) -> None:
@@ -139,12 +140,8 @@ class Request:
                     if not op.done:
                         _ENGINE.overdue(op)
                         return False
-            if op is not None and op.callbacks:  # (completed here, not by the thread)
-                starts = op.starts
-                op.fire()
-                if self._state != "active" or op.starts != starts:  # (a callback waited
-                    self._settled()  # for it, and may have started it again)
-                    return True
+            if op is not None and op.callbacks and self._fired(op):  # (completed here)
+                return True
             self._complete()
         except BaseException as exc:
             self._given_up(exc)
@@ -168,12 +165,9 @@ class Request:
                         function(*args)
                     op.done = True
                 op.unwaited = False
-                if op.callbacks:  # (the request still active: a callback's wait is its own)
-                    starts = op.starts
-                    op.fire()
-                    if self._state != "active" or op.starts != starts:  # (a callback waited
-                        self._settled()  # for it, and may have started it again)
-                        return self._result
+                # (the request still active: a callback's wait is its own)
+                if op.callbacks and self._fired(op):
+                    return self._result
                 self._state = "complete"
                 if _CLOSING or not op.kept and self.__class__ is Request:
                     self._complete()  # (reap; a call's own scratch back to its plan)
@@ -186,12 +180,8 @@ class Request:
         try:  # (to the end: an interrupt even as it completes breaks the communicator)
             if op is not None and not op.finished():
                 _ENGINE.wait(op)
-            if op is not None and op.callbacks:  # (completed here, not by the thread)
-                starts = op.starts
-                op.fire()
-                if self._state != "active" or op.starts != starts:  # (a callback waited
-                    self._settled()  # for it, and may have started it again)
-                    return self._result
+            if op is not None and op.callbacks and self._fired(op):  # (completed here)
+                return self._result
             if _CLOSING or self.__class__ is Request or op is not None and op.error is not None:
                 self._complete()
             else:  # (a persistent call's wait: nothing more to do)
@@ -211,8 +201,9 @@ class Request:
         once (or raises the call's error); as any request, it is waited
         once, so a callback that waits is the request's waiter.  A callback
         may wait for other calls and make blocking calls: on the progress
-        thread such a wait goes on completing the thread's other calls and
-        running their callbacks, so it waits as it would on any thread.  As
+        thread such a wait goes on completing the thread's other calls (the
+        other callbacks wait their turn), so it waits as it would on any
+        thread.  As
         with MPI's requests, one thread at a time uses a request: add
         callbacks before waiting for it, not while another thread waits."""
         self._check_active("add_done_callback")
@@ -239,7 +230,7 @@ class Request:
         if op.context is not None:
             op.context.breaks(exc, op.kind)
         if self._error is None:
-            # what a later wait() or test() of it raises (see _settled): the
+            # what a later wait() or test() of it raises (see _fired): the
             # error, or for an interrupt (the caller's own, already raised)
             # the broken communicator's error, not the interrupt again
             self._error = exc if isinstance(exc, Exception) or op.context is None \
@@ -252,12 +243,19 @@ class Request:
             op.done = True  # (given up: complete, with this error)
             op.fire()
 
-    def _settled(self) -> None:
-        """After this thread ran the callbacks of a call it completed: one
-        of them waited for the call (the request is complete), so what it
-        raised, this wait raises too -- a call's error is never dropped."""
+    def _fired(self, op: Operation) -> bool:
+        """Run the callbacks of a call this thread completed (not the
+        progress thread), the request still theirs to wait; whether one of
+        them took it: waited for it (then what it raised, this wait raises
+        too -- a call's error is never dropped), and may have started it
+        again (a persistent request: the new start is not this wait's)."""
+        starts = op.starts
+        op.fire()
+        if self._state == "active" and op.starts == starts:
+            return False
         if self._error is not None:
             raise self._error
+        return True
 
     # mpi4py's spellings, so code written for MPI.Request runs unchanged
     def Wait(self, status=None) -> bool:  # noqa: N802
@@ -286,7 +284,7 @@ class Request:
         if self._state == "active":
             return
         if self._error is not None and what in ("wait", "test") and self._state == "complete":
-            raise self._error  # (the call ended with it: see _settled)
+            raise self._error  # (the call ended with it: see _fired)
         if self._state == "freed":
             raise RequestError(f"{what}() on a freed request")
         if isinstance(self, PersistentRequest):
