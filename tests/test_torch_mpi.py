@@ -794,7 +794,11 @@ def test_then_callbacks_keep_their_order_while_one_waits_for_a_future(group):
     group too.  Rank 0 runs them on the progress thread, the others at once
     on their own thread (their calls complete before they add them): A's
     call comes first everywhere, so A gets p and B 100p (with B run inside
-    A's wait on rank 0, the two calls crossed and both got 100 + 1 a rank)."""
+    A's wait on rank 0, the two calls crossed and both got 100 + 1 a rank).
+    The other ranks start the second call only once the first is done, so
+    on rank 0 too the first call's future completes first: callbacks run in
+    their futures' completion order, which for calls on two groups may
+    differ between ranks (as on torch's own backends)."""
     p, r = dist.get_world_size(), dist.get_rank()
     groups = [dist.new_group() for _ in range(4)]
     try:
@@ -811,11 +815,12 @@ def test_then_callbacks_keep_their_order_while_one_waits_for_a_future(group):
                 dist.all_reduce(t, group=gx)
                 got[name] = t[0].item()
             return callback
-        works = [dist.all_reduce(torch.ones(3), group=g, async_op=True) for g in (g1, g2)]
-        if r != 0:
-            for work in works:
-                work.wait()
-            time.sleep(0.3)  # (rank 0's A is waiting for the third call meanwhile)
+        works = []
+        for g in (g1, g2):
+            works.append(dist.all_reduce(torch.ones(3), group=g, async_op=True))
+            if r != 0:
+                works[-1].wait()
+                time.sleep(0.3)  # (rank 0's first call done first; then its A waits)
         third = dist.all_reduce(torch.ones(3), group=g3, async_op=True)
         if r != 0:
             third.wait()
