@@ -219,12 +219,23 @@ def _another_order_only(item) -> bool:
             and label is not None and label not in PATH_VARIANTS + ("auto",))
 
 
+def _another_kind_than_marked(item) -> bool:
+    """A test marked ``comm_kinds(...)`` on a kind of sub-communicator it
+    does not name: a test of what many calls leave behind (buffers,
+    wrappers, a race's window) gains nothing from another rank order, and
+    the world's size at each launch covers its sizes."""
+    marker = item.get_closest_marker("comm_kinds")
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return marker is not None and "comm" in params and params["comm"] not in marker.args
+
+
 def pytest_collection_modifyitems(config, items):
     """Outside mpiexec the MPI tests do not run here: test_launch.py runs them
     under mpiexec.  Deselect them instead of skipping, and put LONGEST_FIRST's
     files first.  Under mpiexec, deselect the part ONLY_ENV leaves out, and
     the per-algorithm tests of algorithms outside PATH_VARIANTS on the kinds
-    of sub-communicator outside ALGORITHM_SUBCOMM_KINDS."""
+    of sub-communicator outside ALGORITHM_SUBCOMM_KINDS, and those marked
+    ``comm_kinds`` on the kinds they do not name."""
     if config.getoption("--with-mpi", default=False):
         only = os.environ.get(ONLY_ENV, "")
         if only not in ("", "world", "comm"):
@@ -233,7 +244,7 @@ def pytest_collection_modifyitems(config, items):
         def dropped_if(item):
             on_comm = "comm" in getattr(item, "fixturenames", ())
             return ((only == "world" and on_comm) or (only == "comm" and not on_comm)
-                    or _another_order_only(item))
+                    or _another_order_only(item) or _another_kind_than_marked(item))
     else:
         def dropped_if(item):
             return item.get_closest_marker("mpi") is not None

@@ -224,6 +224,7 @@ class PerThreadStreams(FakeStagedDevice):
         pass
 
 
+@pytest.mark.comm_kinds("world")
 @pytest.mark.parametrize("kind", ["blocking", "non-blocking"])
 def test_staging_buffers_are_bounded_over_calls_on_fresh_arrays(comm, kind):
     """Calls on new arrays each time (each a call of its own): the pinned

@@ -221,6 +221,7 @@ def test_callbacks_complete_calls_nobody_waits_for(comm, algorithm, progress_mod
         other.Free()
 
 
+@pytest.mark.comm_kinds("world", "even")
 def test_a_call_the_thread_took_over_completes_while_its_owner_polls_others(comm):
     """A call with a callback (the progress thread's now) while its owner
     waits for and polls calls of its own on another communicator (which
