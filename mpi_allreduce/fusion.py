@@ -375,10 +375,7 @@ class Fusion:
         """Finish every bucket and write the results into the arrays (on a
         communicator a call broke, raise as every call on it does, even
         with nothing left to finish: the last wait's results were lost)."""
-        context = cached_context(self.comm)
-        if context is not None and context.broken is not None:
-            self._started = []
-            raise context.refusal()
+        self._refuse_if_broken()
         self.flush()
         started, self._started = self._started, []
         self._seen.clear()
@@ -386,6 +383,16 @@ class Fusion:
         for bucket in started:
             _finish(bucket)
         self._sweep()
+
+    def _refuse_if_broken(self) -> None:
+        """On a communicator a call broke, raise as every call on it does,
+        before anything is packed: a bucket given up in flight may still be
+        sent from its buffer (a peer that comes late reads it then), so
+        nothing may be written there again."""
+        context = cached_context(self.comm)
+        if context is not None and context.broken is not None:
+            self._started = []
+            raise context.refusal()
 
     def free(self) -> None:
         """Release the kept buckets (packing buffers, persistent requests
@@ -447,6 +454,7 @@ class Fusion:
             _finish(self._started.pop(0))
 
     def _launch(self, key) -> None:
+        self._refuse_if_broken()
         bucket = self._open.pop(key)
         (first, *more), backend = bucket.arrays, key[1]
         if not more:
