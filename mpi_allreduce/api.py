@@ -194,10 +194,10 @@ def _reproducible(comm, call: Call):
     def bind(send, recv, name):
         return runner(context_for(comm), _setup(send, recv, name, comm, inner_options, salt))
 
-    fused = kernels_for(backend)
-
     def run():
-        reproducible.allreduce(send, recv, comm, backend, bind, key, kept, fused)
+        # (numba's import inside the guard too: an interrupt there breaks the
+        # communicator, as one anywhere in the call does)
+        reproducible.allreduce(send, recv, comm, backend, bind, key, kept, kernels_for(backend))
         if finalize is not None:
             backend.ufunc(finalize)(recv, size, out=recv)
     # guarded as a whole: its work arrays are shared by its calls of one
@@ -216,7 +216,8 @@ def kernels_for(backend):
         return None
     try:
         from . import kernels
-    except ImportError as exc:
+    except Exception as exc:  # noqa: BLE001 - (numba's import cut short by an interrupt
+        # leaves it half there: AttributeError) numpy's passes, the same bytes
         if choice == "numba":
             raise ImportError(f"{KERNELS_ENV}=numba, but numba does not import ({exc}): "
                               "pip install 'mpi_allreduce[numba]'") from exc

@@ -34,7 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .config import on_refresh
-from .engine import duplicate, wait_for
+from .engine import abandon, duplicate, wait_for
 from .errors import Broken, ConcurrentCall, Stalled, TagsExhausted
 from .executor import mpi_tags
 from .selection import BUILT_IN_TABLE, DecisionTable, tuning_table
@@ -133,15 +133,22 @@ class Context:
         self.tables[None] = _decide(None, table, error, everyone[:, 2:])
         WATCH.watch(self)
 
-    def breaks(self, cause: BaseException, what: str = "a call") -> None:
+    def breaks(self, cause: BaseException, what: str = "a call", keep=None) -> None:
         """An exception ended a call on this rank after its messages started
         (``cause``: an interrupt, an error, a stall): its messages are in
         disarray, so no later call may meet them.  Every later call on this
         communicator raises :class:`~mpi_allreduce.errors.Broken` (a stall:
         :class:`~mpi_allreduce.errors.Stalled`) at once on this rank; the
-        peers' calls stall and are reported."""
+        peers' calls stall and are reported.  What the call's messages may
+        still be read from or land in is kept for good (``engine.abandon``):
+        this context (its plans' scratch, its kept calls' arrays) and
+        ``keep`` (what ran the call, so its arrays) -- a late peer matches a
+        send only then, even inside ``MPI_Finalize``."""
         if self.broken is not None:
             return
+        abandon(self, None)
+        if keep is not None:
+            abandon(keep, None)
         stalled = isinstance(cause, Stalled)
         how = "stalled" if stalled else "was left by an exception"
         self.broken = (Stalled if stalled else Broken)(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import ctypes
 import functools
 import sys
 import threading
@@ -164,7 +165,10 @@ class Operation:
         it -- the progress thread, which takes the call over if MPI runs
         threads (``_Engine.adopt``), so that it completes whether or not
         anyone waits; else the thread whose ``wait()`` or ``test()``
-        completes it."""
+        completes it.  On the thread, the callbacks of calls on one
+        communicator run in the order the thread took the calls (see
+        ``_Engine._turn``) whatever order they complete in; one added to a
+        call already complete runs at once, on the thread that adds it."""
         with _CALLBACKS:
             queued = not self.done
             if queued:
@@ -248,7 +252,7 @@ class Operation:
             self.error, self.done, self.pending = exc, True, []
             self.slot.burn()  # (messages may be in flight: see abandon)
             if self.context is not None:  # its messages are in disarray
-                self.context.breaks(exc, self.kind)
+                self.context.breaks(exc, self.kind, self.stages)
         finally:
             self.lock.release()
         return True
@@ -271,7 +275,7 @@ class Operation:
         (``ABANDONED``): a late message may still land there, or a send
         still read from there."""
         self.slot.burn()
-        ABANDONED.append(self.stages)
+        abandon(self.stages)
         for request in self.requests():
             if request == MPI.REQUEST_NULL:
                 continue
@@ -327,6 +331,17 @@ class _Started:
 ABANDONED: list = []
 
 
+def abandon(item, into: Optional[list] = ABANDONED) -> None:
+    """Keep ``item`` (a given-up call's stages, so its arrays, or an MPI
+    request, which holds its buffer) for good: in ``into``, and past the
+    interpreter's own end -- mpi4py's ``MPI_Finalize`` runs after Python has
+    freed its objects, and a send a late peer matches only then reads its
+    buffer there (freed, that was a segmentation fault in the finalize)."""
+    if into is not None:
+        into.append(item)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(item))
+
+
 class MPIOperation(Operation):
     """MPI's own requests in flight (``what``: how a report names the
     call), as one operation of the engine: advanced, waited (with the
@@ -358,7 +373,7 @@ class MPIOperation(Operation):
         for request in self.requests():
             if self.cancel:
                 request.Cancel()
-            ABANDONED.append(request)
+            abandon(request)
         self.pending, self.done = [], True
 
 
@@ -551,10 +566,9 @@ class _Engine:
         try:
             if op.threaded:
                 return
-            if op.done:  # (completed meanwhile, by its owner: its callbacks still run)
-                self._hand("later", op.fire)
-                return
-            if op.round is not None:  # the one-round fast path: its requests are op.live
+            # (complete already, by its owner, or meanwhile: taken all the same,
+            # so its callbacks keep their turn among its communicator's: _turn)
+            if op.round is not None and not op.done:  # the one-round fast path: op.live
                 op.pending, op.index = [_Started(op.live)], op.round[4]
             op.event = threading.Event()
             op.adopted = op.threaded = True
@@ -613,8 +627,18 @@ class _Engine:
         :meth:`soon` handed over) in ``due``; the calls still in flight."""
         due = self.due
         still = []
+        #: communicators with a call whose callbacks are still to run: a
+        #: later call's wait behind it (those of calls on one communicator
+        #: run in the order the thread took the calls -- their start order,
+        #: where each is handed over as it starts, as DDP's are -- whatever
+        #: order they complete in on this rank, so that blocking calls the
+        #: callbacks make meet their peers' in that order on every rank)
+        behind = set()
         for op in self.threaded:
             if op.advance(False, True) or self._overdue(op):
+                if op.callbacks and op.context is not None and op.context in behind:
+                    still.append(op)  # (complete; its event is set once it is let go)
+                    continue
                 # taken before it is let go: a start made after it has
                 # callbacks of its own
                 callbacks = op.taken()
@@ -626,6 +650,8 @@ class _Engine:
                     due.append(callbacks)
             else:
                 still.append(op)
+                if op.callbacks and op.context is not None:
+                    behind.add(op.context)
         self.threaded = still
         if self.later:
             due.append(self.later)

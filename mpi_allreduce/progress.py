@@ -52,7 +52,7 @@ from mpi4py import MPI
 
 from .context import _CLOSING, reap
 from .engine import (_ENGINE, _PRUNE, ABANDONED, THREAD_MIN_BYTES, MPIOperation,  # noqa: F401
-                     Operation, _Started, mpi_threads, thread_progress)
+                     Operation, _Started, abandon, mpi_threads, thread_progress)
 from .errors import RequestError, Stalled, failed
 from .backend import Slot, message_calls, started
 from .executor import Bound, Stage, runner
@@ -348,7 +348,7 @@ class PersistentRequest(Request):
                         if op.done:
                             r.Free()
                         else:  # (stalled, still the thread's: MPI may be inside it)
-                            ABANDONED.append(r)
+                            abandon(r)
             op.persistent = None
         self._state, self._op, self._keep, self._start, self._round = "freed", None, (), None, \
             None
@@ -505,7 +505,7 @@ def guarded(context, what: tuple, run, on_thread=None):
             context.what = None
             if held:
                 release()
-            context.breaks(exc, kind)
+            context.breaks(exc, kind, body)
             raise
         return value
     return guarded_run

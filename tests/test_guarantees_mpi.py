@@ -539,6 +539,42 @@ def test_a_blocking_call_in_a_callback_completes_whichever_thread_runs_it(fresh,
 
 @pytest.mark.skipif(not THREADS, reason="callbacks run on a progress thread only where MPI "
                                         "runs threads")
+def test_callbacks_of_calls_on_one_communicator_run_in_their_start_order(fresh):
+    """Three all-reduces of 512 KiB on one communicator, started in the same
+    order everywhere, each with a callback (added as it starts) that makes a
+    blocking all-reduce of its own value on another: whatever order they
+    complete in on each rank, the callbacks run in the calls' order, so
+    every callback gets its own value's sum (before: a rank whose calls
+    completed in another order ran them in that order, and the blocking
+    calls met crosswise -- 120, 210, 12, ...: wrong, silently; in 5 of 30
+    rounds at 3 ranks)."""
+    _need(fresh)
+    other = fresh.Dup()
+    try:
+        p, n = fresh.Get_size(), 1 << 16
+        mar.allreduce(np.ones(4), comm=other)  # (its set-up)
+        for round_ in range(12):
+            got: dict = {}
+
+            def make(k):
+                def callback(request):
+                    got[k] = mar.allreduce(np.full(4, 10.0 ** k), comm=other)[0]
+                return callback
+            requests = [mar.iallreduce(np.ones(n), np.empty(n), comm=fresh, algorithm="ring")
+                        for _ in range(3)]
+            for k, request in enumerate(requests):
+                request.add_done_callback(make(k))
+            mar.waitall(requests)
+            deadline = time.monotonic() + 30
+            while len(got) < 3 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert got == {k: p * 10.0 ** k for k in range(3)}, (round_, got)
+    finally:
+        other.Free()
+
+
+@pytest.mark.skipif(not THREADS, reason="callbacks run on a progress thread only where MPI "
+                                        "runs threads")
 def test_callbacks_run_one_at_a_time_so_their_blocking_calls_never_cross(fresh):
     """Two callbacks, each making one blocking all-reduce (ring) on a
     second communicator, in the same order on every rank; on rank 0 the
