@@ -286,6 +286,10 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
     """A non-blocking or (``persistent``) persistent call, not started
     (``salt``: what else its spec must carry, see CallSpec; ``extra``: the
     keywords it was given, kept with a non-blocking call for its repeats)."""
+    if persistent and isinstance(sendbuf, (list, tuple)):
+        # (made into an array once, here: every start would reduce the first contents)
+        raise TypeError(f"a persistent call reads its send buffer at each start: give an "
+                        f"array or a buffer, not a {type(sendbuf).__name__}")
     call = _setup(sendbuf, recvbuf, op, comm, opts, salt)
     if opts.reproducible and _order_matters(call):
         raise ValueError("reproducible=True makes a float sum a blocking call: use "

@@ -214,3 +214,14 @@ def test_a_wrapper_gives_each_algorithm_the_options_it_uses():
     assert keywords_for({"tuning": {}}, "allreduce", "tree") == {}
     for name in ("ring", "hierarchical", "tree"):
         options(algorithm=name, **keywords_for(given, "allreduce", name))  # accepted
+
+
+@pytest.mark.parametrize("send", [[1.0, 2.0, 3.0], (1.0, 2.0, 3.0)], ids=["list", "tuple"])
+def test_a_persistent_call_refuses_a_send_it_could_read_only_once(send):
+    """A list or tuple becomes an array once, at set-up: every start would
+    reduce its first contents (a rank that changed the list between starts
+    got the old sum, silently), so a persistent call refuses it; a
+    non-blocking call, read once anyway, takes it."""
+    with pytest.raises(TypeError, match="persistent call reads its send buffer at each start"):
+        mar.allreduce_init(send, comm=SELF)
+    assert mar.iallreduce(send, comm=SELF).wait().tolist() == [1.0, 2.0, 3.0]
