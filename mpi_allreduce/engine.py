@@ -168,15 +168,26 @@ class Operation:
         completes it.  On the thread, the callbacks of calls on one
         communicator run in the order the thread took the calls (see
         ``_Engine._turn``) whatever order they complete in; one added to a
-        call already complete runs at once, on the thread that adds it."""
+        call already complete runs at once, on the thread that adds it,
+        unless an earlier call's callbacks on its communicator are still to
+        run on the thread: then there, after them."""
+        # (complete, but an earlier call's callbacks on its communicator are
+        # still to run on the thread: this one is run there, after them)
+        behind = self.done and _ENGINE.callbacks_pending(self.context)
         with _CALLBACKS:
-            queued = not self.done
+            queued = not self.done or behind
             if queued:
+                if behind and self.threaded:
+                    # (let go by the thread already: its waiter waits for it
+                    # again, or would run the callback on its own thread)
+                    self.event.clear()
                 if self.callbacks is None:
                     self.callbacks = []
                 self.callbacks.append(callback)
         if not queued:
             callback()
+        elif behind and self.threaded:
+            _ENGINE.start_threaded(self)  # (taken again; or held there still: see _turn)
         elif not self.threaded and mpi_threads():
             _ENGINE.adopt(self)
 
@@ -393,6 +404,7 @@ class _Engine:
         #: lists of callbacks to run on the thread, one at a time, in order
         #: (only its main loop runs them: see _wait_on_thread)
         self.due: collections.deque = collections.deque()
+        self.running = False  # the thread runs callbacks (see _run)
         self.served = 0  # turns taken inside waits on the thread (see _run)
         self._starting = threading.Lock()
 
@@ -591,6 +603,17 @@ class _Engine:
     def start_threaded(self, op: Operation) -> None:
         self._hand("threaded", op)
 
+    def callbacks_pending(self, context) -> bool:
+        """Whether callbacks of a call on ``context`` may still be to run on
+        the thread (a call it holds with callbacks, callbacks due or
+        running): asked off the thread, where MPI runs threads."""
+        if context is None or not self.ident or threading.get_ident() == self.ident \
+                or not mpi_threads():
+            return False
+        with self.cond:
+            return self.running or bool(self.due) or bool(self.later) or any(
+                op.context is context and op.callbacks for op in self.threaded)
+
     def _hand(self, name: str, item) -> None:
         """``item`` onto the thread's list ``name`` (the thread started
         first), the thread woken to take it.  (The list is looked up under
@@ -688,7 +711,9 @@ class _Engine:
                     idle = not still
                     self.in_mpi = not idle and not poll
                     served = self.served
+                    self.running = bool(self.due)
                 self._run_due()
+                self.running = False
                 if idle:
                     continue
                 if poll or self.served != served:

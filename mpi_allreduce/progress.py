@@ -208,8 +208,8 @@ class Request:
         callbacks before waiting for it, not while another thread waits."""
         self._check_active("add_done_callback")
         op = self._op
-        if op is None or op.done:
-            callback(self)
+        if op is None or op.done and not _ENGINE.callbacks_pending(op.context):
+            callback(self)  # (else after the earlier calls' ones: Operation.when_done)
             return
         if self._round is not None and mpi_threads():
             # the progress thread completes it now, through its stages, not

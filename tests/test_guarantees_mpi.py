@@ -539,7 +539,8 @@ def test_a_blocking_call_in_a_callback_completes_whichever_thread_runs_it(fresh,
 
 @pytest.mark.skipif(not THREADS, reason="callbacks run on a progress thread only where MPI "
                                         "runs threads")
-def test_callbacks_of_calls_on_one_communicator_run_in_their_start_order(fresh):
+@pytest.mark.parametrize("late", ["as-started", "added-late"])
+def test_callbacks_of_calls_on_one_communicator_run_in_their_start_order(fresh, late):
     """Three all-reduces of 512 KiB on one communicator, started in the same
     order everywhere, each with a callback (added as it starts) that makes a
     blocking all-reduce of its own value on another: whatever order they
@@ -547,7 +548,10 @@ def test_callbacks_of_calls_on_one_communicator_run_in_their_start_order(fresh):
     every callback gets its own value's sum (before: a rank whose calls
     completed in another order ran them in that order, and the blocking
     calls met crosswise -- 120, 210, 12, ...: wrong, silently; in 5 of 30
-    rounds at 3 ranks)."""
+    rounds at 3 ranks).  ``added-late``: the last call's callback is added
+    once its call is complete (not waited), while the others' may still be
+    to run: it runs after them, on the thread (run at once, it crossed them
+    or met one on another thread: ConcurrentCall)."""
     _need(fresh)
     other = fresh.Dup()
     try:
@@ -563,6 +567,11 @@ def test_callbacks_of_calls_on_one_communicator_run_in_their_start_order(fresh):
             requests = [mar.iallreduce(np.ones(n), np.empty(n), comm=fresh, algorithm="ring")
                         for _ in range(3)]
             for k, request in enumerate(requests):
+                if late == "added-late" and k == 2:
+                    # (512 KiB: the thread's from its start; complete, not waited)
+                    deadline = time.monotonic() + 30
+                    while not request._op.done and time.monotonic() < deadline:
+                        time.sleep(0.0005)
                 request.add_done_callback(make(k))
             mar.waitall(requests)
             deadline = time.monotonic() + 30
