@@ -22,6 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import progress, validate as _validate
+from .buffers import in_place, names_memory
 from .config import KERNELS_ENV, environment
 from .context import CALLS, context_for, refcounts, remember_call, setup
 from .errors import ArgumentMismatch, failed
@@ -286,10 +287,12 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
     """A non-blocking or (``persistent``) persistent call, not started
     (``salt``: what else its spec must carry, see CallSpec; ``extra``: the
     keywords it was given, kept with a non-blocking call for its repeats)."""
-    if persistent and isinstance(sendbuf, (list, tuple)):
-        # (made into an array once, here: every start would reduce the first contents)
+    if persistent and sendbuf is not None and not in_place(sendbuf, recvbuf) \
+            and not names_memory(sendbuf):
+        # (a list or another array-like: made into an array once, here, so
+        # every start would reduce its first contents)
         raise TypeError(f"a persistent call reads its send buffer at each start: give an "
-                        f"array or a buffer, not a {type(sendbuf).__name__}")
+                        f"array, a buffer or a message spec, not a {type(sendbuf).__name__}")
     call = _setup(sendbuf, recvbuf, op, comm, opts, salt)
     if opts.reproducible and _order_matters(call):
         raise ValueError("reproducible=True makes a float sum a blocking call: use "
