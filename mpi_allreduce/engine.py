@@ -26,6 +26,7 @@ import atexit
 import collections
 import ctypes
 import functools
+import itertools
 import sys
 import threading
 import time
@@ -54,9 +55,10 @@ class Operation:
     """One call in flight: a bound plan's stages, run in order."""
 
     __slots__ = ("stages", "plan", "comm", "mpitype", "post", "tag", "slot", "index", "pending",
-                 "done", "error", "event", "threaded", "persistent", "kind", "starts",
+                 "done", "error", "event", "threaded", "persistent", "kind", "starts", "order",
                  "limit", "deadline", "reserved", "context", "lock", "owner", "kept",
-                 "round", "live", "holder", "unwaited", "callbacks", "adopted", "__weakref__")
+                 "round", "live", "holder", "unwaited", "callbacks", "adopted", "quit",
+                 "__weakref__")
 
     def __init__(self, stages: list, plan, tag: int, slot: Slot, threaded: bool,
                  kind: str = "non-blocking call", context=None, reserved: bool = False):
@@ -75,6 +77,8 @@ class Operation:
         self.error: Optional[BaseException] = None
         self.event = threading.Event() if threaded else None
         self.kind, self.context, self.starts = kind, context, 0
+        #: when this start began, among every call's starts (see ORDER)
+        self.order = 0
         #: a persistent request's tag is held until it is freed
         self.reserved = reserved
         #: two threads never advance one operation at once
@@ -97,6 +101,8 @@ class Operation:
         self.callbacks: Optional[list] = None
         #: handed to the progress thread for this start only (see ``_Engine.adopt``)
         self.adopted = False
+        #: its waiter was left by an exception: the thread gives it up (``_Engine.give_up``)
+        self.quit = False
         if plan is not None and seconds > 0:
             WATCH.watch(self)
 
@@ -142,6 +148,7 @@ class Operation:
     def _post_round(self) -> None:
         self.done, self.error = False, None
         self.starts += 1
+        self.order = next(ORDER)
         self.live = started(self.round[3], self.tag)
 
     def snapshot(self) -> tuple:
@@ -166,14 +173,14 @@ class Operation:
         threads (``_Engine.adopt``), so that it completes whether or not
         anyone waits; else the thread whose ``wait()`` or ``test()``
         completes it.  On the thread, the callbacks of calls on one
-        communicator run in the order the thread took the calls (see
+        communicator run in the order the calls started (see
         ``_Engine._turn``) whatever order they complete in; one added to a
         call already complete runs at once, on the thread that adds it,
         unless an earlier call's callbacks on its communicator are still to
         run on the thread: then there, after them."""
         # (complete, but an earlier call's callbacks on its communicator are
         # still to run on the thread: this one is run there, after them)
-        behind = self.done and _ENGINE.callbacks_pending(self.context)
+        behind = self.done and _ENGINE.callbacks_pending(self.context, self.order)
         with _CALLBACKS:
             queued = not self.done or behind
             if queued:
@@ -185,7 +192,7 @@ class Operation:
                     self.callbacks = []
                 self.callbacks.append(callback)
         if not queued:
-            callback()
+            _run_all((callback,))  # (its exception printed, as on the thread)
         elif behind and self.threaded:
             _ENGINE.start_threaded(self)  # (taken again; or held there still: see _turn)
         elif not self.threaded and mpi_threads():
@@ -205,6 +212,7 @@ class Operation:
         """Run the stages up to the first with messages in flight."""
         self.index, self.done, self.error = -1, False, None
         self.starts += 1
+        self.order = next(ORDER)
         if self.limit:
             self.deadline = time.monotonic() + self.limit
         if self.event is not None:
@@ -315,6 +323,10 @@ def _run_all(callbacks) -> None:
 
 
 _startall = MPI.Prequest.Startall
+#: numbers the starts of calls as they are made (``Operation.order``): on one
+#: communicator the same sequence on every rank, which orders its calls'
+#: callbacks (``_Engine._turn``)
+ORDER = itertools.count(1)
 #: orders the callbacks' list of a call between the thread adding one and the one running them
 _CALLBACKS = threading.Lock()
 
@@ -603,16 +615,32 @@ class _Engine:
     def start_threaded(self, op: Operation) -> None:
         self._hand("threaded", op)
 
-    def callbacks_pending(self, context) -> bool:
-        """Whether callbacks of a call on ``context`` may still be to run on
-        the thread (a call it holds with callbacks, callbacks due or
-        running): asked off the thread, where MPI runs threads."""
+    def give_up(self, op: Operation) -> None:
+        """A call of the thread's whose waiter was left by an exception (an
+        interrupt): the thread abandons it at its next turn (receives
+        cancelled, requests freed, arrays kept: ``Operation.abandon``) and
+        posts nothing more for it, so a late peer's call stalls instead of
+        completing with what the caller writes into the arrays next.  (A
+        send already posted may still be read: as in MPI, the arrays of a
+        call in flight are not the caller's to write.)"""
+        with self.cond:
+            op.quit = True
+            self.cond.notify()
+            if self.in_mpi:
+                self._wake()
+
+    def callbacks_pending(self, context, order: int) -> bool:
+        """Whether callbacks of a call on ``context`` started before
+        ``order`` may still be to run on the thread (a call it holds with
+        callbacks), or callbacks are due or running there: asked off the
+        thread, where MPI runs threads."""
         if context is None or not self.ident or threading.get_ident() == self.ident \
                 or not mpi_threads():
             return False
         with self.cond:
             return self.running or bool(self.due) or bool(self.later) or any(
-                op.context is context and op.callbacks for op in self.threaded)
+                op.context is context and op.callbacks and op.order < order
+                for op in self.threaded)
 
     def _hand(self, name: str, item) -> None:
         """``item`` onto the thread's list ``name`` (the thread started
@@ -649,32 +677,46 @@ class _Engine:
         go of the complete ones and queue their callbacks (and what
         :meth:`soon` handed over) in ``due``; the calls still in flight."""
         due = self.due
-        still = []
-        #: communicators with a call whose callbacks are still to run: a
-        #: later call's wait behind it (those of calls on one communicator
-        #: run in the order the thread took the calls -- their start order,
-        #: where each is handed over as it starts, as DDP's are -- whatever
-        #: order they complete in on this rank, so that blocking calls the
-        #: callbacks make meet their peers' in that order on every rank)
-        behind = set()
+        still, complete = [], []
+        #: per communicator, the first start among its calls in flight with
+        #: callbacks: a later call's callbacks wait behind it (those of calls
+        #: on one communicator run in the calls' start order, which is the
+        #: same on every rank, whatever order they complete in on this rank,
+        #: so that blocking calls the callbacks make meet their peers' in that
+        #: order on every rank)
+        first: dict = {}
         for op in self.threaded:
+            if op.quit:  # (its waiter was left by an exception: see give_up)
+                with op.lock:
+                    op.quit = False
+                    if not op.done:
+                        op.abandon()
+                complete.append(op)
+                continue
             if op.advance(False, True) or self._overdue(op):
-                if op.callbacks and op.context is not None and op.context in behind:
-                    still.append(op)  # (complete; its event is set once it is let go)
-                    continue
-                # taken before it is let go: a start made after it has
-                # callbacks of its own
-                callbacks = op.taken()
-                event = op.event  # (a start made once it is let go has its own)
-                if op.adopted:  # (its next start is its caller's again)
-                    op.adopted = op.threaded = False
-                event.set()
-                if callbacks:
-                    due.append(callbacks)
+                complete.append(op)
             else:
                 still.append(op)
-                if op.callbacks and op.context is not None:
-                    behind.add(op.context)
+                context = op.context
+                if op.callbacks and context is not None \
+                        and op.order < first.get(context, op.order + 1):
+                    first[context] = op.order
+        if len(complete) > 1:
+            complete.sort(key=lambda op: op.order)
+        for op in complete:
+            if op.callbacks and op.context is not None \
+                    and first.get(op.context, op.order) < op.order:
+                still.append(op)  # (complete; its event is set once it is let go)
+                continue
+            # taken before it is let go: a start made after it has
+            # callbacks of its own
+            callbacks = op.taken()
+            event = op.event  # (a start made once it is let go has its own)
+            if op.adopted:  # (its next start is its caller's again)
+                op.adopted = op.threaded = False
+            event.set()
+            if callbacks:
+                due.append(callbacks)
         self.threaded = still
         if self.later:
             due.append(self.later)

@@ -51,8 +51,9 @@ from typing import Optional
 from mpi4py import MPI
 
 from .context import _CLOSING, reap
-from .engine import (_ENGINE, _PRUNE, ABANDONED, THREAD_MIN_BYTES, MPIOperation,  # noqa: F401
-                     Operation, _Started, abandon, mpi_threads, thread_progress)
+from .engine import (_ENGINE, _PRUNE, ABANDONED, ORDER, THREAD_MIN_BYTES,  # noqa: F401
+                     MPIOperation, Operation, _Started, _run_all, abandon, mpi_threads,
+                     thread_progress)
 from .errors import RequestError, Stalled, failed
 from .backend import Slot, message_calls, started
 from .executor import Bound, Stage, runner
@@ -208,8 +209,10 @@ class Request:
         callbacks before waiting for it, not while another thread waits."""
         self._check_active("add_done_callback")
         op = self._op
-        if op is None or op.done and not _ENGINE.callbacks_pending(op.context):
-            callback(self)  # (else after the earlier calls' ones: Operation.when_done)
+        if op is None or op.done and not _ENGINE.callbacks_pending(op.context, op.order):
+            # (else after the earlier calls' ones: Operation.when_done); an
+            # exception it raises is printed, as one on the thread is
+            _run_all((lambda: callback(self),))
             return
         if self._round is not None and mpi_threads():
             # the progress thread completes it now, through its stages, not
@@ -238,6 +241,11 @@ class Request:
         if not isinstance(exc, Stalled) and not op.threaded:  # (the thread holds its requests)
             op.abandon()
             _ENGINE._drop(op)
+        elif not isinstance(exc, Stalled):
+            # the thread's: it gives the call up at its next turn, before it
+            # advances it again (it would go on sending from the call's
+            # arrays, which the caller may write into again)
+            _ENGINE.give_up(op)
         self._state = "complete"
         if not op.threaded and op.callbacks:  # (the thread runs those of its own calls)
             op.done = True  # (given up: complete, with this error)
@@ -315,6 +323,7 @@ class PersistentRequest(Request):
             self._start()
             op.done = False
             op.starts += 1
+            op.order = next(ORDER)
             self._state, self._error = "active", None
             return
         self._begin()
@@ -450,6 +459,7 @@ def _restarter_one_round(op: Operation, context, result, fingerprint: int, start
         op.tag = tag = claim(op, fingerprint, False)
         op.done, op.error = False, None
         op.starts += 1
+        op.order = next(ORDER)
         op.live = [call(spec, peer, tag) for call, spec, peer in posts]
         request = Request(op, result, start=start)
         request._state = "active"

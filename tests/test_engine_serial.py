@@ -31,3 +31,27 @@ def test_two_threads_handing_over_at_once_start_one_progress_thread(monkeypatch)
     for t in threads:
         t.join()
     assert len(started) == 1 and len(fresh.later) == 4
+
+
+def test_a_callback_run_at_once_has_its_exception_printed_not_raised(monkeypatch):
+    """A callback added to a call already complete runs at once; what it
+    raises is printed (``sys.excepthook``), as on the progress thread, and
+    ``add_done_callback`` returns: whether a callback ran at once or on the
+    thread is timing, and must not decide whether the caller sees its
+    exception (a rank died where its peer printed it and went on)."""
+    import sys
+
+    import numpy as np
+    from mpi4py import MPI
+
+    import mpi_allreduce as mar
+
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", lambda *info: seen.append(info[0]))
+    request = mar.iallreduce(np.ones(3), comm=MPI.COMM_SELF)
+
+    def callback(done):
+        raise ValueError("boom")
+    request.add_done_callback(callback)
+    assert seen == [ValueError]
+    assert request.wait().tolist() == [1.0, 1.0, 1.0]

@@ -539,6 +539,85 @@ def test_a_blocking_call_in_a_callback_completes_whichever_thread_runs_it(fresh,
 
 @pytest.mark.skipif(not THREADS, reason="callbacks run on a progress thread only where MPI "
                                         "runs threads")
+def test_callbacks_of_a_short_and_a_long_call_run_in_their_start_order(fresh):
+    """A short call (its caller's, handed to the thread only as its callback
+    is added) then a long one (the thread's from its start), each with a
+    callback making a blocking all-reduce of its own value, one rank coming
+    late each round: the short call's callback runs first on every rank
+    (ordered by the thread's hand-over, the long call's ran first where it
+    was in flight when the short one's callback came: every sum crossed)."""
+    _need(fresh)
+    other = fresh.Dup()
+    try:
+        rank, p = fresh.Get_rank(), fresh.Get_size()
+        mar.allreduce(np.ones(4), comm=other)  # (its set-up)
+        for round_ in range(2 * p):
+            if rank == round_ % p:
+                time.sleep(0.3)
+            got: dict = {}
+            done = threading.Semaphore(0)
+
+            def make(k):
+                def callback(request):
+                    got[k] = mar.allreduce(np.full(4, 1000.0 * k + round_), comm=other)[0]
+                    done.release()
+                return callback
+            short = mar.iallreduce(np.ones(8), comm=fresh)
+            long_ = mar.iallreduce(np.ones(16384), comm=fresh)
+            short.add_done_callback(make(0))
+            long_.add_done_callback(make(1))
+            for _ in range(2):
+                assert done.acquire(timeout=60), (round_, got)
+            assert got == {k: p * (1000.0 * k + round_) for k in (0, 1)}, (round_, got)
+            mar.waitall([short, long_])
+    finally:
+        other.Free()
+
+
+@pytest.mark.skipif(not THREADS, reason="the progress thread's calls only where MPI runs "
+                                        "threads")
+def test_an_interrupted_wait_stops_the_threads_call_so_late_peers_never_sum_new_data(
+        fresh, watchdog):
+    """Rank 0's wait() for a call of the thread's (128 KiB, in place) is
+    interrupted while its peers come late; rank 0 then writes new values
+    into the array: the peers' calls stall (raise mode) or get the sum,
+    never rank 0's new values, and rank 0's array keeps them (before: the
+    thread went on with the call, sending from the array rewritten, and
+    wrote the sum over rank 0's new values seconds later)."""
+    import signal
+
+    _need(fresh)
+    watchdog(3)
+    rank, n = fresh.Get_rank(), 16384
+    old = signal.getsignal(signal.SIGALRM)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt("timer")
+    try:
+        x = np.ones(n)
+        if rank == 0:
+            signal.signal(signal.SIGALRM, interrupt)
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(KeyboardInterrupt):
+                mar.iallreduce(MPI.IN_PLACE, x, comm=fresh, algorithm="ring").wait()
+            x[:] = 1000.0
+            time.sleep(4.5)  # (the peers come, then stall)
+            assert (x == 1000.0).all(), "the thread wrote into the array after the interrupt"
+        else:
+            time.sleep(1.0)
+            try:
+                mar.iallreduce(MPI.IN_PLACE, x, comm=fresh, algorithm="ring").wait()
+                assert (x == fresh.Get_size()).all(), x[:3]
+            except mar.Stalled:
+                pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    MPI.COMM_WORLD.Barrier()
+
+
+@pytest.mark.skipif(not THREADS, reason="callbacks run on a progress thread only where MPI "
+                                        "runs threads")
 @pytest.mark.parametrize("late", ["as-started", "added-late"])
 def test_callbacks_of_calls_on_one_communicator_run_in_their_start_order(fresh, late):
     """Three all-reduces of 512 KiB on one communicator, started in the same
