@@ -596,10 +596,11 @@ def test_an_interrupted_wait_stops_the_threads_call_so_late_peers_never_sum_new_
     try:
         x = np.ones(n)
         if rank == 0:
+            request = mar.iallreduce(MPI.IN_PLACE, x, comm=fresh, algorithm="ring")
             signal.signal(signal.SIGALRM, interrupt)
-            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            signal.setitimer(signal.ITIMER_REAL, 0.3)  # (inside the wait: the peers come at 1 s)
             with pytest.raises(KeyboardInterrupt):
-                mar.iallreduce(MPI.IN_PLACE, x, comm=fresh, algorithm="ring").wait()
+                request.wait()
             x[:] = 1000.0
             time.sleep(4.5)  # (the peers come, then stall)
             assert (x == 1000.0).all(), "the thread wrote into the array after the interrupt"
