@@ -146,9 +146,7 @@ class Operation:
         return [*before, (self._post_round, ()), *overlap]
 
     def _post_round(self) -> None:
-        self.done, self.error = False, None
-        self.starts += 1
-        self.order = next(ORDER)
+        self.started()
         self.live = started(self.round[3], self.tag)
 
     def snapshot(self) -> tuple:
@@ -208,11 +206,17 @@ class Operation:
         """Run the callbacks of a completed start (those :meth:`taken` now)."""
         _run_all(self.taken())
 
-    def begin(self) -> None:
-        """Run the stages up to the first with messages in flight."""
-        self.index, self.done, self.error = -1, False, None
+    def started(self) -> None:
+        """A new start of this call: in flight, numbered among every call's
+        starts (``ORDER``), and none of an earlier start's give-up left."""
+        self.done, self.error, self.quit = False, None, False
         self.starts += 1
         self.order = next(ORDER)
+
+    def begin(self) -> None:
+        """Run the stages up to the first with messages in flight."""
+        self.index = -1
+        self.started()
         if self.limit:
             self.deadline = time.monotonic() + self.limit
         if self.event is not None:
@@ -489,8 +493,7 @@ class _Engine:
                 spins += 1
                 if (op.threaded or spins & 0xFF == 0) and time.monotonic() > op.deadline \
                         and not op.done:
-                    self._drop(op)
-                    raise op.stalled()
+                    raise self._stalled(op)
 
     def _wait_on_thread(self, op: Operation) -> None:
         """:meth:`wait` on the progress thread (a completion callback's wait
@@ -510,8 +513,7 @@ class _Engine:
             if op.finished():
                 return
             if op.limit and time.monotonic() > op.deadline:
-                self._drop(op)
-                raise op.stalled()
+                raise self._stalled(op)
             time.sleep(20e-6)
 
     def serve_until(self, done) -> None:
@@ -566,11 +568,21 @@ class _Engine:
         if op.owner == threading.get_ident():
             self.caller = [o for o in self.caller if o is not op]
 
+    def _stalled(self, op: Operation) -> Stalled:
+        """Give up on ``op``, past its deadline (raise mode), for every path
+        that waits for it: out of this thread's calls, and a call of the
+        progress thread's given up there at its next turn (:meth:`give_up`;
+        left in its list, the thread would wait in MPI on its requests for
+        good, and Open MPI's wait spins a core); the error to raise."""
+        self._drop(op)
+        if op.threaded:
+            self.give_up(op)
+        return op.stalled()
+
     def overdue(self, op: Operation) -> None:
         """``test()``'s deadline check (raise mode): raise once it passed."""
         if op.limit and not op.done and time.monotonic() > op.deadline:
-            self._drop(op)
-            raise op.stalled()
+            raise self._stalled(op)
 
     # --- the thread -------------------------------------------------------------
     def adopt(self, op: Operation) -> None:
@@ -691,6 +703,9 @@ class _Engine:
                     op.quit = False
                     if not op.done:
                         op.abandon()
+                        if op.error is None and op.context is not None:
+                            # (what its callbacks see: its waiter broke the communicator)
+                            op.error = op.context.refusal()
                 complete.append(op)
                 continue
             if op.advance(False, True) or self._overdue(op):
@@ -777,9 +792,13 @@ class _Engine:
 
     @staticmethod
     def _overdue(op: Operation) -> bool:
-        """A call with callbacks past its deadline (raise mode), given up on
-        here: its error is the stall, which its callbacks and wait() see."""
-        if not (op.limit and op.callbacks) or time.monotonic() <= op.deadline:
+        """A call past its deadline (raise mode) that nobody may notice,
+        given up on here: one with callbacks at once, any other once it is
+        late by its limit again (whoever waits for it raises at the deadline
+        itself; nobody did: a request dropped in flight).  Its error is the
+        stall, which its callbacks and wait() see."""
+        late = time.monotonic() - op.deadline
+        if not op.limit or late <= 0 or (not op.callbacks and late <= op.limit):
             return False
         try:
             error = op.stalled()
@@ -789,6 +808,17 @@ class _Engine:
         op.abandon()
         op.error = error
         return True
+
+    def sweep(self) -> None:
+        """From the watchdog's monitor, in raise mode: wake the thread where
+        a call it holds is late by twice its limit (see :meth:`_overdue`;
+        the thread may wait in MPI on that call's requests alone)."""
+        now = time.monotonic()
+        with self.cond:
+            if any(op.limit and now > op.deadline + op.limit for op in self.threaded):
+                self.cond.notify()
+                if self.in_mpi:
+                    self._wake()
 
     def stop(self) -> None:
         """End the thread (at exit, before MPI is finalised)."""
@@ -821,8 +851,8 @@ def thread_progress() -> bool:
     return setting == "thread" and mpi_threads()
 
 
-
 ENGINE = _ENGINE
+WATCH.sweep = _ENGINE.sweep
 
 
 def wait_for(requests, what: str, context=None) -> None:

@@ -51,7 +51,7 @@ from typing import Optional
 from mpi4py import MPI
 
 from .context import _CLOSING, reap
-from .engine import (_ENGINE, _PRUNE, ABANDONED, ORDER, THREAD_MIN_BYTES,  # noqa: F401
+from .engine import (_ENGINE, _PRUNE, ABANDONED, THREAD_MIN_BYTES,  # noqa: F401
                      MPIOperation, Operation, _Started, _run_all, abandon, mpi_threads,
                      thread_progress)
 from .errors import RequestError, Stalled, failed
@@ -321,9 +321,7 @@ class PersistentRequest(Request):
         if op is not None and op.round is not None:  # the one-round fast path: _begin, inline
             self._round = op.round  # (dropped by a callback's start: add_done_callback)
             self._start()
-            op.done = False
-            op.starts += 1
-            op.order = next(ORDER)
+            op.started()
             self._state, self._error = "active", None
             return
         self._begin()
@@ -457,9 +455,7 @@ def _restarter_one_round(op: Operation, context, result, fingerprint: int, start
         if not op.done or op.unwaited:
             return None  # in flight, or complete but not yet waited: a call of its own
         op.tag = tag = claim(op, fingerprint, False)
-        op.done, op.error = False, None
-        op.starts += 1
-        op.order = next(ORDER)
+        op.started()
         op.live = [call(spec, peer, tag) for call, spec, peer in posts]
         request = Request(op, result, start=start)
         request._state = "active"

@@ -25,7 +25,9 @@ threads' frames), a non-blocking or persistent call through its operation
 itself, from the moment it starts until it is complete -- whoever waits
 for it, from whichever thread, or if nobody does and the caller only polls
 ``test()``.  One monitor thread samples them all (:data:`WATCH`); in
-``raise`` mode the waiting thread checks its own deadline instead.
+``raise`` mode the waiting thread checks its own deadline instead, and a
+call of the progress thread's that nobody waited for (a request dropped in
+flight) is given up there once it is late by twice the limit.
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ class _Watch:
         self._cells: dict = {}  # thread ident -> Cell
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
+        #: in raise mode, called at each sample (the engine's ``_Engine.sweep``)
+        self.sweep = None
 
     def cell(self) -> Cell:
         """The calling thread's cell (made on its first call)."""
@@ -121,6 +125,8 @@ class _Watch:
             time.sleep(min(1.0, seconds / 4) if seconds > 0 else 1.0)
             if seconds <= 0 or action == "raise":
                 seen.clear()  # (in raise mode each waiting thread keeps its own deadline)
+                if seconds > 0 and self.sweep is not None:
+                    self.sweep()  # (and the progress thread those of calls nobody waits for)
                 continue
             now = time.monotonic()
             with self._lock:  # (no strong reference to an item outlives its snapshot)

@@ -114,8 +114,14 @@ def pytest_runtest_protocol(item, nextitem):
     from mpi4py import MPI
 
     def abort():
+        import faulthandler
+        capture = item.config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:  # (else the report dies with the captured output)
+            capture.suspend_global_capture(in_=True)
         sys.stderr.write(f"\n{item.nodeid}: no progress for {TEST_TIMEOUT:.0f} s on rank "
-                         f"{MPI.COMM_WORLD.Get_rank()}; aborting the job\n")
+                         f"{MPI.COMM_WORLD.Get_rank()}; aborting the job; its threads:\n")
+        sys.stderr.flush()
+        faulthandler.dump_traceback(sys.stderr, all_threads=True)
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(3)
 

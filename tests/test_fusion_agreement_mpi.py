@@ -335,3 +335,31 @@ def test_a_step_of_more_packed_buckets_than_max_kept_builds_nothing_again(fresh)
         calls = now
     fusion.free()
 
+
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "ring"])
+def test_a_bucket_given_up_in_flight_is_never_packed_again(fresh, watchdog, algorithm):
+    """Rank 0's wait stalls (its peers come late) and it goes on to its next
+    step: that step is refused before anything is packed, so the peers,
+    coming, read the first step's data from the bucket rank 0 still sends
+    (1 MiB: read as the peer matches it): the right sum or a stall, never
+    rank 0's next arrays (before: the next step was packed into the bucket
+    before its start was refused, and the peers summed rank 0's next data,
+    silently, where the first exchange is posted at the start)."""
+    import time
+
+    _need(fresh)
+    rank, n = fresh.Get_rank(), 1 << 16
+    fusion = Fusion(fresh, op="sum", bucket_bytes=2 * n * 8, algorithm=algorithm)
+    for step in range(2):
+        if rank != 0 and step == 0:
+            time.sleep(2.5 * STALL)
+        a, b = _values(fresh, step, n), _values(fresh, step + 2, n)
+        try:
+            fusion.add(a)
+            fusion.add(b)
+            fusion.wait()
+        except (mar.Stalled, mar.Broken):
+            continue
+        np.testing.assert_array_equal(a, _sum(fresh, step, n), err_msg=f"step {step}")
+        np.testing.assert_array_equal(b, _sum(fresh, step + 2, n), err_msg=f"step {step}")
+    fresh.Barrier()

@@ -400,6 +400,79 @@ def test_watchdog_on_a_call_with_a_callback_nobody_waits_for(fresh, watchdog):
         assert seen and "non-blocking call" in str(seen[0])
 
 
+def _wait_or_test(request, how):
+    if how == "wait":
+        request.wait()
+    while not request.test():
+        time.sleep(0.001)
+
+
+#: calls the progress thread holds (128 KiB and more, or with a callback),
+#: each started by rank 0 alone
+THREAD_CALLS = {
+    "non-blocking": lambda comm, x, a: mar.iallreduce(x, comm=comm, algorithm=a),
+    "persistent": lambda comm, x, a: (lambda r: (r.start(), r)[1])(
+        mar.allreduce_init(MPI.IN_PLACE, x, comm=comm, algorithm=a)),
+    "with-a-callback": lambda comm, x, a: (lambda r: (r.add_done_callback(lambda _: None), r)[1])(
+        mar.iallreduce(x[:4], comm=comm, algorithm=a)),
+}
+
+
+@pytest.mark.skipif(not THREADS, reason="needs MPI_THREAD_MULTIPLE")
+@pytest.mark.parametrize("how", ["wait", "test"])
+@pytest.mark.parametrize("kind", list(THREAD_CALLS))
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_a_stalled_call_of_the_threads_is_given_up_there_too(fresh, watchdog, algorithm, kind,
+                                                              how):
+    """Raise mode: a call on the progress thread that only rank 0 starts
+    raises Stalled in its wait or test, and the thread gives it up as well
+    (before: it stayed in the thread's list for good, the thread waited in
+    MPI on its requests -- Open MPI's wait spins a core -- and every later
+    call on the rank ran some ten times slower)."""
+    from mpi_allreduce.engine import ENGINE
+    _need(fresh)
+    watchdog(0.5)
+    if fresh.Get_rank() == 0:
+        request = THREAD_CALLS[kind](fresh, np.ones(1 << 14), algorithm)
+        with pytest.raises(mar.Stalled):
+            _wait_or_test(request, how)
+        context = context_for(fresh)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with ENGINE.cond:
+                held = [op for op in ENGINE.threaded if op.context is context]
+            if not held:
+                break
+            time.sleep(0.01)
+        assert not held, f"the thread still holds {held[0].kind} after its stall"
+
+
+@pytest.mark.skipif(not THREADS, reason="needs MPI_THREAD_MULTIPLE")
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_a_call_dropped_in_flight_is_given_up_by_the_thread(fresh, watchdog, algorithm):
+    """Raise mode: rank 0 alone starts a call the thread holds and drops
+    its request; nobody waits, yet the thread gives it up (twice the limit
+    after its start) and the communicator is broken: the next call raises
+    Stalled (before: the call stayed on the thread for good)."""
+    from mpi_allreduce.engine import ENGINE
+    _need(fresh)
+    watchdog(0.5)
+    if fresh.Get_rank() == 0:
+        mar.iallreduce(np.ones(1 << 14), comm=fresh, algorithm=algorithm)  # (dropped)
+        gc.collect()
+        context = context_for(fresh)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with ENGINE.cond:
+                held = [op for op in ENGINE.threaded if op.context is context]
+            if not held:
+                break
+            time.sleep(0.01)
+        assert not held, "the thread still holds the dropped call"
+        with pytest.raises(mar.Stalled, match="earlier call on this communicator"):
+            mar.allreduce(np.ones(2), comm=fresh, algorithm=algorithm)
+
+
 @pytest.mark.parametrize("how", ["wait", "test"])
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
 def test_without_threads_a_wait_that_raises_runs_the_callbacks_with_its_error(
@@ -805,7 +878,6 @@ def test_mpis_own_requests_go_through_the_engine_and_its_watchdog(fresh, watchdo
     the call, is cancelled and tells its owner."""
     from mpi_allreduce.progress import mpi_request
     _need(fresh)
-    watchdog(0.5)
     rank, p = fresh.Get_rank(), fresh.Get_size()
     value = np.full(1, rank, np.int64)
     status = MPI.Status()
@@ -816,6 +888,7 @@ def test_mpis_own_requests_go_through_the_engine_and_its_watchdog(fresh, watchdo
     np.testing.assert_array_equal(ours.wait(), np.full(3, p))
     ring.wait()
     assert value[0] == (rank - 1) % p and status.Get_source() == (rank - 1) % p
+    watchdog(0.5)  # (set after the calls that must pass, which a late peer only delays)
     told = []
     lonely = mpi_request([fresh.Irecv(np.empty(1), MPI.ANY_SOURCE, 6)], "a lonely receive",
                          fresh, cancel=True, on_stall=told.append)
@@ -975,10 +1048,10 @@ def test_reproducible_sums_of_two_dtypes_of_one_shape_keep_their_own_identity(fr
     stall (before: the float16 call reused the float32 call's kept inner
     calls, whose spec carried float32, and returned)."""
     _need(fresh)
-    watchdog(0.5)
     p = fresh.Get_size()
     first = mar.allreduce(np.ones(8, np.float32), None, "sum", comm=fresh, reproducible=True)
     assert first[0] == p
+    watchdog(0.5)  # (set after the call that must pass: a peer late by 0.5 s is no mismatch)
     data = np.ones(8, np.float16 if fresh.Get_rank() == 0 else np.float32)
     _disagree(fresh, lambda: mar.allreduce(data, None, "sum", comm=fresh, reproducible=True),
               data * p)
