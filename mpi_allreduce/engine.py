@@ -208,17 +208,18 @@ class Operation:
 
     def started(self) -> None:
         """A new start of this call: in flight, numbered among every call's
-        starts (``ORDER``), and none of an earlier start's give-up left."""
+        starts (``ORDER``), with its own deadline (raise mode), and none of
+        an earlier start's give-up left."""
         self.done, self.error, self.quit = False, None, False
         self.starts += 1
         self.order = next(ORDER)
+        if self.limit:  # (raise mode: each start has its own deadline)
+            self.deadline = time.monotonic() + self.limit
 
     def begin(self) -> None:
         """Run the stages up to the first with messages in flight."""
         self.index = -1
         self.started()
-        if self.limit:
-            self.deadline = time.monotonic() + self.limit
         if self.event is not None:
             self.event.clear()
         self._next()
@@ -308,8 +309,14 @@ class Operation:
         still read from there."""
         self.slot.burn()
         abandon(self.stages)
+        if self.persistent is not None:
+            # persistent requests are kept as they are, never cancelled or
+            # freed: MPICH crashes cancelling an active one (as the caller's
+            # release would freeing it: it frees none of a given-up call's)
+            abandon(self.persistent)
+            self.persistent = None
         for request in self.requests():
-            if request == MPI.REQUEST_NULL:
+            if request == MPI.REQUEST_NULL or isinstance(request, MPI.Prequest):
                 continue
             try:
                 request.Cancel()

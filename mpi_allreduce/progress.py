@@ -347,12 +347,15 @@ class PersistentRequest(Request):
         op = self._op
         if op is not None:
             op.reserved = False
-            if op.persistent is not None and not MPI.Is_finalized():
-                for requests in op.persistent:
+            persistent = op.persistent
+            if persistent is not None and not MPI.Is_finalized():
+                for requests in persistent:
                     for r in requests or ():
-                        if r == MPI.REQUEST_NULL:  # (an abandoned stage's are freed)
+                        if r == MPI.REQUEST_NULL:
                             continue
-                        if op.done:
+                        # (done, and not by the thread giving it up meanwhile,
+                        # which keeps them: Operation.abandon drops op.persistent first)
+                        if op.done and op.persistent is persistent:
                             r.Free()
                         else:  # (stalled, still the thread's: MPI may be inside it)
                             abandon(r)
