@@ -302,9 +302,9 @@ class Operation:
         return error
 
     def abandon(self) -> None:
-        """Give up on the messages in flight (a stalled call): receives are
-        cancelled, every request is freed, so none is left for MPI_Finalize.
-        Its staging buffers are never reused, and its arrays are kept
+        """Give up on the messages in flight (a stalled call): its posted
+        requests are cancelled and freed, so none is left for MPI_Finalize;
+        persistent ones are kept as they are (see below).  Its staging buffers are never reused, and its arrays are kept
         (``ABANDONED``): a late message may still land there, or a send
         still read from there."""
         self.slot.burn()
