@@ -304,9 +304,10 @@ class Operation:
     def abandon(self) -> None:
         """Give up on the messages in flight (a stalled call): its posted
         requests are cancelled and freed, so none is left for MPI_Finalize;
-        persistent ones are kept as they are (see below).  Its staging buffers are never reused, and its arrays are kept
-        (``ABANDONED``): a late message may still land there, or a send
-        still read from there."""
+        persistent ones are kept as they are (see below).  Its staging
+        buffers are never reused, and its arrays are kept (``ABANDONED``):
+        a late message may still land there, or a send still read from
+        there."""
         self.slot.burn()
         abandon(self.stages)
         if self.persistent is not None:
