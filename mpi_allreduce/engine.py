@@ -271,15 +271,6 @@ class Operation:
                     self.pending = [p for p in self.pending if not p.test()]
                     if self.pending:
                         return False
-                context = self.context
-                if context is not None and context.broken is not None \
-                        and self.index + 1 < len(self.stages):
-                    # its communicator broke while it was in flight (a wait
-                    # of it or of another call left by an interrupt or a
-                    # stall): its next stage could send what the caller
-                    # wrote into its arrays since, so it posts nothing more
-                    # -- on every path that advances a call, whoever holds it
-                    raise context.refusal()
                 self._next()
         except BaseException as exc:  # noqa: BLE001 - raised again by wait()
             self.error, self.done, self.pending = exc, True, []
