@@ -583,9 +583,10 @@ class _Engine:
         left in its list, the thread would wait in MPI on its requests for
         good, and Open MPI's wait spins a core); the error to raise."""
         self._drop(op)
+        error = op.stalled()  # (first: it breaks the communicator, which the thread reads)
         if op.threaded:
             self.give_up(op)
-        return op.stalled()
+        return error
 
     def overdue(self, op: Operation) -> None:
         """``test()``'s deadline check (raise mode): raise once it passed."""
@@ -711,7 +712,8 @@ class _Engine:
                     op.quit = False
                     if not op.done:
                         op.abandon()
-                        if op.error is None and op.context is not None:
+                        if op.error is None and op.context is not None \
+                                and op.context.broken is not None:
                             # (what its callbacks see: its waiter broke the communicator)
                             op.error = op.context.refusal()
                 complete.append(op)
