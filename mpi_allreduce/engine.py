@@ -801,14 +801,18 @@ class _Engine:
             wake.Wait()
 
     @staticmethod
-    def _overdue(op: Operation) -> bool:
-        """A call past its deadline (raise mode) that nobody may notice,
-        given up on here: one with callbacks at once, any other once it is
-        late by its limit again (whoever waits for it raises at the deadline
-        itself; nobody did: a request dropped in flight).  Its error is the
-        stall, which its callbacks and wait() see."""
-        late = time.monotonic() - op.deadline
-        if not op.limit or late <= 0 or (not op.callbacks and late <= op.limit):
+    def _forsaken(op: Operation, now: float) -> bool:
+        """Whether the thread gives ``op`` up on its own (raise mode): a call
+        with callbacks once past its deadline, any other once late by its
+        limit again (whoever waits for it raises at the deadline itself;
+        nobody did: a request dropped in flight)."""
+        return bool(op.limit) and now - op.deadline > (0.0 if op.callbacks else op.limit)
+
+    def _overdue(self, op: Operation) -> bool:
+        """A call past its deadline that nobody may notice (:meth:`_forsaken`),
+        given up on here.  Its error is the stall, which its callbacks and
+        wait() see."""
+        if not self._forsaken(op, time.monotonic()):
             return False
         try:
             error = op.stalled()
@@ -821,11 +825,11 @@ class _Engine:
 
     def sweep(self) -> None:
         """From the watchdog's monitor, in raise mode: wake the thread where
-        a call it holds is late by twice its limit (see :meth:`_overdue`;
-        the thread may wait in MPI on that call's requests alone)."""
+        it would give up a call it holds (:meth:`_forsaken`; the thread may
+        wait in MPI on that call's requests alone)."""
         now = time.monotonic()
         with self.cond:
-            if any(op.limit and now > op.deadline + op.limit for op in self.threaded):
+            if any(self._forsaken(op, now) for op in self.threaded):
                 self.cond.notify()
                 if self.in_mpi:
                     self._wake()

@@ -36,27 +36,27 @@ def fresh(request, subcomms):
     dup.Free()
 
 
-@pytest.fixture
-def watchdog(monkeypatch):
-    """The watchdog in raise mode with a short limit; undone afterwards."""
-    monkeypatch.setenv(config.WATCHDOG_ENV, str(STALL))
+def _raise_mode(monkeypatch, seconds: float):
+    """The watchdog in raise mode with ``seconds``; undone afterwards."""
+    monkeypatch.setenv(config.WATCHDOG_ENV, str(seconds))
     monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
     config.refresh()
     yield
     monkeypatch.undo()
     config.refresh()
+
+
+@pytest.fixture
+def watchdog(monkeypatch):
+    """Raise mode with a short limit, for the cases that may stall."""
+    yield from _raise_mode(monkeypatch, STALL)
 
 
 @pytest.fixture
 def patient(monkeypatch):
     """Raise mode with a long limit, for the cases that must sum right: a
     hang fails the test, a peer late on a loaded machine does not."""
-    monkeypatch.setenv(config.WATCHDOG_ENV, "60")
-    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
-    config.refresh()
-    yield
-    monkeypatch.undo()
-    config.refresh()
+    yield from _raise_mode(monkeypatch, 60)
 
 
 def _need(comm, ranks: int = 2):

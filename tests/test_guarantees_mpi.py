@@ -401,10 +401,27 @@ def test_watchdog_on_a_call_with_a_callback_nobody_waits_for(fresh, watchdog):
 
 
 def _wait_or_test(request, how):
+    """Complete ``request`` by ``wait()`` or by a ``test()`` polling loop
+    (after a ``wait()`` that returned, ``test()`` once more: the callers
+    expect an error from one of them)."""
     if how == "wait":
         request.wait()
     while not request.test():
         time.sleep(0.001)
+
+
+def _held_by_thread(comm, seconds: float = 10.0) -> list:
+    """The progress thread's calls on ``comm`` still held after waiting up
+    to ``seconds`` for it to let go of them."""
+    from mpi_allreduce.engine import ENGINE
+    context = context_for(comm)
+    deadline = time.monotonic() + seconds
+    while True:
+        with ENGINE.cond:
+            held = [op for op in ENGINE.threaded if op.context is context]
+        if not held or time.monotonic() > deadline:
+            return held
+        time.sleep(0.01)
 
 
 #: calls the progress thread holds (128 KiB and more, or with a callback),
@@ -429,21 +446,13 @@ def test_a_stalled_call_of_the_threads_is_given_up_there_too(fresh, watchdog, al
     (before: it stayed in the thread's list for good, the thread waited in
     MPI on its requests -- Open MPI's wait spins a core -- and every later
     call on the rank ran some ten times slower)."""
-    from mpi_allreduce.engine import ENGINE
     _need(fresh)
     watchdog(0.5)
     if fresh.Get_rank() == 0:
         request = THREAD_CALLS[kind](fresh, np.ones(1 << 14), algorithm)
         with pytest.raises(mar.Stalled):
             _wait_or_test(request, how)
-        context = context_for(fresh)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with ENGINE.cond:
-                held = [op for op in ENGINE.threaded if op.context is context]
-            if not held:
-                break
-            time.sleep(0.01)
+        held = _held_by_thread(fresh)
         assert not held, f"the thread still holds {held[0].kind} after its stall"
 
 
@@ -454,21 +463,12 @@ def test_a_call_dropped_in_flight_is_given_up_by_the_thread(fresh, watchdog, alg
     its request; nobody waits, yet the thread gives it up (twice the limit
     after its start) and the communicator is broken: the next call raises
     Stalled (before: the call stayed on the thread for good)."""
-    from mpi_allreduce.engine import ENGINE
     _need(fresh)
     watchdog(0.5)
     if fresh.Get_rank() == 0:
         mar.iallreduce(np.ones(1 << 14), comm=fresh, algorithm=algorithm)  # (dropped)
         gc.collect()
-        context = context_for(fresh)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with ENGINE.cond:
-                held = [op for op in ENGINE.threaded if op.context is context]
-            if not held:
-                break
-            time.sleep(0.01)
-        assert not held, "the thread still holds the dropped call"
+        assert not _held_by_thread(fresh), "the thread still holds the dropped call"
         with pytest.raises(mar.Stalled, match="earlier call on this communicator"):
             mar.allreduce(np.ones(2), comm=fresh, algorithm=algorithm)
 
@@ -499,10 +499,7 @@ def test_without_threads_a_wait_that_raises_runs_the_callbacks_with_its_error(
                 seen.append(exc)
         request.add_done_callback(record)
         with pytest.raises(mar.Stalled) as raised:
-            if how == "wait":
-                request.wait()
-            while not request.test():
-                time.sleep(0.001)
+            _wait_or_test(request, how)
         assert seen == [raised.value]
         with pytest.raises(mar.Stalled):  # (its error, again, not a result)
             request.wait()
@@ -539,10 +536,7 @@ def test_a_callback_that_waits_takes_the_error_and_the_caller_still_gets_it(fres
                 seen.append(exc)
         request.add_done_callback(record)
         with pytest.raises(ZeroDivisionError, match="fails") as raised:
-            if how == "wait":
-                request.wait()
-            while not request.test():
-                time.sleep(0.001)
+            _wait_or_test(request, how)
         assert seen == [raised.value]
     finally:
         monkeypatch.delenv(config.ON_ERROR_ENV)
@@ -893,10 +887,7 @@ def test_mpis_own_requests_go_through_the_engine_and_its_watchdog(fresh, watchdo
     lonely = mpi_request([fresh.Irecv(np.empty(1), MPI.ANY_SOURCE, 6)], "a lonely receive",
                          fresh, cancel=True, on_stall=told.append)
     with pytest.raises(mar.Stalled, match="a lonely receive"):
-        if how == "wait":
-            lonely.wait()
-        while not lonely.test():
-            time.sleep(0.001)
+        _wait_or_test(lonely, how)
     assert len(told) == 1 and "a lonely receive" in told[0]
     fresh.Barrier()
 
