@@ -271,12 +271,32 @@ class Operation:
                     self.pending = [p for p in self.pending if not p.test()]
                     if self.pending:
                         return False
+                context = self.context
+                if context is not None and context.broken is not None \
+                        and self.index + 1 < len(self.stages):
+                    # its communicator broke while it was in flight (a wait
+                    # of it or of another call left by an interrupt or a
+                    # stall): its next stage could send what the caller
+                    # wrote into its arrays since, so it posts nothing more
+                    # -- on every path that advances a call, whoever holds it
+                    raise context.refusal()
                 self._next()
         except BaseException as exc:  # noqa: BLE001 - raised again by wait()
             self.error, self.done, self.pending = exc, True, []
             self.slot.burn()  # (messages may be in flight: see abandon)
             if self.context is not None:  # its messages are in disarray
                 self.context.breaks(exc, self.kind, self.stages)
+            if not isinstance(exc, Exception) and threading.get_ident() != _ENGINE.ident:
+                # an interrupt (Ctrl-C, SystemExit) belongs to the thread it
+                # landed in, now: raised out of whatever wait or test advanced
+                # this call (it may be another call's: a wait advances all of
+                # its thread's calls), never parked as this call's error while
+                # that wait goes on -- the waiter would see only the broken
+                # communicator.  This call's own later wait raises the broken
+                # communicator's error, not the interrupt again.
+                if self.context is not None:
+                    self.error = self.context.refusal()
+                raise
         finally:
             self.lock.release()
         return True

@@ -44,7 +44,7 @@ watched by the watchdog from start to completion, and in the watchdog's
 
 from __future__ import annotations
 
-from threading import get_ident
+from threading import Lock, get_ident
 from time import sleep as _yield
 from typing import Optional
 
@@ -60,6 +60,8 @@ from .executor import Bound, Stage, runner
 from .watchdog import settings
 
 _waitall, _testall = MPI.Request.Waitall, MPI.Request.Testall
+#: a completed start's error changes hands under it (see Request._complete)
+_TAKE = Lock()
 
 __all__ = ["Request", "PersistentRequest", "RequestError", "waitall", "guarded", "blocking",
            "mpi_request", "restarter", "kept_scratch_back"]
@@ -280,10 +282,19 @@ class Request:
             op.unwaited = False
         if _CLOSING:
             reap()
-        if op is not None and op.error is not None:
-            error, op.error = op.error, None
-            self._error = error
-            failed(getattr(op, "comm", MPI.COMM_WORLD), error, "a non-blocking call")
+        if op is not None:
+            # (two waiters of one start -- its caller and a callback that waits,
+            # on the progress thread -- may complete it at once: the first
+            # takes the call's error, and the other raises it too, never the
+            # result as if nothing had happened)
+            with _TAKE:
+                error, op.error = op.error, None
+                if error is not None:
+                    self._error = error
+                else:
+                    error = self._error
+            if error is not None:
+                failed(getattr(op, "comm", MPI.COMM_WORLD), error, "a non-blocking call")
         if self.__class__ is Request and (op is None or not op.kept):  # scratch: the next call's
             for bound in self._keep:  # (not after an error: messages may still land)
                 _scratch_back(bound)

@@ -145,6 +145,60 @@ def test_an_interrupt_breaks_the_communicator_never_a_wrong_result(raising_watch
     comm.Free()
 
 
+def test_an_interrupt_in_another_call_is_raised_by_the_wait_it_landed_in(monkeypatch):
+    """Rank 0 waits for call A while its call B is interrupted (B's
+    reduction, advanced by A's wait, raises KeyboardInterrupt): A's wait
+    raises the interrupt -- the caller is told of it where it landed, never
+    only of the broken communicator -- and B's own wait then raises
+    Broken, not the interrupt a second time.  A is on a second
+    communicator whose peers join only once B is over, so A cannot
+    complete first.  The peers return exact results or stall."""
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank has no peer to leave waiting")
+    first, second = world.Dup(), world.Dup()
+    for comm in (first, second):
+        mar.setup(comm)  # (collective: ahead, so that the calls' order alone differs)
+    monkeypatch.setenv(config.WATCHDOG_ENV, "3")  # (patient: rank 1's messages must come first)
+    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
+    config.refresh()
+    rank = world.Get_rank()
+    data = np.arange(COUNT, dtype=np.float64) + rank
+    exact = sum(np.arange(COUNT, dtype=np.float64) + r for r in range(world.Get_size()))
+    outcomes = {}
+
+    def outcome(name, request):
+        try:
+            np.testing.assert_array_equal(request.wait(), exact)
+            outcomes[name] = "exact"
+        except KeyboardInterrupt:
+            outcomes[name] = "interrupted"
+        except mar.Broken as exc:  # (Stalled is a Broken)
+            outcomes[name] = type(exc).__name__
+
+    try:
+        if rank == 0:
+            a = mar.iallreduce(data.copy(), comm=first, algorithm="ring", segment_size=64 * 8)
+            b = mar.iallreduce(data.copy(), None, interrupting_sum(rank, 1), comm=second,
+                               algorithm="ring", segment_size=64 * 8)
+            outcome("A", a)
+            outcome("B", b)
+            assert outcomes == {"A": "interrupted", "B": "Broken"}, outcomes
+        else:
+            b = mar.iallreduce(data.copy(), None, interrupting_sum(rank, 1), comm=second,
+                               algorithm="ring", segment_size=64 * 8)
+            outcome("B", b)
+            a = mar.iallreduce(data.copy(), comm=first, algorithm="ring", segment_size=64 * 8)
+            outcome("A", a)
+            assert set(outcomes.values()) <= {"exact", "Stalled", "Broken"}, outcomes
+    finally:
+        monkeypatch.undo()
+        config.refresh()
+    world.Barrier()
+    first.Free()
+    second.Free()
+
+
 def test_another_thread_is_refused_for_the_whole_of_a_composite_call():
     """The guard covers a reproducible sum from its first to its last
     message: a second thread that calls on the same communicator while it

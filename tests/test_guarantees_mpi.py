@@ -536,7 +536,10 @@ def test_a_callback_that_waits_takes_the_error_and_the_caller_still_gets_it(fres
                 seen.append(exc)
         request.add_done_callback(record)
         with pytest.raises(ZeroDivisionError, match="fails") as raised:
-            _wait_or_test(request, how)
+            if how == "wait":  # (the wait itself raises: no test() after it here)
+                request.wait()
+            else:
+                _wait_or_test(request, how)
         assert seen == [raised.value]
     finally:
         monkeypatch.delenv(config.ON_ERROR_ENV)
@@ -681,6 +684,52 @@ def test_an_interrupted_wait_stops_the_threads_call_so_late_peers_never_sum_new_
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+    MPI.COMM_WORLD.Barrier()
+
+
+#: a call in flight, advanced by its caller (small), the progress thread
+#: (128 KiB) or started from a persistent request
+IN_FLIGHT = {
+    "caller": (16, lambda comm, x: mar.iallreduce(MPI.IN_PLACE, x, comm=comm,
+                                                   algorithm="ring")),
+    "thread": (1 << 14, lambda comm, x: mar.iallreduce(MPI.IN_PLACE, x, comm=comm,
+                                                        algorithm="ring")),
+    "persistent": (16, lambda comm, x: (lambda r: (r.start(), r)[1])(
+        mar.allreduce_init(MPI.IN_PLACE, x, comm=comm, algorithm="ring"))),
+    "one-round": (16, lambda comm, x: mar.iallreduce(MPI.IN_PLACE, x, comm=comm,
+                                                      algorithm="recursive_doubling")),
+    "one-round-persistent": (16, lambda comm, x: (lambda r: (r.start(), r)[1])(
+        mar.allreduce_init(MPI.IN_PLACE, x, comm=comm, algorithm="recursive_doubling"))),
+}
+
+
+@pytest.mark.parametrize("kind", list(IN_FLIGHT))
+def test_a_call_in_flight_when_its_communicator_breaks_posts_nothing_more(fresh, watchdog,
+                                                                          kind):
+    """Rank 0 starts a ring all-reduce (several stages), then its next call
+    on the communicator stalls (raise mode), which breaks it; rank 0 writes
+    new values into the first call's array, and only then do the peers
+    start it.  Rank 0's call posts no later stage (its wait raises, unless
+    its last stage was posted before the break), so the peers get the sum
+    or stall, never rank 0's new values (before: a call its caller or the
+    thread advanced went on, sending from the array written since)."""
+    _need(fresh)
+    watchdog(1.0)
+    p, rank = fresh.Get_size(), fresh.Get_rank()
+    n, start = IN_FLIGHT[kind]
+    x = np.arange(float(n)) + rank
+    want = p * np.arange(float(n)) + p * (p - 1) / 2
+    if rank == 0:
+        request = start(fresh, x)
+        with pytest.raises(mar.Stalled):
+            mar.allreduce(np.ones(2), comm=fresh, algorithm="ring")  # (the peers never come)
+        x[:] = 1000.0
+    MPI.COMM_WORLD.Barrier()
+    try:
+        (request if rank == 0 else start(fresh, x)).wait()
+        np.testing.assert_array_equal(x, want)
+    except (mar.Broken, mar.Stalled):
+        pass
     MPI.COMM_WORLD.Barrier()
 
 
