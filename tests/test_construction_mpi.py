@@ -176,20 +176,19 @@ def test_an_interrupt_in_another_call_is_raised_by_the_wait_it_landed_in(monkeyp
         except mar.Broken as exc:  # (Stalled is a Broken)
             outcomes[name] = type(exc).__name__
 
+    def start(comm, op="sum"):
+        return mar.iallreduce(data.copy(), None, op, comm=comm, algorithm="ring",
+                              segment_size=64 * 8)
+
     try:
         if rank == 0:
-            a = mar.iallreduce(data.copy(), comm=first, algorithm="ring", segment_size=64 * 8)
-            b = mar.iallreduce(data.copy(), None, interrupting_sum(rank, 1), comm=second,
-                               algorithm="ring", segment_size=64 * 8)
+            a, b = start(first), start(second, interrupting_sum(rank, 1))
             outcome("A", a)
             outcome("B", b)
             assert outcomes == {"A": "interrupted", "B": "Broken"}, outcomes
-        else:
-            b = mar.iallreduce(data.copy(), None, interrupting_sum(rank, 1), comm=second,
-                               algorithm="ring", segment_size=64 * 8)
-            outcome("B", b)
-            a = mar.iallreduce(data.copy(), comm=first, algorithm="ring", segment_size=64 * 8)
-            outcome("A", a)
+        else:  # (B first, then A: A's peer joins only once B is over)
+            outcome("B", start(second, interrupting_sum(rank, 1)))
+            outcome("A", start(first))
             assert set(outcomes.values()) <= {"exact", "Stalled", "Broken"}, outcomes
     finally:
         monkeypatch.undo()

@@ -687,6 +687,12 @@ def test_an_interrupted_wait_stops_the_threads_call_so_late_peers_never_sum_new_
     MPI.COMM_WORLD.Barrier()
 
 
+def _started(request):
+    """A persistent request, started."""
+    request.start()
+    return request
+
+
 #: a call in flight, advanced by its caller (small), the progress thread
 #: (128 KiB) or started from a persistent request
 IN_FLIGHT = {
@@ -694,11 +700,11 @@ IN_FLIGHT = {
                                                    algorithm="ring")),
     "thread": (1 << 14, lambda comm, x: mar.iallreduce(MPI.IN_PLACE, x, comm=comm,
                                                         algorithm="ring")),
-    "persistent": (16, lambda comm, x: (lambda r: (r.start(), r)[1])(
+    "persistent": (16, lambda comm, x: _started(
         mar.allreduce_init(MPI.IN_PLACE, x, comm=comm, algorithm="ring"))),
     "one-round": (16, lambda comm, x: mar.iallreduce(MPI.IN_PLACE, x, comm=comm,
                                                       algorithm="recursive_doubling")),
-    "one-round-persistent": (16, lambda comm, x: (lambda r: (r.start(), r)[1])(
+    "one-round-persistent": (16, lambda comm, x: _started(
         mar.allreduce_init(MPI.IN_PLACE, x, comm=comm, algorithm="recursive_doubling"))),
 }
 
