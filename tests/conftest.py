@@ -97,6 +97,9 @@ def comm(request, subcomms):
 
 
 #: seconds one test may take under mpiexec before the whole job is aborted
+#: (a test marked ``mpi_timeout(seconds)`` may take that long: one that
+#: repeats hundreds of collective calls, each slowed by the oversubscribed
+#: launches that run beside it)
 TEST_TIMEOUT = float(__import__("os").environ.get("MPI_ALLREDUCE_TEST_TIMEOUT", "120"))
 
 
@@ -113,19 +116,22 @@ def pytest_runtest_protocol(item, nextitem):
 
     from mpi4py import MPI
 
+    marker = item.get_closest_marker("mpi_timeout")
+    seconds = max(TEST_TIMEOUT, marker.args[0]) if marker else TEST_TIMEOUT
+
     def abort():
         import faulthandler
         capture = item.config.pluginmanager.getplugin("capturemanager")
         if capture is not None:  # (else the report dies with the captured output)
             capture.suspend_global_capture(in_=True)
-        sys.stderr.write(f"\n{item.nodeid}: no progress for {TEST_TIMEOUT:.0f} s on rank "
+        sys.stderr.write(f"\n{item.nodeid}: not done after {seconds:.0f} s on rank "
                          f"{MPI.COMM_WORLD.Get_rank()}; aborting the job; its threads:\n")
         sys.stderr.flush()
         faulthandler.dump_traceback(sys.stderr, all_threads=True)
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(3)
 
-    timer = threading.Timer(TEST_TIMEOUT, abort)
+    timer = threading.Timer(seconds, abort)
     timer.daemon = True
     timer.start()
     try:

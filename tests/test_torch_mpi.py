@@ -707,10 +707,11 @@ def test_the_profiler_shows_every_call_as_torchs_backends_name_theirs(group):
     assert t.tolist() == [float(p * p * p)] * 4
 
 
+@pytest.mark.mpi_timeout(480)  # (each cycle makes two communicators: slow beside other launches)
 def test_groups_made_and_destroyed_keep_nothing(group):
     """``new_group`` sets the group up there (collective, as torch makes
     groups), ``destroy_process_group`` frees its communicators and the
-    library's context for it: over 300 cycles of new_group / all_reduce /
+    library's context for it: over 200 cycles of new_group / all_reduce /
     destroy, the number of live contexts and of communicators does not
     grow, and the memory grows by less than 8 MiB."""
     import resource
@@ -731,11 +732,11 @@ def test_groups_made_and_destroyed_keep_nothing(group):
     for _ in range(20):  # (allocators and caches warm up)
         cycle()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    for _ in range(300):
+    for _ in range(200):
         cycle()
     assert len(context._LIVE) == before
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss
-    assert grown_kib < 8 << 10, f"{grown_kib} KiB more after 300 groups"
+    assert grown_kib < 8 << 10, f"{grown_kib} KiB more after 200 groups"
 
 
 def test_a_then_callback_may_block_and_wait_for_other_futures(group):
