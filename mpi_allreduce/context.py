@@ -143,12 +143,14 @@ class Context:
         still be read from or land in is kept for good (``engine.abandon``):
         this context (its plans' scratch, its kept calls' arrays) and
         ``keep`` (what ran the call, so its arrays) -- a late peer matches a
-        send only then, even inside ``MPI_Finalize``."""
+        send only then, even inside ``MPI_Finalize``.  (``keep`` is kept
+        whether or not the communicator was broken already: a second call
+        that ends with messages in flight on it needs its arrays kept too.)"""
+        if keep is not None:
+            abandon(keep, None)
         if self.broken is not None:
             return
         abandon(self, None)
-        if keep is not None:
-            abandon(keep, None)
         stalled = isinstance(cause, Stalled)
         how = "stalled" if stalled else "was left by an exception"
         self.broken = (Stalled if stalled else Broken)(

@@ -299,6 +299,19 @@ class Request:
             for bound in self._keep:  # (not after an error: messages may still land)
                 _scratch_back(bound)
 
+    def __del__(self) -> None:
+        # a request dropped while its call is in flight (never waited): the
+        # call is kept for good, as a given-up one is -- a receive it posted
+        # may still land in its arrays, a send still read from them, and the
+        # one-round fast path's requests are held by nothing else (freed
+        # with them, a late message would write into freed memory)
+        op = self._op
+        if op is not None and self._state == "active" and not op.done:
+            try:
+                abandon(op)
+            except Exception:  # noqa: BLE001 - (at the interpreter's end)
+                pass
+
     def _check_active(self, what: str) -> None:
         if self._state == "active":
             return

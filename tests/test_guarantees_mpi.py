@@ -473,6 +473,29 @@ def test_a_call_dropped_in_flight_is_given_up_by_the_thread(fresh, watchdog, alg
             mar.allreduce(np.ones(2), comm=fresh, algorithm=algorithm)
 
 
+def test_a_one_round_call_dropped_in_flight_keeps_its_arrays(fresh):
+    """2 ranks, the one-round fast path (its requests held by the request
+    alone): rank 0 drops a call before its peer has sent; the call is kept
+    for good, so the peer's late message lands in live memory (before: the
+    call and its receive buffer were freed with the request), and the
+    peer's call completes with the sum."""
+    from mpi_allreduce.engine import ABANDONED
+    if fresh.Get_size() != 2:
+        pytest.skip("the one-round fast path is the 2-rank one")
+    rank = fresh.Get_rank()
+    if rank == 0:
+        request = mar.iallreduce(np.ones(4), comm=fresh, algorithm="recursive_doubling")
+        assert request._round is not None  # (the fast path this test is about)
+        op = request._op
+        del request
+        gc.collect()
+        assert any(item is op for item in ABANDONED), "the dropped call was not kept"
+    fresh.Barrier()
+    if rank == 1:
+        out = mar.iallreduce(np.ones(4), comm=fresh, algorithm="recursive_doubling").wait()
+        np.testing.assert_array_equal(out, np.full(4, 2.0))
+
+
 @pytest.mark.parametrize("how", ["wait", "test"])
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
 def test_without_threads_a_wait_that_raises_runs_the_callbacks_with_its_error(
