@@ -262,6 +262,11 @@ class Operation:
         try:
             if self.adopted and threading.get_ident() != _ENGINE.ident:
                 return self.done  # (the progress thread's alone now: see _Engine.adopt)
+            if self.quit and not self.threaded:  # (given up while held here: see drop)
+                self.quit = False
+                if not self.done:
+                    self.abandon()
+                return True
             while not self.done:
                 if block:
                     for p in self.pending:
@@ -304,7 +309,7 @@ class Operation:
     def stalled(self) -> Stalled:
         """Give up on this call (its deadline passed): the error to raise."""
         if not self.threaded:  # (the thread's own wait holds its requests)
-            self.abandon()
+            self.drop()
         text = report(describe(self.kind, self.plan), self.limit, self.starts,
                       threading.current_thread().name)
         error = Stalled(text)
@@ -336,6 +341,21 @@ class Operation:
             except MPI.Exception:  # pragma: no cover - depends on the MPI
                 pass
         self.pending, self.done = [], True
+
+    def drop(self) -> None:
+        """:meth:`abandon` this call, off the progress thread, without two
+        threads in MPI on its requests at once: now if no thread holds it,
+        else by the thread that holds it -- inside MPI on its requests (a
+        wait of another call of its owner's) -- as it next advances it
+        (cancelling and freeing requests another thread waits on would
+        free them twice)."""
+        if self.lock.acquire(False):
+            try:
+                self.abandon()
+            finally:
+                self.lock.release()
+        else:
+            self.quit = True
 
     def requests(self) -> list:
         """The MPI requests of the current stage (or round)."""

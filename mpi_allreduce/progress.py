@@ -241,7 +241,7 @@ class Request:
             self._error = exc if isinstance(exc, Exception) or op.context is None \
                 else op.context.refusal()
         if not isinstance(exc, Stalled) and not op.threaded:  # (the thread holds its requests)
-            op.abandon()
+            op.drop()
             _ENGINE._drop(op)
         elif not isinstance(exc, Stalled):
             # the thread's: it gives the call up at its next turn, before it
@@ -305,8 +305,9 @@ class Request:
         # may still land in its arrays, a send still read from them, and the
         # one-round fast path's requests are held by nothing else (freed
         # with them, a late message would write into freed memory)
+        # (a call given up while another thread held it, too: Operation.drop)
         op = self._op
-        if op is not None and self._state == "active" and not op.done:
+        if op is not None and not op.done:
             try:
                 abandon(op)
             except Exception:  # noqa: BLE001 - (at the interpreter's end)
@@ -364,6 +365,7 @@ class PersistentRequest(Request):
         self._release()
 
     def __del__(self):
+        super().__del__()  # (in flight: kept)
         if self._state != "active" and self._state != "freed":
             self._release()
 

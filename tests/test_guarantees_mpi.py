@@ -473,7 +473,16 @@ def test_a_call_dropped_in_flight_is_given_up_by_the_thread(fresh, watchdog, alg
             mar.allreduce(np.ones(2), comm=fresh, algorithm=algorithm)
 
 
-def test_a_one_round_call_dropped_in_flight_keeps_its_arrays(fresh):
+def _started(kind, comm):
+    if kind == "iallreduce":
+        return mar.iallreduce(np.ones(4), comm=comm, algorithm="recursive_doubling")
+    request = mar.allreduce_init(np.ones(4), comm=comm, algorithm="recursive_doubling")
+    request.start()
+    return request
+
+
+@pytest.mark.parametrize("kind", ["iallreduce", "allreduce_init"])
+def test_a_one_round_call_dropped_in_flight_keeps_its_arrays(fresh, kind):
     """2 ranks, the one-round fast path (its requests held by the request
     alone): rank 0 drops a call before its peer has sent; the call is kept
     for good, so the peer's late message lands in live memory (before: the
@@ -484,16 +493,56 @@ def test_a_one_round_call_dropped_in_flight_keeps_its_arrays(fresh):
         pytest.skip("the one-round fast path is the 2-rank one")
     rank = fresh.Get_rank()
     if rank == 0:
-        request = mar.iallreduce(np.ones(4), comm=fresh, algorithm="recursive_doubling")
-        assert request._round is not None  # (the fast path this test is about)
+        request = _started(kind, fresh)
         op = request._op
+        assert op.round is not None  # (the fast path this test is about)
         del request
         gc.collect()
         assert any(item is op for item in ABANDONED), "the dropped call was not kept"
     fresh.Barrier()
     if rank == 1:
-        out = mar.iallreduce(np.ones(4), comm=fresh, algorithm="recursive_doubling").wait()
-        np.testing.assert_array_equal(out, np.full(4, 2.0))
+        np.testing.assert_array_equal(_started(kind, fresh).wait(), np.full(4, 2.0))
+
+
+def test_a_call_given_up_by_another_thread_is_abandoned_by_the_one_inside_mpi_on_it(
+        fresh, watchdog):
+    """Rank 0's main thread blocks in MPI on its two calls (waiting for Y,
+    made before the raise mode, whose peer comes late); a second thread
+    waits for X past X's deadline and raises Stalled -- without cancelling
+    or freeing X's requests under the main thread's wait (two threads in
+    MPI on one request: a double free).  The main thread abandons X itself
+    once its wait returns."""
+    _need(fresh)
+    if fresh.Get_size() != 2:
+        pytest.skip("rank 1 alone answers the late call")
+    other = MPI.COMM_WORLD.Dup()
+    mar.setup(other)
+    n = 1 << 10  # (below the progress thread's size: its caller advances it)
+    if fresh.Get_rank() == 0:
+        y = mar.iallreduce(np.ones(n), comm=other, algorithm="ring")
+        watchdog(0.5)
+        x = mar.iallreduce(np.ones(n), comm=fresh, algorithm="ring")  # (rank 1 never joins)
+        seen = []
+
+        def waiter():
+            time.sleep(0.2)  # (the main thread is inside MPI on both calls by now)
+            try:
+                x.wait()
+                seen.append("a result")
+            except mar.Stalled:
+                seen.append(len(x._op.requests()))  # left to the main thread's wait
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        np.testing.assert_array_equal(y.wait(), np.full(n, 2.0))
+        thread.join(30)
+        assert seen and seen[0] != "a result" and seen[0] > 0, seen
+        assert x._op.done and not x._op.requests()  # (abandoned since, by the main thread)
+    else:
+        time.sleep(3)
+        np.testing.assert_array_equal(
+            mar.iallreduce(np.ones(n), comm=other, algorithm="ring").wait(), np.full(n, 2.0))
+    other.Free()
 
 
 @pytest.mark.parametrize("how", ["wait", "test"])
