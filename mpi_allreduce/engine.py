@@ -287,10 +287,7 @@ class Operation:
                     raise context.refusal()
                 self._next()
         except BaseException as exc:  # noqa: BLE001 - raised again by wait()
-            self.error, self.done, self.pending = exc, True, []
-            self.slot.burn()  # (messages may be in flight: see abandon)
-            if self.context is not None:  # its messages are in disarray
-                self.context.breaks(exc, self.kind, self.stages)
+            self.end(exc)
             if not isinstance(exc, Exception) and threading.get_ident() != _ENGINE.ident:
                 # an interrupt (Ctrl-C, SystemExit) belongs to the thread it
                 # landed in, now: raised out of whatever wait or test advanced
@@ -305,6 +302,16 @@ class Operation:
         finally:
             self.lock.release()
         return True
+
+    def end(self, exc: BaseException) -> None:
+        """End the call with ``exc``, raised by MPI (or by a step) while it
+        was advanced: kept for ``wait()`` to raise, and its communicator
+        broken -- its messages are in disarray.  Its holder calls it (under
+        the call's lock)."""
+        self.error, self.done, self.pending = exc, True, []
+        self.slot.burn()  # (messages may be in flight: see abandon)
+        if self.context is not None:
+            self.context.breaks(exc, self.kind, self.stages)
 
     def stalled(self) -> Stalled:
         """Give up on this call (its deadline passed): the error to raise."""
@@ -398,6 +405,50 @@ class _Started:
 
     def test(self) -> bool:
         return MPI.Request.Testall(self.requests, self.statuses)
+
+
+def gathered(ops, first=None) -> tuple:
+    """(the call of each request, the requests) of ``ops`` in flight, for
+    :func:`wait_any`; ``first``, a request of the waiter's own, leads the
+    requests (and has no call)."""
+    owners, requests = [], [] if first is None else [first]
+    for op in ops:
+        for request in op.requests():
+            if request:  # (one a Waitany completed before is null already)
+                owners.append(op)
+                requests.append(request)
+    return owners, requests
+
+
+def wait_any(owners: list, requests: list, locked: bool = True) -> Optional[int]:
+    """``MPI_Waitany`` over the requests of several calls (as
+    :func:`gathered` lists them; ``locked``: the waiter holds the calls'
+    locks): the one wait in MPI over more than one call's requests.  Its
+    index in ``requests``, or None where MPI reported an error.
+
+    Such an error belongs to the call whose request it ended, not to the
+    waiter (whose own call may be another): MPI frees that request, and its
+    call, finding it complete, would go on with a message that never
+    arrived.  That call ends with the error (:meth:`Operation.end`), and the
+    waiter goes on.  Where no request of a call was freed (a persistent
+    one's error leaves its request), every call waited on ends with it:
+    an error on each call that may own it, never a result without it."""
+    try:
+        return MPI.Request.Waitany(requests)
+    except MPI.Exception as exc:
+        offset = len(requests) - len(owners)
+        ended = {id(op): op for k, op in enumerate(owners) if not requests[offset + k]} or \
+            {id(op): op for op in owners}
+        for op in ended.values():
+            if not locked:
+                op.lock.acquire()
+            try:
+                if not op.done:
+                    op.end(exc)
+            finally:
+                if not locked:
+                    op.lock.release()
+        return None
 
 
 #: requests (and the stages, so their arrays) of MPI calls given up on
@@ -598,10 +649,10 @@ class _Engine:
             other.lock.release()
             held.remove(other)
         try:
-            requests = [r for other in held for r in other.requests()]
+            owners, requests = gathered(held)
             if requests and not any(p.statuses is not None for other in held
                                     for p in other.pending if isinstance(p, _Started)):
-                MPI.Request.Waitany(requests)
+                wait_any(owners, requests)
             else:
                 # another thread is advancing them right now; or a receive
                 # whose status its caller reads (a receive from any source)
@@ -812,7 +863,7 @@ class _Engine:
                     # a call with callbacks and a deadline (raise mode) is
                     # polled: nobody may be waiting to notice its stall
                     poll = any(op.limit and op.callbacks for op in still)
-                    requests = [wake] + [r for op in still for r in op.requests()]
+                    owners, requests = gathered(still, wake)
                     # (``still`` is the list calls started from now on join:
                     # what is in flight is decided here, under the lock)
                     idle = not still
@@ -831,7 +882,7 @@ class _Engine:
                     if poll:
                         time.sleep(200e-6)
                     continue
-                index = MPI.Request.Waitany(requests)
+                index = wait_any(owners, requests, locked=False)
                 with self.cond:
                     self.in_mpi = False
                 if index == 0:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -558,3 +559,54 @@ def test_a_peer_that_never_comes_to_a_wrappers_new_communicator_is_reported(rais
         MPI.Request.Waitall(ABANDONED[before:])
         del ABANDONED[before:]
     base.Free()
+
+
+@pytest.mark.parametrize("where", ["caller", "thread"])
+def test_an_mpi_error_in_a_wait_over_several_calls_ends_the_call_it_belongs_to(monkeypatch, where):
+    """Two calls in flight on rank 0 (MPI's own receives, as the torch
+    backend and the drop-in Comm post them), waited in one MPI_Waitany by
+    the caller (``caller``) or by the progress thread (``thread``: both
+    have completion callbacks) -- where calls wait without a deadline (in
+    the watchdog's raise mode they poll).  The first receive's message is too long
+    (MPI_ERR_TRUNCATE): that call raises it, the other returns its message
+    -- not the other's wait raising it while the truncated call returns
+    what never arrived, and not a progress thread ended by the error
+    (under ``MPI_ALLREDUCE_ON_ERROR=raise``: by default an error after
+    messages started aborts the job)."""
+    from mpi_allreduce.engine import mpi_threads
+    from mpi_allreduce.progress import mpi_request
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank sends itself nothing here")
+    if where == "thread" and not mpi_threads():
+        pytest.skip("MPI runs no threads here: no progress thread")
+    monkeypatch.setenv(config.ON_ERROR_ENV, "raise")
+    config.refresh()
+    comm = world.Dup()
+    rank = comm.Get_rank()
+    if rank == 1:
+        comm.Barrier()
+        time.sleep(0.3)  # (rank 0 is inside its wait by now)
+        comm.Send(np.arange(4.0), 0, 1)
+        comm.Send(np.full(2, 7.0), 0, 2)
+    elif rank == 0:
+        short, fine = np.zeros(2), np.zeros(2)
+        truncated = mpi_request([comm.Irecv(short, 1, 1)], "a receive too short", comm)
+        whole = mpi_request([comm.Irecv(fine, 1, 2)], "a receive", comm)
+        if where == "thread":
+            for request in (truncated, whole):
+                request.add_done_callback(lambda *_: None)
+        comm.Barrier()
+        whole.wait()
+        assert fine.tolist() == [7.0, 7.0]
+        with pytest.raises(MPI.Exception) as raised:
+            truncated.wait()
+        # (MPI_Waitany names the error; MPI_Testall points to the request's status)
+        assert raised.value.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS)
+    else:
+        comm.Barrier()
+    world.Barrier()
+    comm.Free()
+    monkeypatch.delenv(config.ON_ERROR_ENV)
+    config.refresh()
