@@ -610,3 +610,51 @@ def test_an_mpi_error_in_a_wait_over_several_calls_ends_the_call_it_belongs_to(m
     comm.Free()
     monkeypatch.delenv(config.ON_ERROR_ENV)
     config.refresh()
+
+
+def test_an_interrupt_inside_an_allgather_breaks_the_communicator(raising_watchdog):
+    """An allgather has no reduction to raise from: Ctrl-C (SIGINT's
+    handler, from a timer) lands while rank 0 waits inside one for its late
+    peers.  Rank 0 raises the KeyboardInterrupt, and Broken when it calls
+    again; the peers had all they needed from the part rank 0 sent (the
+    exact blocks) or stall and raise, and none of them meets a retried
+    call's messages."""
+    import signal
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank has no peer to leave waiting")
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals land on the main thread")
+    comm = world.Dup()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    mar.setup(comm)  # (the set-up, collective, out of the interrupted wait)
+    data = np.arange(COUNT, dtype=np.float64) + rank
+    exact = np.stack([np.arange(COUNT, dtype=np.float64) + r for r in range(size)])
+    comm.Barrier()
+    outcomes = []
+    for attempt in range(2):
+        previous = signal.getsignal(signal.SIGALRM)
+        if rank == 0 and attempt == 0:
+            signal.signal(signal.SIGALRM, signal.default_int_handler)
+            signal.setitimer(signal.ITIMER_REAL, 0.1)  # (the raise mode's wait polls)
+        elif attempt == 0:
+            time.sleep(1.0)  # (rank 0 waits for this rank meanwhile)
+        try:
+            out = mar.allgather(data, comm=comm, segment_size=64 * 8)
+            np.testing.assert_array_equal(out, exact)
+            outcomes.append("exact")
+        except KeyboardInterrupt:
+            assert rank == 0 and attempt == 0
+            outcomes.append("interrupted")
+        except mar.Broken as exc:  # (Stalled is a Broken)
+            outcomes.append(type(exc).__name__)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    if rank == 0:
+        assert outcomes == ["interrupted", "Broken"], outcomes
+    else:
+        assert outcomes[1] != "exact", "a retried call met the interrupted call's messages"
+    assert world.allreduce(int("Stalled" in outcomes)) >= 1  # the peers were told
+    comm.Free()
