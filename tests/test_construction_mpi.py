@@ -357,7 +357,9 @@ def test_a_peer_that_never_comes_to_a_collective_is_reported(raising_watchdog, w
     # they complete their requests of it: nothing is left pending when the
     # communicator is freed or MPI finalised
     if not late:
-        MPI.Request.Waitall(ABANDONED[before:])
+        # (its requests: a call an earlier test dropped in flight may be kept
+        # here meanwhile, as the garbage collector frees its request)
+        MPI.Request.Waitall([r for r in ABANDONED[before:] if isinstance(r, MPI.Request)])
         del ABANDONED[before:]
     if late:
         if where == "set-up":
@@ -556,7 +558,9 @@ def test_a_peer_that_never_comes_to_a_wrappers_new_communicator_is_reported(rais
         else:
             base.Ibarrier().Wait()
     else:
-        MPI.Request.Waitall(ABANDONED[before:])
+        # (its requests: a call an earlier test dropped in flight may be kept
+        # here meanwhile, as the garbage collector frees its request)
+        MPI.Request.Waitall([r for r in ABANDONED[before:] if isinstance(r, MPI.Request)])
         del ABANDONED[before:]
     base.Free()
 
