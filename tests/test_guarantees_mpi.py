@@ -473,7 +473,8 @@ def test_a_call_dropped_in_flight_is_given_up_by_the_thread(fresh, watchdog, alg
             mar.allreduce(np.ones(2), comm=fresh, algorithm=algorithm)
 
 
-def _started(kind, comm):
+def _one_round(kind, comm):
+    """A one-round call of ``kind`` (2 ranks, 4 elements), started."""
     if kind == "iallreduce":
         return mar.iallreduce(np.ones(4), comm=comm, algorithm="recursive_doubling")
     request = mar.allreduce_init(np.ones(4), comm=comm, algorithm="recursive_doubling")
@@ -493,7 +494,7 @@ def test_a_one_round_call_dropped_in_flight_keeps_its_arrays(fresh, kind):
         pytest.skip("the one-round fast path is the 2-rank one")
     rank = fresh.Get_rank()
     if rank == 0:
-        request = _started(kind, fresh)
+        request = _one_round(kind, fresh)
         op = request._op
         assert op.round is not None  # (the fast path this test is about)
         del request
@@ -501,7 +502,7 @@ def test_a_one_round_call_dropped_in_flight_keeps_its_arrays(fresh, kind):
         assert any(item is op for item in ABANDONED), "the dropped call was not kept"
     fresh.Barrier()
     if rank == 1:
-        np.testing.assert_array_equal(_started(kind, fresh).wait(), np.full(4, 2.0))
+        np.testing.assert_array_equal(_one_round(kind, fresh).wait(), np.full(4, 2.0))
 
 
 def test_a_call_given_up_by_another_thread_is_abandoned_by_the_one_inside_mpi_on_it(
