@@ -364,6 +364,12 @@ class Operation:
         else:
             self.quit = True
 
+    def reads_status(self) -> bool:
+        """Whether its caller reads the status of a request in flight (a
+        receive from any source): a wait over several calls' requests
+        would drop it, so it completes in its own test."""
+        return any(p.statuses is not None for p in self.pending if isinstance(p, _Started))
+
     def requests(self) -> list:
         """The MPI requests of the current stage (or round)."""
         if self.round is not None:
@@ -429,22 +435,33 @@ def wait_any(owners: list, requests: list, locked: bool = True) -> Optional[int]
     Such an error belongs to the call whose request it ended, not to the
     waiter (whose own call may be another): MPI frees that request, and its
     call, finding it complete, would go on with a message that never
-    arrived.  That call ends with the error (:meth:`Operation.end`), and the
-    waiter goes on.  Where no request of a call was freed (a persistent
-    one's error leaves its request), every call waited on ends with it:
-    an error on each call that may own it, never a result without it."""
+    arrived.  That call is given up (its other requests cancelled, its
+    arrays kept: :meth:`Operation.abandon`) and ends with the error
+    (:meth:`Operation.end`); the waiter goes on.  A persistent request's
+    error leaves the request as it is: then the calls with a persistent
+    request in the wait end (an error on each call that may own it, never a
+    result without it), or all of them where none has one."""
     try:
         return MPI.Request.Waitany(requests)
     except MPI.Exception as exc:
         offset = len(requests) - len(owners)
+        if offset and not requests[0]:  # (the waiter's own request: its to post again)
+            return 0
         ended = {id(op): op for k, op in enumerate(owners) if not requests[offset + k]} or \
+            {id(op): op for k, op in enumerate(owners)
+             if isinstance(requests[offset + k], MPI.Prequest)} or \
             {id(op): op for op in owners}
         for op in ended.values():
             if not locked:
                 op.lock.acquire()
             try:
                 if not op.done:
-                    op.end(exc)
+                    try:
+                        op.abandon()
+                    except MPI.Exception:  # pragma: no cover - depends on the MPI
+                        pass
+                    # (each call its own exception: they may be raised on several threads)
+                    op.end(MPI.Exception(exc.Get_error_code()))
             finally:
                 if not locked:
                     op.lock.release()
@@ -650,8 +667,7 @@ class _Engine:
             held.remove(other)
         try:
             owners, requests = gathered(held)
-            if requests and not any(p.statuses is not None for other in held
-                                    for p in other.pending if isinstance(p, _Started)):
+            if requests and not any(other.reads_status() for other in held):
                 wait_any(owners, requests)
             else:
                 # another thread is advancing them right now; or a receive
@@ -861,8 +877,10 @@ class _Engine:
                         return
                     still = self._turn()
                     # a call with callbacks and a deadline (raise mode) is
-                    # polled: nobody may be waiting to notice its stall
-                    poll = any(op.limit and op.callbacks for op in still)
+                    # polled: nobody may be waiting to notice its stall; so
+                    # is one whose caller reads a receive's status (a
+                    # receive from any source): MPI_Waitany would drop it
+                    poll = any(op.limit and op.callbacks or op.reads_status() for op in still)
                     owners, requests = gathered(still, wake)
                     # (``still`` is the list calls started from now on join:
                     # what is in flight is decided here, under the lock)

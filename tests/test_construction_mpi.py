@@ -565,13 +565,14 @@ def test_a_peer_that_never_comes_to_a_wrappers_new_communicator_is_reported(rais
     base.Free()
 
 
-@pytest.mark.parametrize("where", ["caller", "thread"])
+@pytest.mark.parametrize("where", ["caller", "thread", "persistent"])
 def test_an_mpi_error_in_a_wait_over_several_calls_ends_the_call_it_belongs_to(monkeypatch, where):
     """Two calls in flight on rank 0 (MPI's own receives, as the torch
     backend and the drop-in Comm post them), waited in one MPI_Waitany by
     the caller (``caller``) or by the progress thread (``thread``: both
     have completion callbacks) -- where calls wait without a deadline (in
-    the watchdog's raise mode they poll).  The first receive's message is too long
+    the watchdog's raise mode they poll); ``persistent``: the short receive
+    is a persistent one, whose error MPI reports without freeing it.  The first receive's message is too long
     (MPI_ERR_TRUNCATE): that call raises it, the other returns its message
     -- not the other's wait raising it while the truncated call returns
     what never arrived, and not a progress thread ended by the error
@@ -596,7 +597,12 @@ def test_an_mpi_error_in_a_wait_over_several_calls_ends_the_call_it_belongs_to(m
         comm.Send(np.full(2, 7.0), 0, 2)
     elif rank == 0:
         short, fine = np.zeros(2), np.zeros(2)
-        truncated = mpi_request([comm.Irecv(short, 1, 1)], "a receive too short", comm)
+        if where == "persistent":
+            posted = comm.Recv_init(short, 1, 1)
+            posted.Start()
+        else:
+            posted = comm.Irecv(short, 1, 1)
+        truncated = mpi_request([posted], "a receive too short", comm)
         whole = mpi_request([comm.Irecv(fine, 1, 2)], "a receive", comm)
         if where == "thread":
             for request in (truncated, whole):
@@ -661,4 +667,37 @@ def test_an_interrupt_inside_an_allgather_breaks_the_communicator(raising_watchd
     else:
         assert outcomes[1] != "exact", "a retried call met the interrupted call's messages"
     assert world.allreduce(int("Stalled" in outcomes)) >= 1  # the peers were told
+    comm.Free()
+
+
+def test_a_receive_whose_status_is_read_keeps_it_on_the_progress_thread():
+    """A receive from any source with its status asked for, taken over by
+    the progress thread (a completion callback, as the torch backend's
+    futures have): the status says who sent it and with which tag (a
+    MPI_Waitany over the thread's requests would have dropped it)."""
+    from mpi_allreduce.engine import mpi_threads
+    from mpi_allreduce.progress import mpi_request
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank sends itself nothing here")
+    if not mpi_threads():
+        pytest.skip("MPI runs no threads here: no progress thread")
+    comm = world.Dup()
+    if comm.Get_rank() == 1:
+        comm.Barrier()
+        time.sleep(0.3)  # (the thread waits for it by now)
+        comm.Send(np.full(2, 5.0), 0, 8)
+    elif comm.Get_rank() == 0:
+        data, status = np.zeros(2), MPI.Status()
+        request = mpi_request([comm.Irecv(data, MPI.ANY_SOURCE, MPI.ANY_TAG)],
+                              "a receive from any source", comm, [status])
+        request.add_done_callback(lambda *_: None)
+        comm.Barrier()
+        request.wait()
+        assert data.tolist() == [5.0, 5.0]
+        assert (status.Get_source(), status.Get_tag(), status.Get_count(MPI.DOUBLE)) == (1, 8, 2)
+    else:
+        comm.Barrier()
+    world.Barrier()
     comm.Free()
