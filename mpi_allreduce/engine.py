@@ -445,7 +445,7 @@ def wait_any(owners: list, requests: list, locked: bool = True) -> Optional[int]
         return MPI.Request.Waitany(requests)
     except MPI.Exception as exc:
         offset = len(requests) - len(owners)
-        if offset and not requests[0]:  # (the waiter's own request: its to post again)
+        if offset and not requests[0]:  # (the waiter's own request: it posts it again)
             return 0
         ended = {id(op): op for k, op in enumerate(owners) if not requests[offset + k]} or \
             {id(op): op for k, op in enumerate(owners)
