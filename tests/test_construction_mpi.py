@@ -113,6 +113,30 @@ def _exact(kind, comm):
     return total[start:start + counts[comm.Get_rank()]]
 
 
+def _outcome(run, exact, rank: int, attempt: int) -> str:
+    """What one attempt of an interrupted-call test saw on this rank: the
+    exact result, the interrupt (rank 0's first attempt only), or the
+    Broken/Stalled it raised."""
+    try:
+        np.testing.assert_array_equal(run(), exact)
+        return "exact"
+    except KeyboardInterrupt:
+        assert rank == 0 and attempt == 0
+        return "interrupted"
+    except mar.Broken as exc:  # (Stalled is a Broken)
+        return type(exc).__name__
+
+
+def _judge(outcomes: list, rank: int, world) -> None:
+    """Rank 0 was interrupted, then refused; no peer's retry met the
+    interrupted call's messages; some rank was told of the stall."""
+    if rank == 0:
+        assert outcomes == ["interrupted", "Broken"], outcomes
+    else:
+        assert outcomes[1] != "exact", "a retried call met the interrupted call's messages"
+    assert world.allreduce(int("Stalled" in outcomes)) >= 1  # the peers were told
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_an_interrupt_breaks_the_communicator_never_a_wrong_result(raising_watchdog, kind):
     """Rank 0 is interrupted inside a call and calls again: there it raises
@@ -126,23 +150,11 @@ def test_an_interrupt_breaks_the_communicator_never_a_wrong_result(raising_watch
     rank = comm.Get_rank()
     data = np.arange(COUNT, dtype=np.float64) + rank
     call, count = KINDS[kind]
-    outcomes = []
-    for attempt in range(2):
-        try:
-            # (a short call combines once per rank: interrupted in its first)
-            out = call(data.copy(), interrupting_sum(rank, 2 if count > SHORT else 1), comm)
-            np.testing.assert_array_equal(out, _exact(kind, comm))
-            outcomes.append("exact")
-        except KeyboardInterrupt:
-            assert rank == 0 and attempt == 0
-            outcomes.append("interrupted")
-        except mar.Broken as exc:  # (Stalled is a Broken)
-            outcomes.append(type(exc).__name__)
-    if rank == 0:
-        assert outcomes == ["interrupted", "Broken"], outcomes
-    else:
-        assert outcomes[1] != "exact", "a retried call met the interrupted call's messages"
-    assert world.allreduce(int("Stalled" in outcomes)) >= 1  # the peers were told
+    # (a short call combines once per rank: interrupted in its first)
+    outcomes = [_outcome(lambda: call(data.copy(), interrupting_sum(rank, 2 if count > SHORT
+                                                                    else 1), comm),
+                         _exact(kind, comm), rank, attempt) for attempt in range(2)]
+    _judge(outcomes, rank, world)
     comm.Free()
 
 
@@ -651,22 +663,12 @@ def test_an_interrupt_inside_an_allgather_breaks_the_communicator(raising_watchd
         elif attempt == 0:
             time.sleep(1.0)  # (rank 0 waits for this rank meanwhile)
         try:
-            out = mar.allgather(data, comm=comm, segment_size=64 * 8)
-            np.testing.assert_array_equal(out, exact)
-            outcomes.append("exact")
-        except KeyboardInterrupt:
-            assert rank == 0 and attempt == 0
-            outcomes.append("interrupted")
-        except mar.Broken as exc:  # (Stalled is a Broken)
-            outcomes.append(type(exc).__name__)
+            outcomes.append(_outcome(lambda: mar.allgather(data, comm=comm, segment_size=64 * 8),
+                                     exact, rank, attempt))
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
-    if rank == 0:
-        assert outcomes == ["interrupted", "Broken"], outcomes
-    else:
-        assert outcomes[1] != "exact", "a retried call met the interrupted call's messages"
-    assert world.allreduce(int("Stalled" in outcomes)) >= 1  # the peers were told
+    _judge(outcomes, rank, world)
     comm.Free()
 
 
