@@ -102,6 +102,11 @@ def comm(request, subcomms):
 #: ``mpi_timeout(seconds)`` may take that long)
 TEST_TIMEOUT = float(__import__("os").environ.get("MPI_ALLREDUCE_TEST_TIMEOUT", "300"))
 
+#: seconds a rank whose test ran out of time waits, after printing its
+#: threads, before it aborts the job: the ranks' timers start within seconds
+#: of each other, so each stuck rank prints where it is, not only the first
+DUMP_GRACE = 20.0
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
@@ -129,6 +134,7 @@ def pytest_runtest_protocol(item, nextitem):
         sys.stderr.flush()
         faulthandler.dump_traceback(sys.stderr, all_threads=True)
         sys.stderr.flush()
+        time.sleep(DUMP_GRACE)  # (the other ranks' timers fire too: all dump)
         MPI.COMM_WORLD.Abort(3)
 
     timer = threading.Timer(seconds, abort)
@@ -231,6 +237,30 @@ def _another_order_only(item) -> bool:
             and label is not None and label not in PATH_VARIANTS + ("auto",))
 
 
+#: the kinds of the comm fixture run at a world size where the others add
+#: nothing: at one rank every kind is a communicator of one; at 8 ranks
+#: "reversed" is 8 ranks again and "even" is 4, sizes and rank orders the
+#: launches at 3 and 5 ranks already give (tests/test_launch.py) -- there
+#: they cost a fraction of 8 oversubscribed ranks' time
+SUBCOMM_KINDS_AT = {1: ("world",), 8: ("world", "minus1")}
+
+#: world sizes past which the long loops (tests on the ``trio`` fixture, or
+#: marked ``long_loop``) do not run: what thousands of calls leave behind
+#: does not depend on the world size, and ``trio`` is 3 ranks at any larger one
+LONG_LOOP_WORLD_AT_MOST = 3
+
+
+def _not_at_this_world_size(item, size: int) -> bool:
+    """A test that the launch at this world size leaves to the others (see
+    SUBCOMM_KINDS_AT and LONG_LOOP_WORLD_AT_MOST)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "comm" in params and params["comm"] not in SUBCOMM_KINDS_AT.get(size, SUBCOMM_KINDS):
+        return True
+    long_loop = ("trio" in getattr(item, "fixturenames", ())
+                 or item.get_closest_marker("long_loop") is not None)
+    return long_loop and size > LONG_LOOP_WORLD_AT_MOST
+
+
 def _another_kind_than_marked(item) -> bool:
     """A test marked ``comm_kinds(...)`` on a kind of sub-communicator it
     does not name: a test of what many calls leave behind (buffers,
@@ -246,17 +276,23 @@ def pytest_collection_modifyitems(config, items):
     under mpiexec.  Deselect them instead of skipping, and put LONGEST_FIRST's
     files first.  Under mpiexec, deselect the part ONLY_ENV leaves out, and
     the per-algorithm tests of algorithms outside PATH_VARIANTS on the kinds
-    of sub-communicator outside ALGORITHM_SUBCOMM_KINDS, and those marked
-    ``comm_kinds`` on the kinds they do not name."""
+    of sub-communicator outside ALGORITHM_SUBCOMM_KINDS, those marked
+    ``comm_kinds`` on the kinds they do not name, and those this world size
+    leaves to the other launches (SUBCOMM_KINDS_AT, the long loops)."""
     if config.getoption("--with-mpi", default=False):
         only = os.environ.get(ONLY_ENV, "")
         if only not in ("", "world", "comm"):
             raise pytest.UsageError(f"{ONLY_ENV}={only!r}: 'world', 'comm' or unset")
 
+        from mpi4py import MPI
+
+        size = MPI.COMM_WORLD.Get_size()
+
         def dropped_if(item):
             on_comm = "comm" in getattr(item, "fixturenames", ())
             return ((only == "world" and on_comm) or (only == "comm" and not on_comm)
-                    or _another_order_only(item) or _another_kind_than_marked(item))
+                    or _another_order_only(item) or _another_kind_than_marked(item)
+                    or _not_at_this_world_size(item, size))
     else:
         def dropped_if(item):
             return item.get_closest_marker("mpi") is not None

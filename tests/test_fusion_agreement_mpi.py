@@ -274,6 +274,7 @@ def _sum_and_check(comm, fusion, arrays: list, step: int) -> None:
                                       err_msg=f"array {k}, step {step}")
 
 
+@pytest.mark.long_loop
 def test_empty_like_every_step_holds_what_the_caller_holds(fresh):
     """empty_like each training step, 2,000 times, the last step's arrays
     dropped: the fusion holds the homes of the arrays alive (two calls'
@@ -298,6 +299,7 @@ def test_empty_like_every_step_holds_what_the_caller_holds(fresh):
     assert max(holders) <= 10, f"tags held: {holders}"
 
 
+@pytest.mark.long_loop
 def test_empty_like_arrays_kept_by_the_caller_keep_at_most_max_homes_calls(fresh):
     """The caller keeps every array of 300 empty_like calls: the fusion keeps
     the calls of the latest MAX_HOMES buckets only (the same ones on every
@@ -317,6 +319,7 @@ def test_empty_like_arrays_kept_by_the_caller_keep_at_most_max_homes_calls(fresh
     assert fusion.held == {"homes": 0, "kept": 0, "bytes": 0}
 
 
+@pytest.mark.long_loop
 def test_packed_buckets_of_ever_new_sizes_keep_at_most_max_kept(fresh):
     """A packed bucket of other sizes every step: at most MAX_KEPT are kept."""
     fusion = Fusion(fresh, op="sum", bucket_bytes=1 << 20)
@@ -331,6 +334,7 @@ def test_packed_buckets_of_ever_new_sizes_keep_at_most_max_kept(fresh):
     fusion.free()
 
 
+@pytest.mark.long_loop
 def test_a_step_of_more_packed_buckets_than_max_kept_builds_nothing_again(fresh):
     """A step of MAX_KEPT + 10 packed buckets of one size: the next steps
     reuse every bucket's call (none is evicted and built again each step),

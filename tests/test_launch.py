@@ -62,6 +62,25 @@ def tail(text: str, lines: int = 80) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+#: where a rank's own report of a failure, or of a test past its time limit, starts
+_RANK_REPORT = re.compile(r"^\[rank \d+\] FAILED |: not done after \d+ s on rank \d+")
+
+
+def failure_report(text: str, lines: int = 80, each: int = 60) -> str:
+    """What a failed launch shows: every rank's report of a failed test or
+    of one past its time limit (its threads), up to ``each`` lines, without
+    the test runner's own frames -- a rank that failed early is not lost
+    behind the others' output -- then the output's last ``lines``."""
+    out = text.splitlines()
+    picked = []
+    for i, line in enumerate(out):
+        if _RANK_REPORT.search(line):
+            block = [x for x in out[i:i + 4 * each] if "site-packages/_pytest" not in x
+                     and "site-packages/pluggy" not in x]
+            picked += ["", *block[:each]]
+    return "\n".join(picked[:20 * each] + ["", "(the output's end:)", *out[-lines:]])
+
+
 @pytest.fixture(scope="session")
 def peer_tests():
     """mpi4py's own tests, fetched once here, outside any MPI run and its
@@ -89,10 +108,11 @@ def test_mpi_suite(size, only, peer_tests, record_property):
     result = run_mpi(size, args, timeout=SUITE_TIMEOUT, cwd=str(ROOT), env_extra=env,
                      extra=passed)
     label = f"np{size}" + (f" ({only} only)" if only else "")
-    assert result.returncode == 0, f"mpiexec -n {size} failed ({result.returncode}):\n{tail(result.stdout)}"
+    assert result.returncode == 0, \
+        f"mpiexec -n {size} failed ({result.returncode}):\n{failure_report(result.stdout)}"
     summaries = re.findall(r"^(\d+ passed.*) in [\d.]+s", result.stdout, re.M)
     assert summaries and all("failed" not in s and "error" not in s for s in summaries), \
-        tail(result.stdout)
+        failure_report(result.stdout)
     slowest = re.findall(r"^\d+\.\d+s (?:call|setup|teardown) +\S+", result.stdout, re.M)
     # (the session's summary prints them: tests/conftest.py)
     record_property(SUMMARY_PROPERTY, [f"{label}: {len(summaries)} ranks reported; distinct "
@@ -412,3 +432,18 @@ def test_values_a_parent_filled_in_are_not_taken_for_a_launchers(tmp_path):
     assert result.returncode == 0, tail(result.stdout)
     for rank in range(2):
         assert f"mpi_allreduce {rank} [2.0, 2.0]" in result.stdout, tail(result.stdout)
+
+
+def test_a_failed_launch_shows_each_ranks_report_however_much_came_after():
+    """A rank that failed early, and each rank's threads at a time-out,
+    are in the failure's text though thousands of lines followed them."""
+    early = ["", "[rank 3] FAILED tests/x.py::test_a - ValueError: early",
+             "  File \"/v/site-packages/_pytest/runner.py\", line 1 in call", "ValueError: early"]
+    dump = ["tests/x.py::test_b: not done after 300 s on rank 6; aborting the job; its threads:",
+            "  File \"/r/tests/x.py\", line 9 in test_b"]
+    text = "\n".join(early + ["." * 72] * 5000 + dump + ["." * 72] * 200)
+    report = failure_report(text)
+    assert "[rank 3] FAILED tests/x.py::test_a - ValueError: early" in report
+    assert "ValueError: early\n" in report and "_pytest/runner.py" not in report
+    assert "not done after 300 s on rank 6" in report and "line 9 in test_b" in report
+    assert len(report.splitlines()) <= 2 * (60 + 1) + 80 + 2  # (two reports and the end)

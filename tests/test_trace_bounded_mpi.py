@@ -34,6 +34,7 @@ def _wait_quietly(comm) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.long_loop
 def test_many_calls_hold_one_chunk_at_most_and_the_trace_has_them_all(traced):
     """Ranks 0 and 1 make the calls (whatever the world's size, so the run
     and its merged trace stay the same size); the others wait."""

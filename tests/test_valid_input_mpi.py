@@ -532,6 +532,7 @@ def test_comm_repeated_call_keeps_its_fast_path(comm, monkeypatch):
 
 # --- wrapped anew for every call: nothing is kept per wrapper --------------------------
 
+@pytest.mark.long_loop
 @pytest.mark.comm_kinds("world")
 def test_a_communicator_wrapped_20000_times_keeps_nothing_per_wrapper(comm):
     """``mar.Comm(comm)`` made anew for every call: the library finds its
