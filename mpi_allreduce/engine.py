@@ -866,48 +866,82 @@ class _Engine:
     def _run(self) -> None:
         self.ident = threading.get_ident()
         wake_buf = bytearray(1)
-        wake = self.wake_comm.Irecv([wake_buf, MPI.BYTE], 0, _WAKE_TAG)
+        wake = [self.wake_comm.Irecv([wake_buf, MPI.BYTE], 0, _WAKE_TAG)]
         try:
-            while True:
-                with self.cond:
-                    while not self.threaded and not self.later and not self.due \
-                            and not self.stopping:
-                        self.cond.wait()
-                    if self.stopping:
-                        return
-                    still = self._turn()
-                    # a call with callbacks and a deadline (raise mode) is
-                    # polled: nobody may be waiting to notice its stall; so
-                    # is one whose caller reads a receive's status (a
-                    # receive from any source): MPI_Waitany would drop it
-                    poll = any(op.limit and op.callbacks or op.reads_status() for op in still)
-                    owners, requests = gathered(still, wake)
-                    # (``still`` is the list calls started from now on join:
-                    # what is in flight is decided here, under the lock)
-                    idle = not still
-                    self.in_mpi = not idle and not poll
-                    served = self.served
-                    self.running = bool(self.due)
-                self._run_due()
-                self.running = False
-                if idle:
-                    continue
-                if poll or self.served != served:
-                    # (a wait inside a callback took turns: ``requests`` may
-                    # be stale, and a call's next stage not among them)
-                    with self.cond:
-                        self.in_mpi = False
-                    if poll:
-                        time.sleep(200e-6)
-                    continue
-                index = wait_any(owners, requests, locked=False)
-                with self.cond:
-                    self.in_mpi = False
-                if index == 0:
-                    wake = self.wake_comm.Irecv([wake_buf, MPI.BYTE], 0, _WAKE_TAG)
+            while not self.stopping:
+                try:
+                    self._round(wake, wake_buf)
+                except BaseException as exc:  # noqa: BLE001 - the thread lives on
+                    self._fail_held(exc)
         finally:
-            wake.Cancel()
-            wake.Wait()
+            wake[0].Cancel()
+            wake[0].Wait()
+
+    def _round(self, wake: list, wake_buf) -> None:
+        """One turn of the thread's loop: wait for work, advance its calls,
+        run the callbacks due, then wait in MPI for any of their requests
+        (or ``wake[0]``, posted again once it fires)."""
+        with self.cond:
+            while not self.threaded and not self.later and not self.due \
+                    and not self.stopping:
+                self.cond.wait()
+            if self.stopping:
+                return
+            still = self._turn()
+            # a call with callbacks and a deadline (raise mode) is
+            # polled: nobody may be waiting to notice its stall; so
+            # is one whose caller reads a receive's status (a
+            # receive from any source): MPI_Waitany would drop it
+            poll = any(op.limit and op.callbacks or op.reads_status() for op in still)
+            owners, requests = gathered(still, wake[0])
+            # (``still`` is the list calls started from now on join:
+            # what is in flight is decided here, under the lock)
+            idle = not still
+            self.in_mpi = not idle and not poll
+            served = self.served
+            self.running = bool(self.due)
+        self._run_due()
+        self.running = False
+        if idle:
+            return
+        if poll or self.served != served:
+            # (a wait inside a callback took turns: ``requests`` may
+            # be stale, and a call's next stage not among them)
+            with self.cond:
+                self.in_mpi = False
+            if poll:
+                time.sleep(200e-6)
+            return
+        index = wait_any(owners, requests, locked=False)
+        with self.cond:
+            self.in_mpi = False
+        if index == 0:
+            wake[0] = self.wake_comm.Irecv([wake_buf, MPI.BYTE], 0, _WAKE_TAG)
+
+    def _fail_held(self, exc: BaseException) -> None:
+        """An error no call owns escaped the thread's loop (a fault of the
+        library's own): it is printed, and every call the thread holds ends
+        with it -- given up, its arrays kept, its communicator broken --
+        rather than waiting for a thread that stopped advancing it."""
+        self.running = False
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        with self.cond:
+            self.in_mpi = False
+            held, self.threaded = self.threaded, []
+        for op in held:
+            with op.lock:
+                if not op.done:
+                    try:
+                        op.abandon()
+                    except BaseException:  # noqa: BLE001 - (ending it matters more)
+                        pass
+                    op.end(exc)
+            callbacks = op.taken()
+            if op.adopted:
+                op.adopted = op.threaded = False
+            op.event.set()
+            if callbacks:
+                _run_all(callbacks)
 
     @staticmethod
     def _forsaken(op: Operation, now: float) -> bool:

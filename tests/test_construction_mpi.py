@@ -634,6 +634,57 @@ def test_an_mpi_error_in_a_wait_over_several_calls_ends_the_call_it_belongs_to(m
     config.refresh()
 
 
+def test_a_fault_in_the_progress_threads_loop_ends_its_calls_and_the_thread_lives_on(monkeypatch):
+    """An error that no call owns escapes the progress thread's loop (here
+    a fault injected where the thread gathers its calls' requests): the
+    calls the thread holds end with it -- their waits raise it, never wait
+    for a thread that stopped -- and the thread serves the next call
+    (under ``MPI_ALLREDUCE_ON_ERROR=raise``: by default the error aborts the
+    job, as any error after messages started does)."""
+    from mpi_allreduce import engine
+    from mpi_allreduce.progress import mpi_request
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank sends itself nothing here")
+    if not engine.mpi_threads():
+        pytest.skip("MPI runs no threads here: no progress thread")
+    comm = world.Dup()
+    rank = comm.Get_rank()
+    gathered, faults = engine.gathered, []
+
+    def faulty(ops, first=None):
+        if threading.get_ident() == engine._ENGINE.ident and ops and not faults:
+            faults.append(len(ops))
+            raise RuntimeError("a fault in the thread's loop")
+        return gathered(ops, first)
+
+    monkeypatch.setenv(config.ON_ERROR_ENV, "raise")
+    config.refresh()
+    if rank == 0:
+        monkeypatch.setattr(engine, "gathered", faulty)
+        first, second = np.zeros(2), np.zeros(2)
+        request = mpi_request([comm.Irecv(first, 1, 1)], "a receive", comm)
+        request.add_done_callback(lambda *_: None)  # (the thread's now)
+        with pytest.raises(RuntimeError, match="a fault in the thread's loop"):
+            request.wait()
+        assert faults == [1]
+        comm.Barrier()
+        later = mpi_request([comm.Irecv(second, 1, 2)], "a receive", comm)
+        later.add_done_callback(lambda *_: None)
+        later.wait()
+        assert second.tolist() == [7.0, 7.0]
+    elif rank == 1:
+        comm.Barrier()
+        comm.Send(np.full(2, 7.0), 0, 2)
+    else:
+        comm.Barrier()
+    world.Barrier()
+    comm.Free()
+    monkeypatch.undo()
+    config.refresh()
+
+
 def test_an_interrupt_inside_an_allgather_breaks_the_communicator(raising_watchdog):
     """An allgather has no reduction to raise from: Ctrl-C (SIGINT's
     handler, from a timer) lands while rank 0 waits inside one for its late
