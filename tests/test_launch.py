@@ -62,13 +62,15 @@ def tail(text: str, lines: int = 80) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-#: where a rank's own report of a failure, or of a test past its time limit, starts
-_RANK_REPORT = re.compile(r"^\[rank \d+\] FAILED |: not done after \d+ s on rank \d+")
+#: where a rank's own report starts: of a failed test, of one past its time
+#: limit, or of a crash (Python's fault handler: a signal such as SIGSEGV)
+_RANK_REPORT = re.compile(r"^\[rank \d+\] FAILED |: not done after \d+ s on rank \d+"
+                          r"|^Fatal Python error: ")
 
 
 def failure_report(text: str, lines: int = 80, each: int = 60) -> str:
-    """What a failed launch shows: every rank's report of a failed test or
-    of one past its time limit (its threads), up to ``each`` lines, without
+    """What a failed launch shows: every rank's report of a failed test, of
+    one past its time limit (its threads) or of a crash, up to ``each`` lines, without
     the test runner's own frames -- a rank that failed early is not lost
     behind the others' output -- then the output's last ``lines``."""
     out = text.splitlines()
@@ -435,15 +437,19 @@ def test_values_a_parent_filled_in_are_not_taken_for_a_launchers(tmp_path):
 
 
 def test_a_failed_launch_shows_each_ranks_report_however_much_came_after():
-    """A rank that failed early, and each rank's threads at a time-out,
-    are in the failure's text though thousands of lines followed them."""
+    """A rank that failed early, one that crashed, and each rank's threads
+    at a time-out are in the failure's text though thousands of lines
+    followed them."""
     early = ["", "[rank 3] FAILED tests/x.py::test_a - ValueError: early",
              "  File \"/v/site-packages/_pytest/runner.py\", line 1 in call", "ValueError: early"]
     dump = ["tests/x.py::test_b: not done after 300 s on rank 6; aborting the job; its threads:",
             "  File \"/r/tests/x.py\", line 9 in test_b"]
-    text = "\n".join(early + ["." * 72] * 5000 + dump + ["." * 72] * 200)
+    crash = ["Fatal Python error: Segmentation fault", "  File \"/r/tests/y.py\", line 3 in test_c"]
+    text = "\n".join(early + ["." * 72] * 5000 + crash + ["." * 72] * 100 + dump
+                     + ["." * 72] * 200)
     report = failure_report(text)
     assert "[rank 3] FAILED tests/x.py::test_a - ValueError: early" in report
     assert "ValueError: early\n" in report and "_pytest/runner.py" not in report
     assert "not done after 300 s on rank 6" in report and "line 9 in test_b" in report
-    assert len(report.splitlines()) <= 2 * (60 + 1) + 80 + 2  # (two reports and the end)
+    assert "Segmentation fault" in report and "line 3 in test_c" in report
+    assert len(report.splitlines()) <= 3 * (60 + 1) + 80 + 2  # (three reports and the end)
