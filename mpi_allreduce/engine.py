@@ -531,6 +531,7 @@ class _Engine:
         self.in_mpi = False  # the thread waits in MPI (wake it with a message)
         self.stopping = False
         self.wake_comm = None
+        self.posted = None  # the thread's receive of its wake-up (see _round)
         self.ident = 0  # the progress thread's, once it runs
         self.later: list = []  # what runs on the thread at its next turn (see soon)
         #: lists of callbacks to run on the thread, one at a time, in order
@@ -866,21 +867,22 @@ class _Engine:
     def _run(self) -> None:
         self.ident = threading.get_ident()
         wake_buf = bytearray(1)
-        wake = [self.wake_comm.Irecv([wake_buf, MPI.BYTE], 0, _WAKE_TAG)]
+        self.posted = self.wake_comm.Irecv([wake_buf, MPI.BYTE], 0, _WAKE_TAG)
         try:
             while not self.stopping:
                 try:
-                    self._round(wake, wake_buf)
+                    self._round(wake_buf)
                 except BaseException as exc:  # noqa: BLE001 - the thread lives on
                     self._fail_held(exc)
         finally:
-            wake[0].Cancel()
-            wake[0].Wait()
+            wake = self.posted
+            wake.Cancel()
+            wake.Wait()
 
-    def _round(self, wake: list, wake_buf) -> None:
+    def _round(self, wake_buf) -> None:
         """One turn of the thread's loop: wait for work, advance its calls,
         run the callbacks due, then wait in MPI for any of their requests
-        (or ``wake[0]``, posted again once it fires)."""
+        (or ``self.posted``, the wake-up's receive, posted again once it fires)."""
         with self.cond:
             while not self.threaded and not self.later and not self.due \
                     and not self.stopping:
@@ -893,7 +895,7 @@ class _Engine:
             # is one whose caller reads a receive's status (a
             # receive from any source): MPI_Waitany would drop it
             poll = any(op.limit and op.callbacks or op.reads_status() for op in still)
-            owners, requests = gathered(still, wake[0])
+            owners, requests = gathered(still, self.posted)
             # (``still`` is the list calls started from now on join:
             # what is in flight is decided here, under the lock)
             idle = not still
@@ -916,7 +918,7 @@ class _Engine:
         with self.cond:
             self.in_mpi = False
         if index == 0:
-            wake[0] = self.wake_comm.Irecv([wake_buf, MPI.BYTE], 0, _WAKE_TAG)
+            self.posted = self.wake_comm.Irecv([wake_buf, MPI.BYTE], 0, _WAKE_TAG)
 
     def _fail_held(self, exc: BaseException) -> None:
         """An error no call owns escaped the thread's loop (a fault of the
