@@ -841,13 +841,7 @@ class _Engine:
                     and first.get(op.context, op.order) < op.order:
                 still.append(op)  # (complete; its event is set once it is let go)
                 continue
-            # taken before it is let go: a start made after it has
-            # callbacks of its own
-            callbacks = op.taken()
-            event = op.event  # (a start made once it is let go has its own)
-            if op.adopted:  # (its next start is its caller's again)
-                op.adopted = op.threaded = False
-            event.set()
+            callbacks = self._let_go(op)
             if callbacks:
                 due.append(callbacks)
         self.threaded = still
@@ -855,6 +849,18 @@ class _Engine:
             due.append(self.later)
             self.later = []
         return still
+
+    @staticmethod
+    def _let_go(op: Operation) -> Optional[list]:
+        """Let go of a call of the thread's that is complete: its callbacks,
+        to run, taken before -- a start made after it has callbacks of its
+        own, and an event (this start's is set)."""
+        callbacks = op.taken()
+        event = op.event
+        if op.adopted:  # (its next start is its caller's again)
+            op.adopted = op.threaded = False
+        event.set()
+        return callbacks
 
     def _run_due(self) -> None:
         """Outside the lock (a callback may start a call): the callbacks due,
@@ -938,10 +944,7 @@ class _Engine:
                     except BaseException:  # noqa: BLE001 - (ending it matters more)
                         pass
                     op.end(exc)
-            callbacks = op.taken()
-            if op.adopted:
-                op.adopted = op.threaded = False
-            op.event.set()
+            callbacks = self._let_go(op)
             if callbacks:
                 _run_all(callbacks)
 

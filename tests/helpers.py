@@ -47,3 +47,16 @@ def expected(comm, dtype, op, count, kind="exact", seed=7):
 
 def mine(comm, dtype, op, count, kind="exact", seed=7):
     return make_data(np.dtype(dtype), op, count, comm.Get_rank(), kind, seed)
+
+
+def raise_mode(monkeypatch, seconds: float):
+    """The watchdog in raise mode with ``seconds``, undone afterwards: the
+    body of a fixture (``yield from raise_mode(monkeypatch, 0.5)``)."""
+    from mpi_allreduce import config
+
+    monkeypatch.setenv(config.WATCHDOG_ENV, str(seconds))
+    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
+    config.refresh()
+    yield
+    monkeypatch.undo()
+    config.refresh()

@@ -17,7 +17,7 @@ from mpi_allreduce import config
 from mpi_allreduce.context import QUARANTINE, cached_context, context_for, release
 
 from .conftest import PATH_VARIANTS
-from .helpers import VARIANTS, expected, mine
+from .helpers import VARIANTS, expected, mine, raise_mode
 
 #: what validation tells apart (mpi_allreduce/validate.py): a flat
 #: algorithm, ``auto`` and ``hierarchical`` with its options
@@ -217,12 +217,7 @@ MISMATCHES = {
 @pytest.fixture
 def raising_watchdog(monkeypatch):
     """A watchdog that raises Stalled after half a second."""
-    monkeypatch.setenv(config.WATCHDOG_ENV, "0.5")
-    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
-    config.refresh()
-    yield
-    monkeypatch.undo()
-    config.refresh()
+    yield from raise_mode(monkeypatch, 0.5)
 
 
 @pytest.mark.parametrize("blocking", [True, False], ids=["allreduce", "iallreduce"])

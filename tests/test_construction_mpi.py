@@ -23,6 +23,7 @@ import mpi_allreduce as mar
 from mpi_allreduce import config
 from mpi_allreduce.context import context_for
 
+from .helpers import raise_mode
 from .test_bad_input_mpi import raising_watchdog  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.mpi
@@ -125,7 +126,7 @@ def _outcome(run, exact) -> str:
         return type(exc).__name__
 
 
-def _judge(outcomes: list, rank: int, world) -> None:
+def _judge(outcomes: list, world) -> None:
     """Rank 0 was interrupted, then refused; no peer's retry met the
     interrupted call's messages; some rank was told of the stall.  Every
     rank's outcomes are gathered first, so that a failure on one rank is
@@ -145,13 +146,7 @@ def interrupt_watchdog(monkeypatch):
     be scheduled (8 oversubscribed ranks beside other launches: a wait of
     0.5 s for a message, raised as a stall, once failed the test); 2 s on
     the others, which wait that long once for the interrupted rank."""
-    patience = "30" if MPI.COMM_WORLD.Get_rank() == 0 else "2"
-    monkeypatch.setenv(config.WATCHDOG_ENV, patience)
-    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
-    config.refresh()
-    yield
-    monkeypatch.undo()
-    config.refresh()
+    yield from raise_mode(monkeypatch, 30 if MPI.COMM_WORLD.Get_rank() == 0 else 2)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -171,7 +166,7 @@ def test_an_interrupt_breaks_the_communicator_never_a_wrong_result(interrupt_wat
     outcomes = [_outcome(lambda: call(data.copy(), interrupting_sum(rank, 2 if count > SHORT
                                                                     else 1), comm),
                          _exact(kind, comm)) for _ in range(2)]
-    _judge(outcomes, rank, world)
+    _judge(outcomes, world)
     comm.Free()
 
 
@@ -693,18 +688,16 @@ def test_a_fault_in_the_progress_threads_loop_ends_its_calls_and_the_thread_live
         later.add_done_callback(lambda *_: None)
         later.wait()
         assert second.tolist() == [7.0, 7.0]
+        # the receive given up on is kept, posted: its message comes now,
+        # so that nothing is left pending at MPI_Finalize
+        MPI.Request.Waitall([r for r in ABANDONED[before:] if isinstance(r, MPI.Request)])
+        del ABANDONED[before:]
     elif rank == 1:
         comm.Barrier()
         comm.Send(np.full(2, 7.0), 0, 2)
+        comm.Send(np.zeros(2), 0, 1)
     else:
         comm.Barrier()
-    # the receive given up on is kept, posted: its message comes now, so
-    # that nothing is left pending at MPI_Finalize
-    if rank == 1:
-        comm.Send(np.zeros(2), 0, 1)
-    elif rank == 0:
-        MPI.Request.Waitall([r for r in ABANDONED[before:] if isinstance(r, MPI.Request)])
-        del ABANDONED[before:]
     world.Barrier()
     comm.Free()
     monkeypatch.undo()
@@ -745,7 +738,7 @@ def test_an_interrupt_inside_an_allgather_breaks_the_communicator(interrupt_watc
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
-    _judge(outcomes, rank, world)
+    _judge(outcomes, world)
     comm.Free()
 
 

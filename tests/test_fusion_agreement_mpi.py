@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import mpi_allreduce as mar
-from mpi_allreduce import config
 from mpi_allreduce.context import context_for
 from mpi_allreduce.fusion import MAX_HOMES, MAX_KEPT, Fusion
+
+from .helpers import raise_mode
 
 pytestmark = pytest.mark.mpi
 
@@ -36,27 +37,17 @@ def fresh(request, subcomms):
     dup.Free()
 
 
-def _raise_mode(monkeypatch, seconds: float):
-    """The watchdog in raise mode with ``seconds``; undone afterwards."""
-    monkeypatch.setenv(config.WATCHDOG_ENV, str(seconds))
-    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
-    config.refresh()
-    yield
-    monkeypatch.undo()
-    config.refresh()
-
-
 @pytest.fixture
 def watchdog(monkeypatch):
     """Raise mode with a short limit, for the cases that may stall."""
-    yield from _raise_mode(monkeypatch, STALL)
+    yield from raise_mode(monkeypatch, STALL)
 
 
 @pytest.fixture
 def patient(monkeypatch):
     """Raise mode with a long limit, for the cases that must sum right: a
     hang fails the test, a peer late on a loaded machine does not."""
-    yield from _raise_mode(monkeypatch, 60)
+    yield from raise_mode(monkeypatch, 60)
 
 
 def _need(comm, ranks: int = 2):
