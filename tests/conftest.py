@@ -238,27 +238,34 @@ def _another_order_only(item) -> bool:
 
 
 #: the kinds of the comm fixture run at a world size where the others add
-#: nothing: at one rank every kind is a communicator of one; at 8 ranks
-#: "reversed" is 8 ranks again and "even" is 4, sizes and rank orders the
-#: launches at 3 and 5 ranks already give (tests/test_launch.py) -- there
-#: they cost a fraction of 8 oversubscribed ranks' time
-SUBCOMM_KINDS_AT = {1: ("world",), 8: ("world", "minus1")}
+#: nothing: at one rank every kind is a communicator of one; at 5 and 8
+#: ranks "reversed" is the world's size again in another order and "even"
+#: is 3 or 4 ranks, a size that the world or the world minus one of another
+#: launch gives (tests/test_launch.py).  Rank orders, reversed and strided,
+#: run at 3 ranks: a schedule sees ranks 0 .. p-1 whatever they are in the
+#: world (see ALGORITHM_SUBCOMM_KINDS), so what another order adds is the
+#: executor's and MPI's, the same at 3 ranks as at 8
+SUBCOMM_KINDS_AT = {1: ("world",), 5: ("world", "minus1"), 8: ("world", "minus1")}
 
-#: world sizes past which the long loops (tests on the ``trio`` fixture, or
-#: marked ``long_loop``) do not run: what thousands of calls leave behind
-#: does not depend on the world size, and ``trio`` is 3 ranks at any larger one
-LONG_LOOP_WORLD_AT_MOST = 3
+#: the one world size at which the long loops (tests on the ``trio``
+#: fixture, or marked ``long_loop``) run: what thousands of calls leave
+#: behind does not depend on the world size, only on there being peers.
+#: Those on COMM_WORLD run at 2 ranks (one a core, the fastest launch with
+#: peers, and the one the other MPI wheels' legs of .ci/run make too),
+#: those on the ``comm`` fixture at 3, the smallest launch that runs it
+#: with peers (the launch at 2 runs the world's tests only)
+LONG_LOOP_WORLD = {"world": 2, "comm": 3}
 
 
 def _not_at_this_world_size(item, size: int) -> bool:
     """A test that the launch at this world size leaves to the others (see
-    SUBCOMM_KINDS_AT and LONG_LOOP_WORLD_AT_MOST)."""
+    SUBCOMM_KINDS_AT and LONG_LOOP_WORLD)."""
     params = getattr(getattr(item, "callspec", None), "params", {})
     if "comm" in params and params["comm"] not in SUBCOMM_KINDS_AT.get(size, SUBCOMM_KINDS):
         return True
     long_loop = ("trio" in getattr(item, "fixturenames", ())
                  or item.get_closest_marker("long_loop") is not None)
-    return long_loop and size > LONG_LOOP_WORLD_AT_MOST
+    return long_loop and size != LONG_LOOP_WORLD["comm" if "comm" in params else "world"]
 
 
 def _another_kind_than_marked(item) -> bool:

@@ -14,6 +14,8 @@ dist = pytest.importorskip("torch.distributed")
 
 MPI = pytest.importorskip("mpi4py.MPI")
 
+from .test_construction_mpi import interrupt_watchdog  # noqa: E402,F401 - a fixture
+
 pytestmark = pytest.mark.mpi
 
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "prod": dist.ReduceOp.PRODUCT,
@@ -956,3 +958,51 @@ def test_all_gather_into_a_tensor_that_holds_the_input(group):
     dist.all_gather_into_tensor(out, out[:3])
     torch.testing.assert_close(out, torch.arange(p, dtype=torch.float32).repeat_interleave(3),
                                rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_an_interrupt_in_an_all_reduce_breaks_its_group_never_a_wrong_result(
+        group, interrupt_watchdog, async_op):
+    """Ctrl-C (SIGINT's handler, from a timer) lands on rank 0 inside an
+    all_reduce -- its own wait, or the Work's ``wait()`` -- while its peers
+    are late; rank 0 raises the KeyboardInterrupt, and Broken when it calls
+    again on the group; the peers get the exact sum or stall and raise, and
+    no retry meets the interrupted call's messages (as the library's own
+    calls: tests/test_construction_mpi.py)."""
+    import signal
+    import threading
+
+    import numpy as np
+
+    from .test_construction_mpi import _judge, _outcome
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p == 1:
+        pytest.skip("one rank has no peer to leave waiting")
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals land on the main thread")
+    count = 3000
+    exact = sum(np.arange(count, dtype=np.float64) + q for q in range(p))
+    sub = dist.new_group(list(range(p)))  # (left unusable; set up here, out of the wait)
+
+    def call():
+        t = torch.arange(count, dtype=torch.float64) + r
+        work = dist.all_reduce(t, group=sub, async_op=async_op)
+        if async_op:
+            work.wait()
+        return t.numpy()
+
+    outcomes = []
+    for attempt in range(2):
+        previous = signal.getsignal(signal.SIGALRM)
+        if r == 0 and attempt == 0:
+            signal.signal(signal.SIGALRM, signal.default_int_handler)
+            signal.setitimer(signal.ITIMER_REAL, 0.1)
+        elif attempt == 0:
+            time.sleep(1.0)  # (rank 0 waits for this rank meanwhile)
+        try:
+            outcomes.append(_outcome(call, exact))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    _judge(outcomes, MPI.COMM_WORLD)
