@@ -42,8 +42,9 @@ def run(algorithm: str, p: int, count: int, segment: int, in_place: bool) -> np.
 @pytest.mark.parametrize("algorithm", registry.ORDERED)
 @pytest.mark.parametrize("in_place", [False, True], ids=["out", "in_place"])
 def test_ordered_algorithms_combine_in_rank_order(algorithm, in_place):
-    """p = 1..33 and a few larger, counts with uneven blocks and several
-    segments: every element of every rank is [0, p-1]."""
+    """p = 1..33 and a few larger (fewer for the heavy ones, below), counts
+    with uneven blocks and several segments: every element of every rank is
+    [0, p-1]."""
     # (the algorithms that combine p vectors on every rank, p^2 messages a
     # segment, run p = 1..17, 24 and 33: the order of p operands does not
     # change its kind past a few powers of two and the sizes between them)
