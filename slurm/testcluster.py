@@ -219,8 +219,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=30 State=UP
 
     def sbatch(self, script, args=(), timeout: float = 600, cwd=None, env=None) -> str:
         """Submit, wait for the job to end and return its id.  The wait asks
-        the job's state twice a second: ``sbatch --wait`` sleeps 2, 8, then 32
-        s between its questions, so a job of 15 s took 42 s."""
+        the job's state twice a second: ``sbatch --wait`` asks at growing
+        intervals, and a job of about 15 s came back after 42 s here."""
         r = self.run(["sbatch", "--parsable", *args, str(script)], timeout=60, cwd=cwd, env=env)
         job = r.stdout.strip().split(";")[0]
         if r.returncode != 0 or not job:
