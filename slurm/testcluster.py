@@ -226,7 +226,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=30 State=UP
         if r.returncode != 0 or not job:
             raise RuntimeError(f"sbatch failed ({r.returncode}): {r.stderr}\n{self.logs()}")
         deadline = time.time() + timeout
-        while self.job_state(job).split()[0] not in self.ENDED:
+        while self.job_state(job) not in self.ENDED:
             if time.time() > deadline:
                 self.run(["scancel", job])
                 raise TimeoutError(f"job {job} not done after {timeout:.0f} s\n{self.logs()}")

@@ -969,12 +969,11 @@ def test_an_interrupt_in_an_all_reduce_breaks_its_group_never_a_wrong_result(
     again on the group; the peers get the exact sum or stall and raise, and
     no retry meets the interrupted call's messages (as the library's own
     calls: tests/test_construction_mpi.py)."""
-    import signal
     import threading
 
     import numpy as np
 
-    from .test_construction_mpi import _judge, _outcome
+    from .test_construction_mpi import _interrupted_by_a_timer, _judge
 
     p, r = dist.get_world_size(), dist.get_rank()
     if p == 1:
@@ -992,17 +991,4 @@ def test_an_interrupt_in_an_all_reduce_breaks_its_group_never_a_wrong_result(
             work.wait()
         return t.numpy()
 
-    outcomes = []
-    for attempt in range(2):
-        previous = signal.getsignal(signal.SIGALRM)
-        if r == 0 and attempt == 0:
-            signal.signal(signal.SIGALRM, signal.default_int_handler)
-            signal.setitimer(signal.ITIMER_REAL, 0.1)
-        elif attempt == 0:
-            time.sleep(1.0)  # (rank 0 waits for this rank meanwhile)
-        try:
-            outcomes.append(_outcome(call, exact))
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-    _judge(outcomes, MPI.COMM_WORLD)
+    _judge(_interrupted_by_a_timer(call, exact, r), MPI.COMM_WORLD)
