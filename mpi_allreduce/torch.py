@@ -1092,29 +1092,45 @@ def _ranks_from_mpi(handler):
     return rendezvous
 
 
-#: the group's methods and the names torch's backends give their profiler
-#: events (``<backend>:<name>``, as gloo's ``gloo:all_reduce``)
+#: the group's methods -> the names torch's backends give their profiler
+#: events (``<backend>:<name>``, as gloo's ``gloo:all_reduce``) and which
+#: positional argument holds the call's input tensors, whose shapes the
+#: event records (as torch's MPI backend records its Work's inputs; None:
+#: no tensors)
 _PROFILED = {
-    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
-    "reduce_scatter": "reduce_scatter", "reduce_scatter_single": "_reduce_scatter_base",
-    "_reduce_scatter_base": "_reduce_scatter_base", "allgather": "all_gather",
-    "all_gather_single": "_allgather_base", "_allgather_base": "_allgather_base",
-    "allgather_coalesced": "all_gather",
-    "allgather_into_tensor_coalesced": "allgather_into_tensor_coalesced",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
-    "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
-    "alltoall_base": "all_to_all", "alltoall": "all_to_all", "send": "send", "recv": "recv",
-    "recv_anysource": "recvAnySource", "barrier": "barrier",
+    "allreduce": ("all_reduce", 0), "allreduce_coalesced": ("all_reduce", 0),
+    "reduce_scatter": ("reduce_scatter", 1),
+    "reduce_scatter_single": ("_reduce_scatter_base", 1),
+    "_reduce_scatter_base": ("_reduce_scatter_base", 1), "allgather": ("all_gather", 1),
+    "all_gather_single": ("_allgather_base", 1), "_allgather_base": ("_allgather_base", 1),
+    "allgather_coalesced": ("all_gather", 1),
+    "allgather_into_tensor_coalesced": ("allgather_into_tensor_coalesced", 1),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter_tensor_coalesced", 1),
+    "broadcast": ("broadcast", 0), "reduce": ("reduce", 0), "gather": ("gather", 1),
+    "scatter": ("scatter", 1), "alltoall_base": ("all_to_all", 1), "alltoall": ("all_to_all", 1),
+    "send": ("send", 0), "recv": ("recv", 0), "recv_anysource": ("recvAnySource", 0),
+    "barrier": ("barrier", None),
 }
 
 
-def _profiled(method, title: str):
+def _tensors_in(value) -> list:
+    """The tensors of one argument of a call: a tensor, or a list of them
+    (a list of lists for the per-rank inputs of reduce_scatter)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors_in(item)]
+    return []
+
+
+def _profiled(method, title: str, inputs):
     """``method`` recording an event ``<backend>:<title>`` in torch's
-    profiler while one runs (``torch.profiler``, the autograd profiler): it
-    starts with the call and ends on the thread that completes the call's
-    work (the progress thread) (:class:`_Profiled`), so it spans an asynchronous call's
-    messages.  Nothing is recorded, and one check is the cost, while no
-    profiler runs."""
+    profiler while one runs (``torch.profiler``, the autograd profiler),
+    with the shapes of its input tensors (positional argument ``inputs``):
+    it starts with the call and ends on the thread that completes the
+    call's work (the progress thread) (:class:`_Profiled`), so it spans an
+    asynchronous call's messages.  Nothing is recorded, and one check is
+    the cost, while no profiler runs."""
     name = f"{BACKEND}:{title}"
 
     @functools.wraps(method)
@@ -1123,7 +1139,8 @@ def _profiled(method, title: str):
             return method(self, *args, **kwargs)
         _RECORDING.on = True  # (a coalesced call's inner calls are part of its event)
         try:
-            event = _Event(name)
+            event = _Event(name, _tensors_in(args[inputs]) if inputs is not None
+                           and inputs < len(args) else [])
             try:
                 work = method(self, *args, **kwargs)
             except BaseException:
@@ -1136,20 +1153,17 @@ def _profiled(method, title: str):
 
 
 class _Event:
-    """One event of torch's profiler, begun here and ended by :meth:`end`
-    on any thread: a ``record_function`` whose end callbacks run when a
+    """One event of torch's profiler, begun here with its input tensors
+    (their shapes are recorded where the profiler records shapes) and
+    ended by :meth:`end` on any thread: its end callbacks run when a
     future completes (the profiler's state goes with them to the thread
     that completes it, so that thread's end is recorded, and the profiler
-    calls the event asynchronous, as it calls torch's backends' events).
-    torch's Python API records no input tensors with such an event: its
-    ``input_shapes`` are empty where torch's own backends record them."""
+    calls the event asynchronous, as it calls torch's backends' events)."""
 
-    def __init__(self, name: str):
-        record = torch.autograd.profiler.record_function(name)
-        record.__enter__()
+    def __init__(self, name: str, tensors: list):
+        handle = torch._C._autograd._record_function_with_args_enter(name, *tensors)
         self._ended = Future()
-        record._call_end_callbacks_on_future(self._ended)
-        record.__exit__(None, None, None)  # (the end is the future's now)
+        torch.ops.profiler._call_end_callbacks_on_jit_fut._RecordFunction(handle, self._ended)
 
     def end(self) -> None:
         self._ended.set_result(None)
@@ -1217,9 +1231,10 @@ class _Profiled(dist.Work):
 _RECORDING = threading.local()
 
 
-for _method, _title in _PROFILED.items():
-    setattr(MPIAllreduceGroup, _method, _profiled(getattr(MPIAllreduceGroup, _method), _title))
-del _method, _title
+for _method, (_title, _inputs) in _PROFILED.items():
+    setattr(MPIAllreduceGroup, _method,
+            _profiled(getattr(MPIAllreduceGroup, _method), _title, _inputs))
+del _method, _title, _inputs
 
 
 def _fresh_keys(handler):

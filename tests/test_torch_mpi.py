@@ -678,7 +678,8 @@ def test_the_profiler_shows_every_call_as_torchs_backends_name_theirs(group):
     event ``mpi_allreduce:<name>`` (gloo's are ``gloo:<name>``; a coalesced
     all-reduce is an ``all_reduce`` as gloo's is), once per call,
     synchronous and asynchronous, asynchronous to the profiler (ended on
-    another thread, as torch's backends end theirs); none is recorded
+    another thread, as torch's backends end theirs), with the shapes of its
+    input tensors (as torch's MPI backend records them); none is recorded
     outside it."""
     p, r = dist.get_world_size(), dist.get_rank()
     t = torch.ones(4)
@@ -696,16 +697,22 @@ def test_the_profiler_shows_every_call_as_torchs_backends_name_theirs(group):
                 dist.send(t, 1)
             elif r == 1:
                 dist.recv(t, 0)
-    counts = {}
+    counts, shapes = {}, {}
     for event in prof.events():
         if event.name.startswith("mpi_allreduce:"):
             counts[event.name] = counts.get(event.name, 0) + 1
+            shapes.setdefault(event.name, []).append(event.input_shapes)
             assert event.is_async, event
     want = {"mpi_allreduce:all_reduce": 3, "mpi_allreduce:broadcast": 1,
             "mpi_allreduce:all_gather": 1, "mpi_allreduce:barrier": 1}
     if p > 1 and r < 2:
         want["mpi_allreduce:send" if r == 0 else "mpi_allreduce:recv"] = 1
     assert counts == want
+    assert shapes["mpi_allreduce:all_reduce"] == [[[4]], [[4]], [[4], [2]]]
+    assert shapes["mpi_allreduce:all_gather"] == [[[4]]]  # (its input; the outputs are not)
+    assert shapes["mpi_allreduce:barrier"] == [[]]
+    if p > 1 and r < 2:
+        assert shapes["mpi_allreduce:send" if r == 0 else "mpi_allreduce:recv"] == [[[4]]]
     assert t.tolist() == [float(p * p * p)] * 4
 
 
