@@ -24,7 +24,14 @@ Then DDP training steps on each backend, interleaved, of two models: a
 dominates, and a wide one (3 layers of 2048 x 2048, 12.6 M parameters) at batch 4,
 whose gradients (50 MB) are all-reduced every step.  The ``empty`` group
 trains too: its step, with no communication at all, is the least any
-backend's step can take on these processes.  Ratios are taken per repeat.
+backend's step can take on these processes.  ``allreduce`` is the
+gradients' all-reduce alone (``mar.allreduce`` of one float32 array of the
+model's parameter count, in the same repeats): each rank's compute holds
+its core here (2 ranks, 2 cores), so communication cannot hide behind it,
+and ``no communication + allreduce`` is the least a step that
+communicates can take -- the floor of ``ours/no communication`` is
+``(no communication + allreduce) / no communication``.  Ratios are taken
+per repeat.
 Run::
 
     mpiexec -n 2 python benchmarks/torch_backend.py > benchmarks/results/torch-backend-np2.txt
@@ -73,6 +80,23 @@ def _ddp_step_us(comm, group, widths, repeats_data, iters: int, device) -> float
         optimizer.step()
         _sync(device)
     return batch_mean_us(comm, step, iters, 2)
+
+
+def _gradients_allreduce_us(comm, widths, iters: int, device) -> float:
+    """The model's gradients all-reduced as one buffer, without DDP."""
+    count = sum(a * b + b for a, b in zip(widths, widths[1:]))
+    t = torch.zeros(count, device=device)
+    if device.type == "cuda":
+        from mpi_allreduce import backend as arrays
+
+        a = arrays.device_view(t)
+    else:
+        a = t.numpy()
+
+    def call():
+        mar.allreduce(MPI.IN_PLACE, a, comm=comm)
+        _sync(device)
+    return batch_mean_us(comm, call, iters, 2)
 
 
 def _sync(device) -> None:
@@ -157,9 +181,13 @@ def main() -> None:
         torch.manual_seed(comm.Get_rank())
         data = (torch.randn(batch, widths[0], device=device),
                 torch.randn(batch, widths[-1], device=device))
-        ddp = {"ours": [], "gloo": [], "empty": []}
+        ddp = {"ours": [], "gloo": [], "empty": [], "allreduce": []}
         for repeat in range(args.repeats):
             for name in repeat_order(list(ddp), 0, repeat):
+                if name == "allreduce":
+                    ddp[name].append(_gradients_allreduce_us(comm, widths, args.ddp_iters,
+                                                             device))
+                    continue
                 group = {"ours": None, "gloo": gloo, "empty": empty}[name]
                 ddp[name].append(_ddp_step_us(comm, group, widths, data, args.ddp_iters,
                                                  device))
@@ -200,6 +228,11 @@ def main() -> None:
                   f"({ratio[1]:.2f}-{ratio[2]:.2f}), no communication/gloo {floor[0]:.2f} "
                   f"({floor[1]:.2f}-{floor[2]:.2f}); ours/no communication "
                   "{:.2f} ({:.2f}-{:.2f})".format(*paired_ratios(ddp["ours"], ddp["empty"])))
+            least = [e + a for e, a in zip(ddp["empty"], ddp["allreduce"])]
+            print(f"#   the gradients' all-reduce alone {median(ddp['allreduce']) / 1e3:.2f} ms; "
+                  "floor (no communication + all-reduce)/no communication "
+                  "{:.2f} ({:.2f}-{:.2f}); ".format(*paired_ratios(least, ddp["empty"]))
+                  + "ours/floor {:.2f} ({:.2f}-{:.2f})".format(*paired_ratios(ddp["ours"], least)))
     comm.Free()
     dist.destroy_process_group()
 
