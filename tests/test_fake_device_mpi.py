@@ -167,10 +167,16 @@ def on_device(array):
     return np.array(array).view(FakeDeviceArray)
 
 
+@pytest.mark.comm_kinds("world", "reversed", "even")
 @pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
 @pytest.mark.parametrize("count", [0, 1, 5, 97])
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_core_matrix_on_fake_device(comm, fake, variant, count, in_place):
+    """Every algorithm's rounds on device arrays, staged and direct.  On
+    the world and, at 3 ranks, its reversed and strided orders (sizes 1,
+    2, 3, 5 and 8 over the launches): the device handling is the backend's
+    and the executor's, the same at every size; each algorithm's index
+    maths at every size is the host tests' (``test_counts``)."""
     _, algorithm, options = variant
     data = mine(comm, "float32", "sum", count)
     if in_place:
