@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import itertools
 import os
 import socket
@@ -1132,6 +1133,8 @@ def _profiled(method, title: str, inputs):
     asynchronous call's messages.  Nothing is recorded, and one check is
     the cost, while no profiler runs."""
     name = f"{BACKEND}:{title}"
+    # (the inputs' parameter by name too: a call may pass it by keyword)
+    keyword = None if inputs is None else list(inspect.signature(method).parameters)[inputs + 1]
 
     @functools.wraps(method)
     def call(self, *args, **kwargs):
@@ -1139,14 +1142,14 @@ def _profiled(method, title: str, inputs):
             return method(self, *args, **kwargs)
         _RECORDING.on = True  # (a coalesced call's inner calls are part of its event)
         try:
-            event = _Event(name, _tensors_in(args[inputs]) if inputs is not None
-                           and inputs < len(args) else [])
+            tensors = [] if inputs is None else _tensors_in(
+                args[inputs] if inputs < len(args) else kwargs.get(keyword))
+            event = _Event(name, tensors)
             try:
-                work = method(self, *args, **kwargs)
+                return _Profiled(method(self, *args, **kwargs), event)
             except BaseException:
                 event.end()
                 raise
-            return _Profiled(work, event)
         finally:
             _RECORDING.on = False
     return call
@@ -1163,7 +1166,12 @@ class _Event:
     def __init__(self, name: str, tensors: list):
         handle = torch._C._autograd._record_function_with_args_enter(name, *tensors)
         self._ended = Future()
-        torch.ops.profiler._call_end_callbacks_on_jit_fut._RecordFunction(handle, self._ended)
+        try:
+            torch.ops.profiler._call_end_callbacks_on_jit_fut._RecordFunction(handle,
+                                                                             self._ended)
+        except BaseException:
+            torch._C._autograd._record_function_with_args_exit(handle)  # (ended here, then)
+            raise
 
     def end(self) -> None:
         self._ended.set_result(None)

@@ -34,7 +34,9 @@ pytestmark = pytest.mark.skipif(
 
 #: hosts of equal ranks (two leaders, a power of two); hosts of 1, 2 and 3
 #: ranks (a host of one rank, uneven hosts, an odd number of leaders, whose
-#: inter-host algorithms fold)
+#: inter-host algorithms fold).  More than 3 hosts are left to the
+#: simulator (tests/test_schedule_serial.py: hierarchical on nodes of 3
+#: ranks at every p up to 64, so up to 22 nodes)
 LAYOUTS = [[2, 2], [1, 2, 3]]
 
 

@@ -172,11 +172,12 @@ def on_device(array):
 @pytest.mark.parametrize("count", [0, 1, 5, 97])
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_core_matrix_on_fake_device(comm, fake, variant, count, in_place):
-    """Every algorithm's rounds on device arrays, staged and direct.  On
-    the world and, at 3 ranks, its reversed and strided orders (sizes 1,
-    2, 3, 5 and 8 over the launches): the device handling is the backend's
-    and the executor's, the same at every size; each algorithm's index
-    maths at every size is the host tests' (``test_counts``)."""
+    """Every algorithm's rounds on device arrays, staged and direct, on the
+    world (1, 3, 5 and 8 ranks over the launches; the four of
+    conftest.PATH_VARIANTS also on the 3 ranks reversed and on 2 strided):
+    the device handling is the backend's and the executor's, the same at
+    every size; each algorithm's index maths at every size (2, 4 and 7
+    too) is the host tests' (``test_counts``)."""
     _, algorithm, options = variant
     data = mine(comm, "float32", "sum", count)
     if in_place:

@@ -35,9 +35,9 @@ TINY_SEGMENTS_UP_TO = 33
 #: up to this many ranks every size runs both costly cases (an uneven count in
 #: 2-element segments, a count below p); above it, where a simulation costs
 #: about p^2 messages, each size runs one of them by its parity (even p the
-#: first, odd p the second), so both still meet sizes of either parity, and
-#: the empty call: a third of the suite's schedule time for cases the sizes
-#: up to 33 (every residue of 2^5) already take
+#: first, odd p the second; a power of two, 64, both) and the empty call:
+#: about a third less of this test's time, for cases the sizes up to 33 (every
+#: residue of 2^5, powers of two and not) already take at every size
 EVERY_CASE_UP_TO = 33
 
 
@@ -49,7 +49,7 @@ def test_every_size_from_1_to_64(algorithm):
     for size in range(1, 65):
         tiny = algorithm not in BY_NAME_ABOVE or size <= TINY_SEGMENTS_UP_TO
         cases = [(size + 3, 2 if tiny else 1 << 20), (max(size - 1, 1), 1 << 20), (0, 4)]
-        if size > EVERY_CASE_UP_TO:
+        if size > EVERY_CASE_UP_TO and size & (size - 1):
             cases = [cases[size % 2], cases[2]]
         for count, segment in cases:
             check(simulate(algorithm, size, count, "float32", "sum", segment_size=segment,

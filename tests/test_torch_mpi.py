@@ -691,6 +691,7 @@ def test_the_profiler_shows_every_call_as_torchs_backends_name_theirs(group):
         out = [torch.zeros(4) for _ in range(p)]
         dist.all_gather(out, t)
         dist.barrier()
+        dist.gather(torch.ones(3), [torch.zeros(3) for _ in range(p)] if r == 0 else None, dst=0)
         dist.all_reduce_coalesced([t, torch.ones(2)])  # one event, not one per inner call
         if p > 1:
             if r == 0:
@@ -704,13 +705,14 @@ def test_the_profiler_shows_every_call_as_torchs_backends_name_theirs(group):
             shapes.setdefault(event.name, []).append(event.input_shapes)
             assert event.is_async, event
     want = {"mpi_allreduce:all_reduce": 3, "mpi_allreduce:broadcast": 1,
-            "mpi_allreduce:all_gather": 1, "mpi_allreduce:barrier": 1}
+            "mpi_allreduce:all_gather": 1, "mpi_allreduce:barrier": 1, "mpi_allreduce:gather": 1}
     if p > 1 and r < 2:
         want["mpi_allreduce:send" if r == 0 else "mpi_allreduce:recv"] = 1
     assert counts == want
     assert shapes["mpi_allreduce:all_reduce"] == [[[4]], [[4]], [[4], [2]]]
     assert shapes["mpi_allreduce:all_gather"] == [[[4]]]  # (its input; the outputs are not)
     assert shapes["mpi_allreduce:barrier"] == [[]]
+    assert shapes["mpi_allreduce:gather"] == [[[3]]]  # (its input, on the root too)
     if p > 1 and r < 2:
         assert shapes["mpi_allreduce:send" if r == 0 else "mpi_allreduce:recv"] == [[[4]]]
     assert t.tolist() == [float(p * p * p)] * 4
