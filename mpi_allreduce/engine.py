@@ -49,6 +49,17 @@ THREAD_MIN_BYTES = 64 * 1024
 _WAKE_TAG = 0x77616B
 #: a thread's list of calls it advances is pruned of completed ones from this length on
 _PRUNE = 64
+#: a polling wait (raise mode) spins this long after the last stage any
+#: call moved to (MOVES), then sleeps before each poll, naps growing from
+#: NAP_SECONDS[0] by half each time to at most NAP_SECONDS[1] and to a
+#: twentieth of the time since: a rank whose peer is late gives its core to
+#: the peer (on an oversubscribed node, the core the peer needs to come),
+#: and a stage that completes late is seen at most 5% and a millisecond late
+SPIN_SECONDS = 1e-3
+NAP_SECONDS = (20e-6, 1e-3)
+#: stages entered by every call so far (a wait's back-off starts again when it
+#: moves; counted without a lock: a count lost between threads costs one nap)
+MOVES = [0]
 
 
 class Operation:
@@ -226,6 +237,7 @@ class Operation:
 
     def _next(self) -> None:
         stages, persistent = self.stages, self.persistent
+        MOVES[0] += 1
         while True:
             self.index += 1
             if self.index == len(stages):
@@ -584,12 +596,14 @@ class _Engine:
         owner blocks in MPI (``MPI_Waitall`` for a call alone in flight,
         ``MPI_Waitany`` over all of its calls otherwise); another thread,
         or any thread with a deadline (the watchdog's raise mode), polls --
-        and past the deadline abandons the call and raises
-        :class:`Stalled`.  On the progress thread (a completion callback's
-        wait, or its blocking call) the thread goes on with its own work
-        while it waits (:meth:`_wait_on_thread`)."""
+        after SPIN_SECONDS, with naps between polls -- and past the deadline
+        abandons the call and raises :class:`Stalled`.  On the progress
+        thread (a completion callback's wait, or its blocking call) the
+        thread goes on with its own work while it waits
+        (:meth:`_wait_on_thread`)."""
         limit = op.limit
         spins = 0
+        began, nap, moves = time.monotonic() if limit else 0.0, 0.0, MOVES[0]
         if self.ident and threading.get_ident() == self.ident:
             self._wait_on_thread(op)
             return
@@ -608,8 +622,17 @@ class _Engine:
                     self._block(op)
             if limit:
                 spins += 1
-                if (op.threaded or spins & 0xFF == 0) and time.monotonic() > op.deadline \
-                        and not op.done:
+                check = op.threaded or spins & 0xFF == 0
+                if not op.threaded and (nap or spins & 0xF == 0):
+                    now = time.monotonic()
+                    if MOVES[0] != moves:  # (a call moved on: spin again)
+                        began, nap, moves = now, 0.0, MOVES[0]
+                    elif now - began > SPIN_SECONDS:
+                        nap = min(NAP_SECONDS[1], (now - began) / 20,
+                                  max(NAP_SECONDS[0], nap * 1.5))
+                        time.sleep(nap)
+                        check = True
+                if check and time.monotonic() > op.deadline and not op.done:
                     raise self._stalled(op)
 
     def _wait_on_thread(self, op: Operation) -> None:
