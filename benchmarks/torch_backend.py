@@ -82,16 +82,20 @@ def _ddp_step_us(comm, group, widths, repeats_data, iters: int, device) -> float
     return batch_mean_us(comm, step, iters, 2)
 
 
+def _memory(t: torch.Tensor):
+    """The tensor's memory as the library takes it: a cupy view of a CUDA
+    tensor, a numpy view of a CPU one."""
+    if t.device.type == "cuda":
+        from mpi_allreduce import backend as arrays
+
+        return arrays.device_view(t)
+    return t.numpy()
+
+
 def _gradients_allreduce_us(comm, widths, iters: int, device) -> float:
     """The model's gradients all-reduced as one buffer, without DDP."""
     count = sum(a * b + b for a, b in zip(widths, widths[1:]))
-    t = torch.zeros(count, device=device)
-    if device.type == "cuda":
-        from mpi_allreduce import backend as arrays
-
-        a = arrays.device_view(t)
-    else:
-        a = t.numpy()
+    a = _memory(torch.zeros(count, device=device))
 
     def call():
         mar.allreduce(MPI.IN_PLACE, a, comm=comm)
@@ -144,15 +148,13 @@ def main() -> None:
     for nbytes in sizes_between(parse_size(args.min), parse_size(args.max), args.factor):
         # (zeros: repeated in-place sums stay finite)
         t = torch.zeros(max(1, nbytes // 4), device=device)
+        a = _memory(t)
         if device.type == "cuda":
-            a = arrays.device_view(t)
-
             def vendor():
                 h = t.cpu().numpy()
                 comm.Allreduce(MPI.IN_PLACE, h)
                 t.copy_(torch.from_numpy(h))
         else:
-            a = t.numpy()
             out = a.copy()
 
             def vendor():

@@ -601,12 +601,12 @@ class _Engine:
         thread (a completion callback's wait, or its blocking call) the
         thread goes on with its own work while it waits
         (:meth:`_wait_on_thread`)."""
-        limit = op.limit
-        spins = 0
-        began, nap, moves = time.monotonic() if limit else 0.0, 0.0, MOVES[0]
         if self.ident and threading.get_ident() == self.ident:
             self._wait_on_thread(op)
             return
+        limit = op.limit
+        spins = 0
+        began, nap, moves = time.monotonic() if limit else 0.0, 0.0, MOVES[0]
         while not op.finished():
             if op.threaded:
                 if op.event.wait(0.01 if limit else 1.0):
