@@ -73,6 +73,16 @@ def make_subcomm(kind: str):
     raise ValueError(kind)
 
 
+@pytest.fixture
+def watchdog(monkeypatch):
+    """Set the watchdog: ``watchdog(seconds, action="raise")``; undone
+    after the test."""
+    from .helpers import restore_watchdog, set_watchdog
+
+    yield lambda seconds, action="raise": set_watchdog(monkeypatch, seconds, action)
+    restore_watchdog(monkeypatch)
+
+
 @pytest.fixture(scope="session")
 def subcomms():
     from mpi4py import MPI

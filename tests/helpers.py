@@ -49,14 +49,26 @@ def mine(comm, dtype, op, count, kind="exact", seed=7):
     return make_data(np.dtype(dtype), op, count, comm.Get_rank(), kind, seed)
 
 
-def raise_mode(monkeypatch, seconds: float):
-    """The watchdog in raise mode with ``seconds``, undone afterwards: the
-    body of a fixture (``yield from raise_mode(monkeypatch, 0.5)``)."""
+def set_watchdog(monkeypatch, seconds, action: str = "raise") -> None:
+    """The watchdog at ``seconds`` with ``action``, through the environment
+    (undone by ``monkeypatch.undo()`` and :func:`restore_watchdog`)."""
     from mpi_allreduce import config
 
     monkeypatch.setenv(config.WATCHDOG_ENV, str(seconds))
-    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
+    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, action)
     config.refresh()
-    yield
+
+
+def restore_watchdog(monkeypatch) -> None:
+    from mpi_allreduce import config
+
     monkeypatch.undo()
     config.refresh()
+
+
+def raise_mode(monkeypatch, seconds: float):
+    """The watchdog in raise mode with ``seconds``, undone afterwards: the
+    body of a fixture (``yield from raise_mode(monkeypatch, 0.5)``)."""
+    set_watchdog(monkeypatch, seconds)
+    yield
+    restore_watchdog(monkeypatch)

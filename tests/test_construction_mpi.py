@@ -23,7 +23,7 @@ import mpi_allreduce as mar
 from mpi_allreduce import config
 from mpi_allreduce.context import context_for
 
-from .helpers import raise_mode
+from .helpers import raise_mode, restore_watchdog
 from .test_bad_input_mpi import raising_watchdog  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.mpi
@@ -194,7 +194,7 @@ def test_an_interrupt_breaks_the_communicator_never_a_wrong_result(interrupt_wat
     comm.Free()
 
 
-def test_an_interrupt_in_another_call_is_raised_by_the_wait_it_landed_in(monkeypatch):
+def test_an_interrupt_in_another_call_is_raised_by_the_wait_it_landed_in(monkeypatch, watchdog):
     """Rank 0 waits for call A while its call B is interrupted (B's
     reduction, advanced by A's wait, raises KeyboardInterrupt): A's wait
     raises the interrupt -- the caller is told of it where it landed, never
@@ -208,9 +208,7 @@ def test_an_interrupt_in_another_call_is_raised_by_the_wait_it_landed_in(monkeyp
     first, second = world.Dup(), world.Dup()
     for comm in (first, second):
         mar.setup(comm)  # (collective: ahead, so that the calls' order alone differs)
-    monkeypatch.setenv(config.WATCHDOG_ENV, "3")  # (patient: rank 1's messages must come first)
-    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
-    config.refresh()
+    watchdog(3)  # (patient: rank 1's messages must come first)
     rank = world.Get_rank()
     data = np.arange(COUNT, dtype=np.float64) + rank
     exact = sum(np.arange(COUNT, dtype=np.float64) + r for r in range(world.Get_size()))
@@ -240,8 +238,7 @@ def test_an_interrupt_in_another_call_is_raised_by_the_wait_it_landed_in(monkeyp
             outcome("A", start(first))
             assert set(outcomes.values()) <= {"exact", "Stalled", "Broken"}, outcomes
     finally:
-        monkeypatch.undo()
-        config.refresh()
+        restore_watchdog(monkeypatch)
     world.Barrier()
     first.Free()
     second.Free()

@@ -26,18 +26,6 @@ THREADS = MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
 @pytest.fixture
-def watchdog(monkeypatch):
-    """Set the watchdog: ``watchdog(seconds, action)``; undone afterwards."""
-    def set_(seconds, action="raise"):
-        monkeypatch.setenv(config.WATCHDOG_ENV, str(seconds))
-        monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, action)
-        config.refresh()
-    yield set_
-    monkeypatch.undo()
-    config.refresh()
-
-
-@pytest.fixture
 def fresh():
     """A fresh duplicate of the world (a stalled call leaves its communicator
     unusable), set up on every rank (its first use is collective)."""

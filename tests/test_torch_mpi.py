@@ -462,19 +462,18 @@ def test_ddp_matches_a_gloo_run(group, gloo):
     torch.testing.assert_close(weights[0], weights[1], rtol=1e-5, atol=1e-6)
 
 
-def test_ranks_that_disagree_are_reported_not_answered(group, monkeypatch):
+def test_ranks_that_disagree_are_reported_not_answered(group, monkeypatch, watchdog):
     """Rank 0 reduces 5 elements, the others 6: no rank gets a wrong sum;
     the watchdog (raise mode, 1 s) reports the call on every rank."""
     import mpi_allreduce as mar
-    from mpi_allreduce import config
+
+    from .helpers import restore_watchdog
 
     p, r = dist.get_world_size(), dist.get_rank()
     if p == 1:
         pytest.skip("one rank cannot disagree")
     sub = dist.new_group(list(range(p)))  # its communicator is left unusable
-    monkeypatch.setenv(config.WATCHDOG_ENV, "1")
-    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
-    config.refresh()
+    watchdog(1)
     try:
         t = torch.ones(5 if r == 0 else 6)
         with pytest.raises(mar.Stalled):
@@ -487,23 +486,8 @@ def test_ranks_that_disagree_are_reported_not_answered(group, monkeypatch):
             work.wait()
         assert (t == 1).all()
     finally:
-        monkeypatch.undo()
-        config.refresh()
+        restore_watchdog(monkeypatch)
     dist.barrier()
-
-
-@pytest.fixture
-def watchdog(monkeypatch):
-    """Set the watchdog: ``watchdog(seconds, action)``; restored after the test."""
-    from mpi_allreduce import config
-
-    def set_to(seconds: str, action: str) -> None:
-        monkeypatch.setenv(config.WATCHDOG_ENV, seconds)
-        monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, action)
-        config.refresh()
-    yield set_to
-    monkeypatch.undo()
-    config.refresh()
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
@@ -518,7 +502,7 @@ def test_mpis_calls_through_the_backend_are_watched_too(group, watchdog, async_o
     if p == 1:
         pytest.skip("one rank's barrier never waits")
     sub = dist.new_group(list(range(p)))
-    watchdog("0.5", "raise")
+    watchdog(0.5)
     if r == 0:
         with pytest.raises(mar.Stalled, match=f"barrier on the mpi_allreduce backend's group "
                                                f"of {p} ranks"):
@@ -541,7 +525,7 @@ def test_mpis_calls_through_the_backend_are_reported_in_warn_mode(group, watchdo
     p, r = dist.get_world_size(), dist.get_rank()
     if p == 1:
         pytest.skip("one rank has no peer")
-    watchdog("1", "warn")
+    watchdog(1, "warn")
     if r == 0:
         into = torch.zeros(2)
         dist.recv(into, 1, tag=9)
@@ -563,7 +547,7 @@ def test_a_rank_that_raises_inside_a_comm_hook(group, watchdog):
         pytest.skip("one rank has no peer to leave waiting")
     sub = dist.new_group(list(range(p)))  # left unusable
     ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2), process_group=sub)
-    watchdog("1", "raise")  # (after DDP's own broadcast, which must pass: a late peer is no fault)
+    watchdog(1)  # (after DDP's own broadcast, which must pass: a late peer is no fault)
 
     def hook(state, bucket):
         if r == 0:
@@ -871,7 +855,7 @@ def test_calls_complete_whatever_order_each_rank_waits_in(group, watchdog, algor
     from mpi_allreduce.torch import configure
 
     p, r = dist.get_world_size(), dist.get_rank()
-    watchdog("20", "raise")
+    watchdog(20)
     configure(algorithm=algorithm)
     try:
         a, b = dist.new_group(list(range(p))), dist.new_group(list(range(p)))

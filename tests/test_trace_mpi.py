@@ -177,7 +177,7 @@ def _recording(request) -> bool:
 
 
 @pytest.mark.parametrize("blocking", [True, False], ids=["allreduce", "iallreduce"])
-def test_ranks_that_disagree_while_tracing_stall_and_raise(traced, monkeypatch, blocking):
+def test_ranks_that_disagree_while_tracing_stall_and_raise(traced, watchdog, blocking):
     """The recording steps leave the tags and the watchdog as they are:
     rank 0 reduces 5 elements, the others 6 (raise mode, 0.5 s): Stalled on
     every rank, and rank 0, whose messages match nobody's, holds no sum (the
@@ -186,9 +186,7 @@ def test_ranks_that_disagree_while_tracing_stall_and_raise(traced, monkeypatch, 
     world = MPI.COMM_WORLD
     if world.Get_size() == 1:
         pytest.skip("one rank cannot disagree")
-    monkeypatch.setenv(config.WATCHDOG_ENV, "0.5")
-    monkeypatch.setenv(config.WATCHDOG_ACTION_ENV, "raise")
-    config.refresh()
+    watchdog(0.5)
     comm = world.Dup()  # left unusable
     data = np.ones(5 if world.Get_rank() == 0 else 6)
     out = np.zeros_like(data)
