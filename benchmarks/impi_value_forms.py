@@ -1,14 +1,14 @@
 """Intel MPI's ``I_MPI_ADJUST_ALLREDUCE``: what the form of a value costs.
 
-``tune --export impi`` writes a value that names an algorithm for every
-size range.  Intel's syntax also takes process ranges
+``tune --export impi`` wrote such a value, naming an algorithm for every
+size range, until it wrote a JSON tuning file (``I_MPI_TUNING``), which can
+also name Intel's compositions.  Intel's syntax also takes process ranges
 (``<id>:<from>-<to>@<p>-<q>``).  This times Intel's default
 ``MPI_Allreduce`` and the same all-reduce under values of several forms
 (one id; one id with ranges; several ids with and without process ranges;
 the order of the entries), one launch per value, ``--rounds`` rounds
-interleaved, and prints each launch's median per size.  It is what the
-export's choice of form rests on (``mpi_allreduce/vendor.py``,
-``IntelMPI.export``).  Run::
+interleaved, and prints each launch's median per size: what the value's
+form cost (``docs/tuning.md``).  Run::
 
     python benchmarks/impi_value_forms.py --ranks 4 > benchmarks/results/impi-value-forms-np4.txt
 

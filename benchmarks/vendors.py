@@ -7,8 +7,10 @@ and this checkout, editable) and, under that MPI's ``mpiexec``:
 1. times the vendor's own all-reduce algorithms beside its default and
    ours: one ``bench --vendor-algorithms`` launch where the library takes
    its control at run time (Open MPI, MPICH), one launch per algorithm
-   (``I_MPI_ADJUST_ALLREDUCE=<id>``) where it reads it at start-up only
-   (Intel MPI: ``--rounds`` launches of each, interleaved, medians; ours run
+   where it reads it at start-up only (Intel MPI: each preset with
+   ``I_MPI_ADJUST_ALLREDUCE=<id>``, each composition with ``I_MPI_TUNING``
+   naming a JSON file of it, written beside the results;
+   ``--rounds`` launches of each, interleaved, medians; ours run
    in each of them too, so that every launch makes the same calls); every
    row checked (``-c``, #wrong);
 2. writes the vendor's tuning file from those rows
@@ -135,7 +137,7 @@ def measure(name: str, bin_dir: Path, args, where: Path, reuse: str = "") -> dic
         forced, sources = [], []
         for k in range(args.rounds):
             runs = [(where / f"algorithms-{k}.json", {})] + [
-                (where / f"algorithm-{a.value}-{k}.json", library.force_env(a))
+                (where / f"algorithm-{a.name}-{k}.json", library.force_env(a, str(where)))
                 for a in library.algorithms()]
             for path, env in runs:
                 forced += bench(name, bin_dir, args, path, ours, env)
@@ -281,7 +283,7 @@ def main() -> None:
     for name, measured in runs.items():
         header.append(f"* {name}: {measured['meta']['mpi_library'].splitlines()[0]}; tuning file "
                       f"`{Path(measured['file']).name}`, used with "
-                      + " ".join(f"`{k}={Path(v).name if k.endswith(('FILE', 'filename')) else v}`"
+                      + " ".join(f"`{k}={Path(v).name if os.path.isabs(v) else v}`"
                                  for k, v in measured["env"].items())
                       + ("; control (the tuning path on, nothing chosen): "
                          + " ".join(f"`{k}={v}`" for k, v in measured["control_env"].items())

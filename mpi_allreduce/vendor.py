@@ -21,8 +21,8 @@ Vocabulary:
                                                                    is made
   MPICH      ``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=<name>``        yes: read
                                                                    at each call
-  Intel MPI  ``I_MPI_ADJUST_ALLREDUCE=<id>``                       no: read at
-                                                                   start-up
+  Intel MPI  ``I_MPI_ADJUST_ALLREDUCE=<id>`` (a preset), or         no: read at
+             ``I_MPI_TUNING=<JSON file>`` naming a composition     start-up
   =========  ====================================================  ==========
 
   Where the library reads its control again after start-up, ``bench
@@ -38,8 +38,8 @@ Vocabulary:
 * **tuning file**: the library's own way to say which algorithm to run at
   which size: Open MPI's dynamic rules file
   (``coll_tuned_dynamic_rules_filename``), MPICH's JSON selection file
-  (``MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE``), Intel MPI's
-  ``I_MPI_ADJUST_ALLREDUCE`` value with size ranges.  :meth:`Library.export`
+  (``MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE``), Intel MPI's JSON
+  tuning file (``I_MPI_TUNING``).  :meth:`Library.export`
   writes it from ``[(from bytes, algorithm)]`` and :meth:`Library.read`
   reads it back (the same parser checks a file named in the environment
   before a bench times anything).
@@ -248,7 +248,10 @@ class Library:
             f"{self.title} has no all-reduce algorithm {text!r}; its algorithms: "
             + ", ".join(f"{a.value} {a.name}" for a in self.algorithms()))
 
-    def force_env(self, algorithm: Algorithm) -> dict:
+    def force_env(self, algorithm: Algorithm, directory: Optional[str] = None) -> dict:
+        """The environment that forces ``algorithm`` at start-up (a library
+        that forces some through a file writes it in ``directory``, the
+        working directory if None)."""
         raise NotImplementedError
 
     def tuned_env(self, path: str) -> dict:
@@ -314,7 +317,7 @@ class OpenMPI(Library):
         pairs = [(v, n) for v, n in items if v != 0] if items else self.KNOWN
         return [Algorithm(n, v) for v, n in pairs]
 
-    def force_env(self, algorithm):
+    def force_env(self, algorithm, directory=None):
         return {f"OMPI_MCA_{self.DYNAMIC}": "1", f"OMPI_MCA_{self.ALGORITHM}": str(algorithm.value)}
 
     def control_env(self):
@@ -449,7 +452,7 @@ class MPICH(Library):
         return [Algorithm(n, v) for v, n in enumerate(self.choices())
                 if n not in self.NOT_ALGORITHMS]
 
-    def force_env(self, algorithm):
+    def force_env(self, algorithm, directory=None):
         return {self.DEVICE: "0", self.ALGORITHM: algorithm.name}
 
     def control_env(self):
@@ -571,16 +574,19 @@ class MPICH(Library):
 
 
 class IntelMPI(Library):
-    """Intel MPI's I_MPI_ADJUST_ALLREDUCE presets."""
+    """Intel MPI's all-reduce presets and compositions."""
     key, title = "impi", "Intel MPI"
     in_process = False
-    suffix = ".env"
-    # (a size the value leaves out does not keep Intel's own choice, nor does
-    # preset 0 inside a value, Intel's "basic logic": setting the variable at all
-    # replaces Intel's tuned table, whose presets are not all among the numbered
-    # algorithms -- measured up to 3.3x the default on 4 ranks; docs/results.md)
+    suffix = ".json"
+    # (the tuning file names a preset or a composition at every size: it
+    # replaces Intel's all-reduce table, and no key of it says "Intel's own
+    # choice"; Intel's own table chooses among compositions, which the file
+    # can name, so the file can make Intel's choices where they are fastest)
     own_choice_in_file = False
     CONTROL = "I_MPI_ADJUST_ALLREDUCE"
+    #: a JSON tuning file (Intel's developer reference: "load tuning settings
+    #: in a JSON format"); it must be an absolute path
+    FILE = "I_MPI_TUNING"
     #: the developer reference's numbered list (2019-2021 pages; from 2021.13 on it
     #: says that presets outnumber algorithms, so a later id may mean a variant)
     KNOWN = ((1, "recursive_doubling"), (2, "rabenseifner"), (3, "reduce_bcast"),
@@ -588,33 +594,123 @@ class IntelMPI(Library):
              (6, "topo_binomial_gather_scatter"), (7, "shumilin_ring"), (8, "ring"),
              (9, "knomial"), (10, "topo_shm_flat"), (11, "topo_shm_knomial"),
              (12, "topo_shm_knary"))
+    #: compositions, the level above the presets where Intel's own table
+    #: chooses: which node-level and network-level steps make the call, each
+    #: then chosen by Intel's lower tables as by default (on 2 ranks here its
+    #: table names composition 3 up to 42780 B, whose shared-memory gather and
+    #: release at 8 B no preset reaches: every preset ran slower there); only a
+    #: JSON tuning file names them, as ``ALLREDUCE_COMPOSITION=<c>``
+    COMPOSITIONS = tuple(range(11))
+    PRESET, COMPOSITION = "ALLREDUCE", "ALLREDUCE_COMPOSITION"
+    COLLECTIVE = "coll=Allreduce"
 
     def algorithms(self):
-        return [Algorithm(n, v) for v, n in self.KNOWN]
+        return [Algorithm(n, v) for v, n in self.KNOWN] + \
+            [Algorithm(f"composition{c}", c) for c in self.COMPOSITIONS]
 
-    def force_env(self, algorithm):
-        return {self.CONTROL: str(algorithm.value)}
+    @staticmethod
+    def composition(algorithm: Algorithm) -> bool:
+        return algorithm.name.startswith("composition")
+
+    def algorithm(self, text):
+        # (a number is a preset id, as I_MPI_ADJUST_ALLREDUCE takes it; a
+        # composition goes by its name)
+        for a in self.algorithms():
+            if text == a.name or (text == str(a.value) and not self.composition(a)):
+                return a
+        return super().algorithm(text)
+
+    def _leaf(self, algorithm: Algorithm) -> str:
+        return f"{self.COMPOSITION if self.composition(algorithm) else self.PRESET}=" \
+               f"{algorithm.value}"
+
+    def _file(self, choices: list, ranks: int) -> str:
+        # (one entry of processes a node and communicator size, which Intel
+        # applies where its file has none closer: a 3-rank launch took a
+        # file's 4-rank entry; message sizes are inclusive upper bounds, -1
+        # the rest)
+        sizes = {f"msg_size={-1 if end is None else end}": {self._leaf(algorithm): {}}
+                 for _, end, algorithm in _ranges(choices)}
+        doc = {self.COLLECTIVE: {f"ppn={ranks}": {f"comm_size={ranks}": {"comm_id=-1": sizes}}}}
+        return json.dumps(doc, indent=1) + "\n"
+
+    def force_env(self, algorithm, directory=None):
+        if not self.composition(algorithm):
+            return {self.CONTROL: str(algorithm.value)}
+        path = os.path.join(directory or ".", f"impi-{algorithm.name}.json")
+        with open(path, "w") as f:
+            f.write(self._file([(0, algorithm)], 1))
+        return self.tuned_env(path)
 
     def tuned_env(self, path):
-        with open(path) as f:
-            return {self.CONTROL: f.read().strip()}
+        return {self.FILE: os.path.abspath(path)}
 
     def export(self, choices, ranks):
         if any(algorithm is None for _, algorithm in choices):
-            raise VendorSettingError("Intel MPI's value names an algorithm at every size "
-                                     "(a size left out does not keep Intel's own choice)")
-        # (size ranges only, smallest first, no ``@<p>-<q>`` process ranges: on
-        # 4 ranks under Intel MPI 2021.18 three ids with process ranges ran
-        # 1.3-3.6x the default from 8 B to 512 B in every launch, without them
-        # at its speed in two launches of three, and listed with the smallest
-        # sizes last slower in every launch -- benchmarks/impi_value_forms.py;
-        # so the value applies at every communicator size)
-        return ";".join(f"{algorithm.value}:{start}-{2 ** 62 if end is None else end}"
-                        for start, end, algorithm in _ranges(choices)) + "\n"
+            raise VendorSettingError("Intel MPI's tuning file names an algorithm at every size "
+                                     "(no key of it keeps Intel's own choice)")
+        return self._file(choices, ranks)
 
     def read(self, text):
+        """[(comm size, from bytes, preset id or ``composition<c>``)] of a
+        JSON tuning file's all-reduce entries (none: [])."""
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise VendorSettingError(f"not JSON ({exc}); Intel MPI ignores such a file "
+                                     "without a word") from None
+        if not isinstance(doc, dict):
+            raise VendorSettingError("an Intel MPI tuning file is a JSON object")
+        presets = {a.value for a in self.algorithms() if not self.composition(a)}
+        rules = []
+
+        def level(node, prefix: str) -> list:
+            if not isinstance(node, dict) or not node:
+                raise VendorSettingError(f"expected {prefix}<n> keys, found {node!r}")
+            out = []
+            for key, value in node.items():
+                m = re.fullmatch(re.escape(prefix) + r"(-?\d+)", key)
+                if not m:
+                    raise VendorSettingError(f"{key!r} is not '{prefix}<n>'")
+                out.append((int(m.group(1)), value))
+            return out
+
+        if self.COLLECTIVE not in doc:
+            return rules
+        for _, comms in level(doc[self.COLLECTIVE], "ppn="):
+            for comm_size, ids in level(comms, "comm_size="):
+                for _, sizes in level(ids, "comm_id="):
+                    bounds = sorted(level(sizes, "msg_size="),
+                                    key=lambda item: (item[0] < 0, item[0]))
+                    start = 0
+                    for end, leaf in bounds:
+                        if not isinstance(leaf, dict) or len(leaf) != 1:
+                            raise VendorSettingError(
+                                f"msg_size={end}: one algorithm key, found {leaf!r}")
+                        (key,) = leaf
+                        m = re.fullmatch(r"(ALLREDUCE|ALLREDUCE_COMPOSITION)=(\d+)", key)
+                        if not m:
+                            raise VendorSettingError(
+                                f"{key!r} is not ALLREDUCE=<id> or ALLREDUCE_COMPOSITION=<c>")
+                        number = int(m.group(2))
+                        if m.group(1) == self.PRESET and number not in presets:
+                            raise VendorSettingError(
+                                f"{key!r}: not one of {self.title}'s preset ids "
+                                f"({', '.join(map(str, sorted(presets)))})")
+                        if m.group(1) == self.COMPOSITION and number not in self.COMPOSITIONS:
+                            raise VendorSettingError(
+                                f"{key!r}: not one of {self.title}'s compositions "
+                                f"({self.COMPOSITIONS[0]}-{self.COMPOSITIONS[-1]})")
+                        rules.append((comm_size, start, number if m.group(1) == self.PRESET
+                                      else f"composition{number}"))
+                        start = end + 1
+        return rules
+
+    def read_value(self, text: str) -> list:
+        """[(comm size, from bytes, preset id)] of an ``I_MPI_ADJUST_ALLREDUCE``
+        value (``<id>[:<l>[-<m>][@<p>[-<q>]],...];...``)."""
         text = text.strip()
-        valid = {a.value for a in self.algorithms()} | {0}
+        valid = {a.value for a in self.algorithms() if not self.composition(a)} | {0}
         rules = []
         for part in filter(None, text.split(";")):
             m = re.fullmatch(r"(\d+)(?::(.*))?", part.strip())
@@ -636,18 +732,35 @@ class IntelMPI(Library):
 
     def in_force(self):
         value = os.environ.get(self.CONTROL, "").strip()
+        path = os.environ.get(self.FILE, "").strip()
+        if value and path:
+            raise VendorSettingError(f"both {self.CONTROL} and {self.FILE} are set: set one "
+                                     "(which of them Intel MPI follows is not documented)")
+        if path:
+            if not os.path.isabs(path):
+                raise VendorSettingError(f"{self.FILE}={path}: give an absolute path")
+            rules = self.check_file(path)
+            if not rules:
+                return VENDOR  # (a file of other collectives)
+            if len(rules) == 1:
+                return self.algorithm(str(rules[0][2])).label
+            return TUNED_LABEL
         if not value:
             return VENDOR
-        rules = self.read(value)
+        rules = self.read_value(value)
         if ":" not in value and len(rules) == 1:
             return self.algorithm(str(rules[0][2])).label if rules[0][2] else VENDOR
         return TUNED_LABEL
 
     def require_in_process(self):
         raise VendorSettingError(
-            f"{self.title} reads {self.CONTROL} at start-up only: launch once per algorithm "
-            f"with {self.CONTROL}=<id> (bench then names its MPI row mpi:<name>); ids: "
-            + ", ".join(f"{a.value} {a.name}" for a in self.algorithms()))
+            f"{self.title} reads its settings at start-up only: launch once per algorithm, "
+            f"a preset with {self.CONTROL}=<id>, a composition with {self.FILE}=<absolute "
+            f"path of a JSON file naming it> (bench then names its MPI row mpi:<name>); "
+            f"presets: " + ", ".join(f"{a.value} {a.name}" for a in self.algorithms()
+                                     if not self.composition(a))
+            + f"; compositions: composition{self.COMPOSITIONS[0]}-"
+              f"composition{self.COMPOSITIONS[-1]}")
 
     def forcing(self, comm, algorithm):
         self.require_in_process()

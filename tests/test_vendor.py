@@ -65,24 +65,64 @@ def test_an_unknown_algorithm_is_refused_with_the_librarys_list():
         _open_mpi().algorithm("7")
 
 
-def test_intel_value_reads_back_and_names_what_is_in_force(monkeypatch):
+def test_intel_file_reads_back_and_names_what_is_in_force(monkeypatch, tmp_path):
+    """Intel MPI's tuning file: JSON of presets and compositions per size
+    range (Intel's own table chooses compositions); read back as written;
+    what is in force named from I_MPI_ADJUST_ALLREDUCE or I_MPI_TUNING."""
     library = vendor.IntelMPI()
-    text = library.export([(0, library.algorithm("1")), (4097, library.algorithm("10")),
+    composition3 = library.algorithm("composition3")
+    assert composition3.value == 3 and library.algorithm("3").name == "reduce_bcast"
+    text = library.export([(0, composition3), (4097, library.algorithm("10")),
                            (65537, library.algorithm("ring"))], 2)
-    assert text.strip() == f"1:0-4096;10:4097-65536;8:65537-{2 ** 62}"
-    assert library.read(text) == [(0, 0, 1), (0, 4097, 10), (0, 65537, 8)]
-    # (process ranges, which the export leaves out, are still read)
-    assert library.read("1:0-4096@2-2;8:4097-8192@2-4") == [(2, 0, 1), (2, 4097, 8)]
+    assert json.loads(text) == {"coll=Allreduce": {"ppn=2": {"comm_size=2": {"comm_id=-1": {
+        "msg_size=4096": {"ALLREDUCE_COMPOSITION=3": {}},
+        "msg_size=65536": {"ALLREDUCE=10": {}},
+        "msg_size=-1": {"ALLREDUCE=8": {}}}}}}}
+    assert library.read(text) == [(2, 0, "composition3"), (2, 4097, 10), (2, 65537, 8)]
     with pytest.raises(vendor.VendorSettingError, match="at every size"):
         library.export([(0, library.algorithm("1")), (4097, None)], 2)
+    # (Intel's default is no candidate of the file: a composition or preset wins)
     assert vendor_winners(library, [(8, "mpi", 1.0), (8, "mpi:ring", 2.0),
-                                    (8, "mpi:rabenseifner", 3.0)], 2) == [(8, "mpi:ring")]
+                                    (8, "mpi:composition3", 1.02)], 2) == [(8, "mpi:composition3")]
+    for bad, why in [("{", "not JSON"), ('{"coll=Allreduce": {"ppn=2": {"comm_size=2": '
+                                         '{"comm_id=-1": {"msg_size=-1": {"ALLREDUCE=99": {}}}}}}}',
+                                         "not one of Intel MPI's preset ids"),
+                     ('{"coll=Allreduce": {"ppn=2": {"comm_size=2": {"comm_id=-1": '
+                      '{"msg_size=-1": {"ALLREDUCE_COMPOSITION=11": {}}}}}}}', "compositions"),
+                     ('{"coll=Allreduce": {"nodes=2": {}}}', "'ppn=<n>'")]:
+        with pytest.raises(vendor.VendorSettingError, match=why):
+            library.read(bad)
+    assert library.read('{"coll=Bcast": {}}') == []  # (a file of other collectives)
+
+    monkeypatch.delenv("I_MPI_TUNING", raising=False)
     monkeypatch.setenv("I_MPI_ADJUST_ALLREDUCE", "8")
     assert library.in_force() == "mpi:ring"
-    monkeypatch.setenv("I_MPI_ADJUST_ALLREDUCE", text.strip())
+    monkeypatch.setenv("I_MPI_ADJUST_ALLREDUCE", "1:0-4096;8:4097-65536")
     assert library.in_force() == "mpi:tuned"
     monkeypatch.setenv("I_MPI_ADJUST_ALLREDUCE", "99")
     with pytest.raises(vendor.VendorSettingError, match="'99' is not"):
+        library.in_force()
+    monkeypatch.delenv("I_MPI_ADJUST_ALLREDUCE")
+    # a composition is forced through a file of it, written where asked
+    env = library.force_env(composition3, str(tmp_path))
+    assert list(env) == ["I_MPI_TUNING"] and env["I_MPI_TUNING"].startswith(str(tmp_path))
+    assert library.force_env(library.algorithm("ring"), str(tmp_path)) == \
+        {"I_MPI_ADJUST_ALLREDUCE": "8"}
+    monkeypatch.setenv("I_MPI_TUNING", env["I_MPI_TUNING"])
+    assert library.in_force() == "mpi:composition3"
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(text)
+    monkeypatch.setenv("I_MPI_TUNING", str(tuned))
+    assert library.in_force() == "mpi:tuned"
+    monkeypatch.setenv("I_MPI_ADJUST_ALLREDUCE", "8")
+    with pytest.raises(vendor.VendorSettingError, match="set one"):
+        library.in_force()
+    monkeypatch.delenv("I_MPI_ADJUST_ALLREDUCE")
+    monkeypatch.setenv("I_MPI_TUNING", "tuned.json")
+    with pytest.raises(vendor.VendorSettingError, match="absolute path"):
+        library.in_force()
+    monkeypatch.setenv("I_MPI_TUNING", str(tmp_path / "missing.json"))
+    with pytest.raises(vendor.VendorSettingError, match="could not read"):
         library.in_force()
     with pytest.raises(vendor.VendorSettingError, match="at start-up only"):
         library.forcing(None, library.algorithm("ring"))
