@@ -30,7 +30,7 @@ from . import trace
 from .tools.arguments import (MAX_COUNT, MAX_ITERS, MAX_REPEATS, MAX_SAMPLES, MAX_SEED,
                               MAX_VERIFY_COUNT, ArgumentRefused, Parser, algorithm,
                               bench_results, check_sizes, device, dtype, image_file, listed,
-                              measured_file, number, op, output_directory, output_file,
+                              measured_file, nonempty, number, op, output_directory, output_file,
                               params_file, placement_value, size, size_range, trace_file,
                               trace_input, unwritable, whole)
 
@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time the vendor's own all-reduce algorithms, each forced through "
                         "its library's control (Open MPI, MPICH; rows mpi:<name>): all, or "
                         "comma-separated names or numbers")
-    b.add_argument("--label-vendor", default=None,
+    b.add_argument("--label-vendor", default=None, type=nonempty("a name"),
                    help="name for the MPI.Allreduce rows (default: mpi, or mpi:<name> / "
                         "mpi:tuned for the vendor's algorithm or tuning file in force at launch)")
     b.add_argument("-i", "--inplace", choices=["no", "yes", "both"], default="no")

@@ -132,9 +132,10 @@ def allreduce(
     opts = _options("allreduce", algorithm, extra)
     call = _setup(sendbuf, recvbuf, op, comm, opts)
     exact = opts.reproducible and _order_matters(call)
-    if call.recv.size == 0:
-        setup(comm)  # the set-up is collective: every rank takes part, whatever its count
-        return call.recv
+    # (no short cut for an empty call on several ranks: its messages, empty,
+    # carry its spec like any call's, so a rank whose count differs from its
+    # peers' stalls there instead of skipping a call its peers make, and
+    # meeting their next call with its own: docs/guarantees.md)
     if comm.Get_size() == 1:
         if call.send is not None:
             call.backend.device_synchronize()  # the caller's other streams may still write it
@@ -248,10 +249,8 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.C
         request = kept.run()
         if request is not None:  # (None: its last call is in flight or not yet waited)
             return request
-    request = _request(sendbuf, recvbuf, op, comm, _options("request", algorithm, extra),
-                       persistent=False, extra=extra)
-    request._begin()
-    return request
+    return _request(sendbuf, recvbuf, op, comm, _options("request", algorithm, extra),
+                    persistent=False, extra=extra)
 
 
 def allreduce_init(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
@@ -284,9 +283,10 @@ _NONBLOCKING = "iallreduce"
 
 def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: str = "",
              extra: Optional[tuple] = None) -> Request:
-    """A non-blocking or (``persistent``) persistent call, not started
-    (``salt``: what else its spec must carry, see CallSpec; ``extra``: the
-    keywords it was given, kept with a non-blocking call for its repeats)."""
+    """A non-blocking call, started, or (``persistent``) a persistent one,
+    not started (``salt``: what else its spec must carry, see CallSpec;
+    ``extra``: the keywords it was given, kept with a non-blocking call for
+    its repeats)."""
     if persistent and sendbuf is not None and not in_place(sendbuf, recvbuf) \
             and not names_memory(sendbuf):
         # (a list or another array-like: made into an array once, here, so
@@ -298,25 +298,33 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
         raise ValueError("reproducible=True makes a float sum a blocking call: use "
                          "allreduce(..., reproducible=True)")
     kind = PersistentRequest if persistent else Request
-    if call.recv.size == 0 or comm.Get_size() == 1:
+    if comm.Get_size() == 1:
         setup(comm)
-        return kind(progress.local_operation(call.backend, call.send, call.recv), call.recv)
+        request = kind(progress.local_operation(call.backend, call.send, call.recv), call.recv)
+        if not persistent:
+            request._begin()
+        return request
     context = context_for(comm)
     plan = plan_for(context, call, choice(context, call, call.recv.size))
     held = refcounts(call)
     bound = plan.bind(call.send, call.recv, request=True, datatype=call.datatype)
     operation = progress.operation(bound, context, call.recv.nbytes, persistent)
-    if persistent:
-        return PersistentRequest(operation, call.recv, (bound,))
-    if not opts.check and extra is not None:  # kept: its bound call, scratch and operation
-        restart = progress.restarter(operation, context, call.recv)
-        ours = [after - before for before, after in zip(held, refcounts(call))]
-        # (kept, its scratch stays with the call until the call is dropped)
-        operation.kept = remember_call(
-            context, restart, sendbuf, recvbuf, op, comm, opts.algorithm, call, ours,
-            None if extra == (None,) * len(extra) else extra, kind=_NONBLOCKING,
-            release=progress.kept_scratch_back(operation, bound))
-    return Request(operation, call.recv, (bound,))
+    # (from the tag's claim in progress.operation to the hand-over, an
+    # exception breaks the communicator: see progress.counted)
+    with progress.counted(context, operation.kind):
+        if persistent:
+            return PersistentRequest(operation, call.recv, (bound,))
+        if not opts.check and extra is not None:  # kept: its bound call, scratch and operation
+            restart = progress.restarter(operation, context, call.recv)
+            ours = [after - before for before, after in zip(held, refcounts(call))]
+            # (kept, its scratch stays with the call until the call is dropped)
+            operation.kept = remember_call(
+                context, restart, sendbuf, recvbuf, op, comm, opts.algorithm, call, ours,
+                None if extra == (None,) * len(extra) else extra, kind=_NONBLOCKING,
+                release=progress.kept_scratch_back(operation, bound))
+        request = Request(operation, call.recv, (bound,))
+        request._begin()
+        return request
 
 
 def _setup(sendbuf, recvbuf, op, comm, opts: Options, salt: str = "") -> Call:

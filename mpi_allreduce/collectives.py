@@ -24,7 +24,7 @@ from .buffers import arrays_and_datatype, messages
 from .context import CALLS, context_for, refcounts, remember_call, setup
 from .errors import failed
 from .executor import Plan
-from .ops import check_dtype, dtype_label, resolve_op
+from .ops import check_dtype, dtype_label, resolve_op, spec_label
 from .spec import CallSpec
 from .options import Options, options
 from .planner import algorithm_options
@@ -81,7 +81,8 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
 
     send, recv, blocks, datatype = _validated(
         validate, comm, opts, "reduce_scatter",
-        lambda v: {"counts": v[2], "dtype": dtype_label(v[1].dtype), "op": op.stable})
+        lambda v: {"counts": v[2], "dtype": dtype_label(v[1].dtype),
+                   "op": spec_label(op, v[1].dtype, v[3])})
     return _run(comm, "reduce_scatter", send, recv, blocks, op, opts, datatype, user)
 
 
@@ -209,9 +210,7 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, opts: Options, datatype
          user=None):
     backend, dtype = backend_for(recv), recv.dtype
     segment = opts.segment(dtype)
-    if sum(blocks) == 0:
-        setup(comm)  # collective the first time: every rank takes part
-        return recv
+    # (no short cut for an empty call on several ranks: see api.allreduce)
     if comm.Get_size() == 1:
         if send is not None:
             backend.device_synchronize()
@@ -220,7 +219,8 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, opts: Options, datatype
     context = context_for(comm)
     # in place or not is each rank's own affair: in the cache key, not the spec
     spec = CallSpec(what, opts.algorithm, context.size, sum(blocks), dtype_label(dtype),
-                    op.stable, segment, algorithm_options(opts.algorithm, opts, context.size),
+                    spec_label(op, dtype, datatype), segment,
+                    algorithm_options(opts.algorithm, opts, context.size),
                     blocks=blocks)
     key = (spec, op.identity, backend, send is None)
 

@@ -48,7 +48,7 @@ from mpi4py import MPI
 
 from . import api, collectives, progress
 from .context import setup
-from .engine import duplicate, wait_for, wait_for_call
+from .engine import blocking_collective, duplicate, wait_for_call
 from .backend import backend_for
 from .buffers import message, names_memory
 from .errors import ArgumentMismatch
@@ -369,23 +369,23 @@ class Comm(MPI.Intracomm):
 
     # --- communicators made from this one are wrapped too ------------------
     # (the collectives that make communicators are watched like every call:
-    # those with no non-blocking form behind a watched MPI_Ibarrier, as
-    # topology.node_comm does, so every rank has arrived when they run;
-    # Create_group, collective over the group only, waited for itself)
+    # those with no non-blocking form run on a thread of their own, waited
+    # for under the watchdog, as topology.node_comm does: engine.blocking_collective)
     def Dup(self, info=None):  # noqa: N802
         return self._wrap(duplicate(self, "MPI_Comm_idup", info=info))
 
     def Split(self, color: int = 0, key: int = 0):  # noqa: N802
-        wait_for([MPI.Intracomm.Ibarrier(self)], "MPI_Comm_split (its barrier)")
-        return self._wrap(MPI.Intracomm.Split(self, color, key))
+        return self._wrap(blocking_collective(
+            self, lambda: MPI.Intracomm.Split(self, color, key), "MPI_Comm_split"))
 
     def Split_type(self, split_type: int, key: int = 0, info=MPI.INFO_NULL):  # noqa: N802
-        wait_for([MPI.Intracomm.Ibarrier(self)], "MPI_Comm_split_type (its barrier)")
-        return self._wrap(MPI.Intracomm.Split_type(self, split_type, key, info))
+        return self._wrap(blocking_collective(
+            self, lambda: MPI.Intracomm.Split_type(self, split_type, key, info),
+            "MPI_Comm_split_type"))
 
     def Create(self, group):  # noqa: N802
-        wait_for([MPI.Intracomm.Ibarrier(self)], "MPI_Comm_create (its barrier)")
-        return self._wrap(MPI.Intracomm.Create(self, group))
+        return self._wrap(blocking_collective(
+            self, lambda: MPI.Intracomm.Create(self, group), "MPI_Comm_create"))
 
     def Create_group(self, group, tag: int = 0):  # noqa: N802
         # (collective over the group's members only: no barrier of the

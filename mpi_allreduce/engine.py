@@ -39,7 +39,8 @@ from .config import environment
 from .errors import Broken, Stalled
 from .watchdog import WATCH, describe, report, settings
 
-__all__ = ["Operation", "MPIOperation", "ENGINE", "wait_for", "wait_for_call", "duplicate",
+__all__ = ["Operation", "MPIOperation", "ENGINE", "wait_for", "wait_for_call",
+           "blocking_collective", "duplicate",
            "thread_progress", "mpi_threads", "THREAD_MIN_BYTES", "ABANDONED"]
 
 
@@ -1076,6 +1077,23 @@ def duplicate(comm, what: str, context=None, info=None):
 #: return against its caller's giving up
 _STUCK: dict = {}
 _STUCK_LOCK = threading.Lock()
+
+
+def blocking_collective(comm, call, what: str, context=None):
+    """The result of ``call()``, a blocking collective over every rank of
+    ``comm`` with no non-blocking form (``MPI_Comm_split``,
+    ``MPI_Comm_split_type``, ``MPI_Comm_create``), watched: where MPI runs
+    threads, :func:`wait_for_call` -- the call runs on a thread of its own,
+    so an interrupt of its caller cannot keep this rank out of it once it
+    has begun (the peers would wait inside MPI, where no watchdog reaches
+    them), and a peer that never comes is reported, and raises
+    :class:`~mpi_allreduce.errors.Stalled` in raise mode, like any call's.
+    Without threads the ranks first meet in a watched ``MPI_Ibarrier``, and
+    the call is this thread's blocking call (reported under ``warn`` and
+    ``abort``)."""
+    if not mpi_threads():
+        wait_for([MPI.Intracomm.Ibarrier(comm)], f"{what} (its barrier)", context)
+    return wait_for_call(call, what, key=comm.handle, context=context)
 
 
 def wait_for_call(call, what: str, key=None, context=None):

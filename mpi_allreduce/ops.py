@@ -22,6 +22,7 @@ result is then exactly MPI's: ``x_0 OP x_1 OP ... OP x_{p-1}``.
 from __future__ import annotations
 
 import functools
+import zlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -29,7 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 __all__ = ["Op", "resolve_op", "OPS", "SUPPORTED_DTYPES", "check_dtype", "user_op",
-           "dtype_kind", "dtype_label", "reduce_step", "value_bytes"]
+           "spec_label", "dtype_kind", "dtype_label", "reduce_step", "value_bytes"]
 
 _INTEGER = "integer"
 _FLOAT = "float"
@@ -112,6 +113,9 @@ class Op:
     #: what tells this op from others with the same name in caches (user ops;
     #: the name alone, which must agree across ranks, may be shared)
     key: object = None
+    #: whether what a user op computes is part of its identity across ranks
+    #: (see :func:`spec_label`; not where its caller named it)
+    probed: bool = False
 
     @property
     def stable(self) -> str:
@@ -188,12 +192,16 @@ def user_op(function: Callable, commute: bool = False, name: Optional[str] = Non
     ``a`` holding the lower ranks' operand).  ``commute=False`` (the default
     for a bare callable) keeps it to the algorithms that combine in rank
     order.  ``name`` (default: the function's qualified name) must be the
-    same on every rank: it is part of the call's fingerprint."""
+    same on every rank: it is part of the call's fingerprint.  Without a
+    ``name``, what the function computes is too (:func:`spec_label`: it is
+    called once on two short vectors when a call of a new shape is
+    planned), since a qualified name may be shared (two lambdas); a
+    ``name`` says the caller vouches that it names one reduction."""
     if not callable(function):
         raise TypeError(f"a user op needs a callable, got {type(function).__name__}")
     label = name or getattr(function, "__qualname__", None) or type(function).__name__
     return Op(f"user:{label}", None, MPI.OP_NULL, frozenset({_ANY}), commutative=bool(commute),
-              function=_applied(function), key=(function, bool(commute)))
+              function=_applied(function), key=(function, bool(commute)), probed=name is None)
 
 
 def _applied(function):
@@ -209,7 +217,7 @@ def _mpi_user_op(op: MPI.Op) -> Op:
     Op holds, so its id stays its own while a plan keeps it."""
     commutative = bool(op.Is_commutative())
     return Op("mpi-user-op", None, op, frozenset({_ANY}), commutative=commutative,
-              device=False, key=(id(op), op.py2f(), commutative))
+              device=False, key=(id(op), op.py2f(), commutative), probed=True)
 
 
 def resolve_op(op) -> Op:
@@ -238,6 +246,49 @@ def resolve_op(op) -> Op:
     if callable(op):
         return user_op(op)
     raise TypeError(f"op must be an MPI.Op, a string or a callable, got {type(op).__name__}")
+
+
+def spec_label(op: Op, dtype, datatype=None) -> str:
+    """The op's identity in a call's spec (and in check mode's agreement):
+    :attr:`Op.stable`; for a user op its caller did not name also what it
+    computes on this dtype (:func:`_behaviour`).  Two user ops that share a
+    name -- two lambdas, or ``MPI.Op.Create`` ops, whose handles say nothing
+    across ranks -- but reduce differently then give their calls different
+    fingerprints, so ranks that disagree about the op stall and are
+    reported instead of combining two reductions."""
+    if not op.probed:
+        return op.stable
+    return f"{op.stable}/{_behaviour(op, np.dtype(dtype), datatype)}"
+
+
+#: elements of the two vectors a user op is tried on
+_PROBE = 4
+
+
+def _behaviour(op: Op, dtype: np.dtype, datatype=None) -> str:
+    """A digest of ``a OP b`` for two fixed vectors of ``dtype`` (their
+    bytes a fixed pattern, booleans 0 or 1): the op is called once, on
+    host memory, each time a call of a new shape is planned.  An op that
+    raises on them is ``unprobed`` (alike on every rank that has it)."""
+    n = dtype.itemsize * _PROBE
+    first = np.array([(37 * i + 11) % 251 for i in range(n)], dtype=np.uint8)
+    second = np.array([(53 * i + 29) % 241 for i in range(n)], dtype=np.uint8)
+    if dtype.kind == "b":
+        first &= 1
+        second &= 1
+    out = second.copy()
+    try:
+        a, b, o = first.view(dtype), second.view(dtype), out.view(dtype)
+        with np.errstate(all="ignore"):
+            if op.function is not None:
+                op.function(a, b, o)
+            elif datatype is not None:  # (MPI_Reduce_local(in, inout): inout = in OP inout)
+                op.mpi_op.Reduce_local([a, datatype], [o, datatype])
+            else:
+                op.mpi_op.Reduce_local(a, o)
+    except Exception:  # noqa: BLE001 - the same on every rank with this op
+        return "unprobed"
+    return f"{zlib.crc32(out.tobytes()):08x}"
 
 
 def check_dtype(dtype: np.dtype, op: Op) -> None:

@@ -18,7 +18,7 @@ import time
 from . import progress, registry, selection as _selection
 from .context import Context
 from .executor import Plan
-from .ops import dtype_label
+from .ops import dtype_label, spec_label
 from .spec import CallSpec
 from .validate import Call
 
@@ -58,8 +58,9 @@ def spec_of(context: Context, call: Call, name: str) -> CallSpec:
             context.oversubscribed, call.op.commutative)
     else:
         options = algorithm_options(name, call.options, context.size)
-    return CallSpec("allreduce", name, context.size, count, dtype_label(dtype), call.op.stable,
-                    call.segment_size, options, salt=call.salt)
+    return CallSpec("allreduce", name, context.size, count, dtype_label(dtype),
+                    spec_label(call.op, dtype, call.datatype), call.segment_size, options,
+                    salt=call.salt)
 
 
 def algorithm_options(name: str, opts, size: int) -> tuple:

@@ -44,6 +44,8 @@ watched by the watchdog from start to completion, and in the watchdog's
 
 from __future__ import annotations
 
+import contextlib
+
 from threading import Lock, get_ident
 from time import sleep as _yield
 from typing import Optional
@@ -417,10 +419,25 @@ def operation(bound: Bound, context, nbytes: int, persistent: bool) -> Operation
                    context,
                    reserved=persistent)
     op.tag = context.claim(op, bound.plan.fingerprint, persistent)
-    if persistent and not bound.plan.backend.device:
-        op.persistent = persistent_requests(bound, op.tag)
-    op.one_round()
+    with counted(context, kind):
+        if persistent and not bound.plan.backend.device:
+            op.persistent = persistent_requests(bound, op.tag)
+        op.one_round()
     return op
+
+
+@contextlib.contextmanager
+def counted(context, what: str):
+    """The span between a call's tag claim and its hand-over to the caller
+    (its start, where it is started at once): this rank has counted the
+    call, as every rank does, so any exception in it -- an interrupt above
+    all -- breaks the communicator (``Context.breaks``); a retry would
+    otherwise take the tag of the peers' next call and meet it."""
+    try:
+        yield
+    except BaseException as exc:
+        context.breaks(exc, f"the start of a {what}")
+        raise
 
 
 def starter(op: Operation):
@@ -465,8 +482,9 @@ def restarter(op: Operation, context, result):
         if not op.done or op.unwaited:
             return None  # in flight, or complete but not yet waited: a call of its own
         op.tag = context.claim(op, fingerprint, False)
-        request = Request(op, result, start=start)
-        request._begin()
+        with counted(context, op.kind):
+            request = Request(op, result, start=start)
+            request._begin()
         return request
     return restart
 

@@ -19,7 +19,7 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from .engine import wait_for
+from .engine import blocking_collective, wait_for
 
 __all__ = ["placement", "where", "on_node", "node_comm", "emulated_nodes", "oversubscribed",
            "LOCAL_SIZE_ENV"]
@@ -68,12 +68,12 @@ def node_comm(comm: MPI.Intracomm, what: str = "where the ranks run", context=No
     for the ``with`` block; freed when it ends, however it ends.
     Collective over ``comm``.
 
-    ``Split_type`` has no non-blocking form, so the ranks first meet in a
-    watched ``MPI_Ibarrier`` (``what`` names it, ``context`` is broken if
-    it stalls): a rank that never comes is reported there, not waited for
-    inside MPI."""
-    wait_for([comm.Ibarrier()], what, context)
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    ``Split_type`` has no non-blocking form, so it is waited for as
+    :func:`~mpi_allreduce.engine.blocking_collective` waits (``what`` names
+    it, ``context`` is broken if it stalls): a rank that never comes is
+    reported, not waited for inside MPI."""
+    node = blocking_collective(
+        comm, lambda: comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank()), what, context)
     try:
         yield node
     finally:

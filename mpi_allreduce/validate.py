@@ -20,7 +20,7 @@ from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
 from .context import context_for
 from .errors import ArgumentMismatch
-from .ops import Op, check_dtype, dtype_label, resolve_op
+from .ops import Op, check_dtype, dtype_label, resolve_op, spec_label
 from .options import Options
 
 __all__ = ["Call", "validate", "arguments", "agree"]
@@ -113,7 +113,7 @@ def arguments(call: Optional[Call]):
     return {
         "count": int(call.recv.size),
         "dtype": dtype_label(call.recv.dtype),
-        "op": call.op.stable,
+        "op": spec_label(call.op, call.recv.dtype, call.datatype),
         "algorithm": call.algorithm,
         "segment_size": call.segment_size,
         "ranks_per_node": call.ranks_per_node,

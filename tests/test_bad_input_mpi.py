@@ -204,6 +204,21 @@ def test_numpy_subclasses_are_plain_arrays(comm, variant):
 
 # --- ranks that disagree, without check mode: never a wrong result --------------
 
+def _mpi_sum(a, b, datatype):
+    np.frombuffer(b, dtype=np.float64)[:] += np.frombuffer(a, dtype=np.float64)
+
+
+def _mpi_prod(a, b, datatype):
+    np.frombuffer(b, dtype=np.float64)[:] *= np.frombuffer(a, dtype=np.float64)
+
+
+#: user ops that tell nothing apart by name: MPI.Op.Create ops (their
+#: handles say nothing across ranks) and two lambdas (one qualified name)
+USER_OPS = {"mpi_sum": MPI.Op.Create(_mpi_sum, commute=True),
+            "mpi_prod": MPI.Op.Create(_mpi_prod, commute=True),
+            "lambda_add": mar.user_op(lambda a, b: a + b, commute=True),
+            "lambda_mul": mar.user_op(lambda a, b: a * b, commute=True)}
+
 #: per kind of disagreement, rank -> (count, dtype, op, algorithm or None)
 MISMATCHES = {
     "op": lambda r: (5, "float64", "max" if r == 0 else "sum", None),
@@ -211,6 +226,9 @@ MISMATCHES = {
     "dtype": lambda r: (5, "float32" if r == 0 else "float64", "sum", None),
     "count0": lambda r: (0 if r == 0 else 5, "float64", "sum", None),
     "algorithm": lambda r: (5, "float64", "sum", "driver" if r == 0 else None),
+    "user MPI.Op": lambda r: (5, "float64", USER_OPS["mpi_sum" if r == 0 else "mpi_prod"], None),
+    "user callable": lambda r: (5, "float64", USER_OPS["lambda_add" if r == 0 else "lambda_mul"],
+                                None),
 }
 
 
@@ -227,7 +245,11 @@ def test_mismatched_calls_stall_and_raise_never_return_wrong(raising_watchdog, w
                                                              blocking):
     """Messages of calls the ranks disagree about cannot match (their tags
     come from the call's fingerprint): ranks wait, and the watchdog raises
-    Stalled there; a rank may only return when it had nothing to receive."""
+    Stalled there.  A rank that returns (one that had nothing to receive)
+    must not have skipped the call: its next call, which every rank makes
+    alike, is exact or stalls (an empty call is no short cut on several
+    ranks: before, a rank of count 0 returned at once and its next call met
+    its peers' mismatched one, a wrong sum on both)."""
     world = MPI.COMM_WORLD
     if world.Get_size() == 1:
         pytest.skip("one rank cannot disagree")
@@ -241,6 +263,11 @@ def test_mismatched_calls_stall_and_raise_never_return_wrong(raising_watchdog, w
         stalled = False
         if out.size:
             wrong = f"a mismatched call returned {out}"
+        agreed = np.arange(5.0) + comm.Get_rank()
+        after = call(agreed, None, "sum", comm=comm, algorithm=algorithm)
+        exact = np.arange(5.0) * comm.Get_size() + comm.Get_size() * (comm.Get_size() - 1) / 2
+        if not np.array_equal(after, exact):
+            wrong = f"the next call after a mismatched one returned {after}, not {exact}"
     except mar.Stalled as exc:
         stalled = True
         if not ("call #" in str(exc) and "ranks" in str(exc)):

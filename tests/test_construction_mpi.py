@@ -563,19 +563,20 @@ def test_ranks_that_spell_one_call_differently_stall_never_mix(raising_watchdog)
 @pytest.mark.parametrize("make", ["Dup", "Split", "Split_type", "Create", "Create_group"])
 def test_a_peer_that_never_comes_to_a_wrappers_new_communicator_is_reported(raising_watchdog,
                                                                             make):
-    """The drop-in Comm's Dup (MPI_Comm_idup), Split, Split_type and Create
-    (behind a watched MPI_Ibarrier: they have no non-blocking form) and
-    Create_group (collective over the group only: the call itself waited
-    for on a thread of its own) are watched as the library's own calls
-    are: the ranks that wait raise Stalled.  While a Create_group given up
-    on is still inside MPI, another on the same communicator raises
-    Broken."""
-    from mpi_allreduce.engine import ABANDONED
+    """The drop-in Comm's Dup (MPI_Comm_idup), Split, Split_type, Create and
+    Create_group (no non-blocking form: each runs on a thread of its own,
+    waited for under the watchdog) are watched as the library's own calls
+    are: the ranks that wait raise Stalled.  While one given up on is still
+    inside MPI, another on the same communicator raises Broken.  (Where MPI
+    runs no threads, Split, Split_type and Create come after a watched
+    MPI_Ibarrier, where the waiting ranks stall.)"""
+    from mpi_allreduce.engine import ABANDONED, mpi_threads
 
     world = MPI.COMM_WORLD
     if world.Get_size() == 1:
         pytest.skip("one rank never waits for a peer")
-    if make == "Create_group" and MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+    threads = mpi_threads()
+    if make == "Create_group" and not threads:
         pytest.skip("MPI runs no threads here: Create_group is MPI's own wait")
     base = world.Dup()
     comm, late = mar.Comm(base), base.Get_rank() == 0
@@ -587,27 +588,144 @@ def test_a_peer_that_never_comes_to_a_wrappers_new_communicator_is_reported(rais
              "Split_type": lambda: comm.Split_type(MPI.COMM_TYPE_SHARED),
              "Create": lambda: comm.Create(whole),
              "Create_group": lambda: comm.Create_group(whole)}[make]()
-        if make == "Create_group":  # (its thread is still inside MPI: no second one)
+        if make != "Dup" and threads:  # (its thread is still inside MPI: no second one)
             with pytest.raises(mar.Broken, match="still inside MPI"):
                 comm.Create_group(whole)
         whole.Free()
     world.Barrier()
     if late:  # (completes what the others gave up on: nothing left pending)
+        whole = base.Get_group()
         if make == "Dup":
             dup, request = base.Idup()
             request.Wait()
             dup.Free()
-        elif make == "Create_group":
-            whole = base.Get_group()
-            base.Create_group(whole).Free()
-            whole.Free()
-        else:
+        elif not threads:
             base.Ibarrier().Wait()
+        else:
+            made = {"Split": lambda: base.Split(0, 0),
+                    "Split_type": lambda: base.Split_type(MPI.COMM_TYPE_SHARED),
+                    "Create": lambda: base.Create(whole),
+                    "Create_group": lambda: base.Create_group(whole)}[make]()
+            made.Free()
+        whole.Free()
     else:
         # (its requests: a call an earlier test dropped in flight may be kept
         # here meanwhile, as the garbage collector frees its request)
         MPI.Request.Waitall([r for r in ABANDONED[before:] if isinstance(r, MPI.Request)])
         del ABANDONED[before:]
+    base.Free()
+
+
+@pytest.mark.parametrize("where", ["one_round", "persistent_requests", "remember_call"])
+def test_an_interrupt_between_a_calls_tag_and_its_start_breaks_the_communicator(
+        interrupt_watchdog, monkeypatch, where):
+    """An interrupt lands on rank 0 after its call took its tag and before
+    the call is started and handed over (``where``: in the fast path's
+    set-up, a persistent call's MPI requests, the keeping of a
+    non-blocking call); rank 0 retries.  Its tag counter is one ahead of
+    the call it runs, so the retry would take the tag of its peers' next
+    call: instead the communicator is broken there (the retry raises
+    Broken), the peers stall, and nobody gets a wrong sum (before: the
+    retry and the peers' next call met, a wrong sum on both ranks)."""
+    from mpi_allreduce import api, engine, progress
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank has no peer to mislead")
+    comm = world.Dup()
+    mar.setup(comm)
+    rank, p = comm.Get_rank(), comm.Get_size()
+    armed = [False]
+    module, name = {"one_round": (engine.Operation, "one_round"),
+                    "persistent_requests": (progress, "persistent_requests"),
+                    "remember_call": (api, "remember_call")}[where]
+    real = getattr(module, name)
+
+    def interrupted(*args, **kwargs):
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt(f"lands in {name}")
+        return real(*args, **kwargs)
+    if rank == 0:
+        monkeypatch.setattr(module, name, interrupted)
+
+    def start(x):
+        if where == "persistent_requests":
+            request = mar.allreduce_init(x, None, comm=comm, algorithm="recursive_doubling")
+            request.start()
+            return request
+        return mar.iallreduce(x, None, comm=comm, algorithm="recursive_doubling")
+    outcomes = []
+    for step in range(2):
+        a, b = np.full(8, 1.0 + rank + 10 * step), np.full(8, 100.0 + rank + 10 * step)
+        exact_a = np.full(8, sum(1.0 + r + 10 * step for r in range(p)))
+        exact_b = np.full(8, sum(100.0 + r + 10 * step for r in range(p)))
+        armed[0] = step == 1
+        for _ in range(2):  # (a retry after an interrupt)
+            try:
+                requests = [start(a), start(b)]
+            except KeyboardInterrupt:
+                outcomes.append("interrupted")
+                continue
+            except mar.Broken:
+                outcomes.append("Broken")
+                break
+            for request, exact in zip(requests, (exact_a, exact_b)):
+                try:
+                    outcomes.append("exact" if np.array_equal(request.wait(), exact) else "WRONG")
+                except mar.Broken as exc:  # (Stalled is a Broken)
+                    outcomes.append(type(exc).__name__)
+            break
+    monkeypatch.undo()
+    everyone = world.allgather(outcomes)
+    assert not any("WRONG" in o for o in everyone), everyone
+    assert everyone[0][2:] == ["interrupted", "Broken"], everyone
+    world.Barrier()
+
+
+@pytest.mark.parametrize("make", ["Split", "Split_type", "Create", "node map"])
+def test_an_interrupt_as_a_blocking_collective_starts_leaves_no_peer_inside_it(monkeypatch,
+                                                                                make):
+    """Rank 0 is interrupted just as a collective with no non-blocking form
+    starts (the drop-in Comm's Split, Split_type and Create; the node map
+    that a first hierarchical call makes): the call already runs on its
+    own thread, so it completes there and the peers get their
+    communicator (before: the peers were left inside the blocking MPI call
+    after a barrier rank 0 had passed, where no watchdog reaches)."""
+    from mpi_allreduce import engine, topology
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank has no peer to leave inside the call")
+    if not engine.mpi_threads():
+        pytest.skip("MPI runs no threads here: the call is the caller's own blocking call")
+    base = world.Dup()
+    mar.setup(base)
+    rank, p = base.Get_rank(), base.Get_size()
+    if rank == 0:
+        def interrupted(requests, what, context=None):
+            raise KeyboardInterrupt(f"lands as {what} starts")
+        monkeypatch.setattr(engine, "wait_for", interrupted)
+    whole = base.Get_group()
+    calls = {"Split": lambda: mar.Comm(base).Split(0, rank),
+             "Split_type": lambda: mar.Comm(base).Split_type(MPI.COMM_TYPE_SHARED, rank),
+             "Create": lambda: mar.Comm(base).Create(whole),
+             "node map": lambda: topology.on_node(base)}
+    try:
+        made = calls[make]()
+        outcome = "made"
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+    monkeypatch.undo()
+    everyone = world.allgather(outcome)
+    assert everyone == ["interrupted"] + ["made"] * (p - 1), everyone
+    if rank and make == "node map":
+        assert made[1] >= 1
+    elif rank:
+        assert made.Get_size() == p  # (one host: the node's ranks are all of them)
+        made.Free()
+    whole.Free()
+    world.Barrier()
     base.Free()
 
 

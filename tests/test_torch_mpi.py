@@ -462,9 +462,12 @@ def test_ddp_matches_a_gloo_run(group, gloo):
     torch.testing.assert_close(weights[0], weights[1], rtol=1e-5, atol=1e-6)
 
 
-def test_ranks_that_disagree_are_reported_not_answered(group, monkeypatch, watchdog):
-    """Rank 0 reduces 5 elements, the others 6: no rank gets a wrong sum;
-    the watchdog (raise mode, 1 s) reports the call on every rank."""
+@pytest.mark.parametrize("first", [5, 0], ids=["5_against_6", "empty_against_6"])
+def test_ranks_that_disagree_are_reported_not_answered(group, monkeypatch, watchdog, first):
+    """Rank 0 reduces ``first`` elements, the others 6: no rank gets a
+    wrong sum; the watchdog (raise mode, 1 s) reports the call on every
+    rank (an empty tensor too: it is no short cut, or rank 0's next call
+    would meet its peers' 6-element one)."""
     import mpi_allreduce as mar
 
     from .helpers import restore_watchdog
@@ -475,12 +478,12 @@ def test_ranks_that_disagree_are_reported_not_answered(group, monkeypatch, watch
     sub = dist.new_group(list(range(p)))  # its communicator is left unusable
     watchdog(1)
     try:
-        t = torch.ones(5 if r == 0 else 6)
+        t = torch.ones(first if r == 0 else 6)
         with pytest.raises(mar.Stalled):
             dist.all_reduce(t, group=sub)
         assert (t == 1).all()
         later = dist.new_group(list(range(p)))  # the same through an async Work
-        t = torch.ones(5 if r == 0 else 6)
+        t = torch.ones(first if r == 0 else 6)
         work = dist.all_reduce(t, group=later, async_op=True)
         with pytest.raises(mar.Stalled):
             work.wait()

@@ -552,7 +552,7 @@ def test_a_communicator_wrapped_20000_times_keeps_nothing_per_wrapper(comm):
         wrapper = mar.Comm(comm)
         if i % 1000 == 0:
             alive.append(weakref.ref(wrapper))
-        # no elements: no message, but the whole way to the communicator's state
+        # no elements: empty messages, and the whole way to the communicator's state
         wrapper.Allreduce(empty, nothing)
         del wrapper
     for i in range(100):  # and real calls, the three kinds
@@ -567,7 +567,8 @@ def test_a_communicator_wrapped_20000_times_keeps_nothing_per_wrapper(comm):
     np.testing.assert_array_equal(gathered, summed(comm, 2 * p))
     gc.collect()
     assert len(contexts._LIVE) == live, "a table entry per wrapper"
-    assert len(contexts.CALLS) <= calls + 1  # (the allgather's, at most: the one cache)
+    # (the allgather's and the empty call's, at most: the one cache)
+    assert len(contexts.CALLS) <= calls + 2
     if context is not None:
         assert contexts.cached_context(comm) is context
         assert context.ids == {comm.handle}

@@ -182,13 +182,25 @@ def check_sizes(error: Callable[[str], None], first: int, last: int, factor: flo
 
 def listed(item: Callable[[str], object], what: str = "values") -> Callable[[str], list]:
     """A comma-separated list of one or more ``item`` values (each checked by
-    ``item``), duplicates dropped."""
+    ``item``; an empty one, as in ``1,,2``, refused), duplicates dropped."""
     def parse(text: str) -> list:
-        parts = [v.strip() for v in text.split(",") if v.strip()]
-        if not parts:
+        parts = [v.strip() for v in text.split(",")]
+        if not any(parts):
             raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}")
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"an empty item in {text!r}: expected "
+                                             f"comma-separated {what}")
         return list(dict.fromkeys(item(v) for v in parts))
     return _named(parse, "list")
+
+
+def nonempty(what: str) -> Callable[[str], str]:
+    """A string that is not empty (nor only blanks)."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"expected {what}, got an empty string")
+        return text
+    return _named(parse, "text")
 
 
 def one_of(choices: Iterable[str], what: str) -> Callable[[str], str]:

@@ -288,9 +288,11 @@ def measure_call(comm, pair, iters: int = 2000) -> float:
     from mpi4py import MPI
 
     from ..api import allreduce
+    from ..engine import blocking_collective
 
     rank = comm.Get_rank()
-    sub = comm.Split(0 if rank in pair else MPI.UNDEFINED, rank)
+    sub = blocking_collective(comm, lambda: comm.Split(0 if rank in pair else MPI.UNDEFINED, rank),
+                              "MPI_Comm_split (the model's pairs)")
     best = float("inf")
     if sub != MPI.COMM_NULL:
         peer = 1 - sub.Get_rank()
