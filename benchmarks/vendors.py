@@ -149,7 +149,9 @@ def measure(name: str, bin_dir: Path, args, where: Path, reuse: str = "") -> dic
     env = library.tuned_env(str(tuned_file))
     arms = {"default": {}, "control": library.control_env(), "tuned": env}
     rounds = {arm: [] for arm, arm_env in arms.items() if arm_env or arm == "default"}
-    for k in range(args.rounds):
+    # (an earlier run's rows: every round it made, whatever --rounds is now)
+    made = len(list(where.glob("default-*.json"))) if reuse == "all" else args.rounds
+    for k in range(made):
         for arm in rounds:
             path = where / f"{arm}-{k}.json"
             rounds[arm].append(_rows([path]) if reuse == "all" else
@@ -157,7 +159,7 @@ def measure(name: str, bin_dir: Path, args, where: Path, reuse: str = "") -> dic
     rounds.setdefault("control", [])
     meta = load_results([str(sources[0])])[1][0]
     return {"forced": forced, **rounds, "file": tuned_file, "env": env,
-            "control_env": arms["control"], "meta": meta}
+            "control_env": arms["control"], "meta": meta, "rounds": made}
 
 
 def _times(rows: list, label=None) -> dict:
@@ -268,7 +270,8 @@ def main() -> None:
     header = [f"# The vendors' own algorithms, their tuning files, and ours (`{command}`)", "",
               f"{args.ranks} ranks on {first['machine']}, float32 sum, medians of "
               f"{args.repeats} interleaved repeats of {args.iters} calls (fewer above 1 MiB); "
-              f"vendor default and tuned: medians over {args.rounds} alternating launches each; "
+              f"vendor default and tuned: medians over alternating launches, "
+              + ", ".join(f"{m['rounds']} each under {name}" for name, m in runs.items()) + "; "
               "tuned/default: the ratio taken launch pair by launch pair, median [quartiles]; "
               "control/default: the same for the control launches (the library's tuning path "
               "on, nothing chosen: the floor of any tuning file); "
