@@ -114,7 +114,7 @@ class Op:
     #: the name alone, which must agree across ranks, may be shared)
     key: object = None
     #: whether what a user op computes is part of its identity across ranks
-    #: (see :func:`spec_label`; not where its caller named it)
+    #: (see ``spec_label``; not where its caller named it)
     probed: bool = False
 
     @property
@@ -193,7 +193,7 @@ def user_op(function: Callable, commute: bool = False, name: Optional[str] = Non
     for a bare callable) keeps it to the algorithms that combine in rank
     order.  ``name`` (default: the function's qualified name) must be the
     same on every rank: it is part of the call's fingerprint.  Without a
-    ``name``, what the function computes is too (:func:`spec_label`: it is
+    ``name``, what the function computes is too (``spec_label``: it is
     called once on two short vectors when a call of a new shape is
     planned), since a qualified name may be shared (two lambdas); a
     ``name`` says the caller vouches that it names one reduction."""
