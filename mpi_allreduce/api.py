@@ -270,6 +270,16 @@ def allreduce_init(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = M
     return _request(sendbuf, recvbuf, op, comm, opts, persistent=True)
 
 
+def empty_call(comm: MPI.Intracomm, what: str) -> None:
+    """An empty all-reduce on ``comm`` standing for a call of nothing (a
+    ``Fusion`` step of no arrays, a torch call given no tensors; ``what``:
+    its salt, so it meets only its own kind): no short cut either, so a
+    rank whose call is empty where its peers' is not stalls with them
+    instead of meeting their next call with its own."""
+    _request(MPI.IN_PLACE, np.empty(0), "sum", comm, options("request"), persistent=False,
+             salt=what).wait()
+
+
 def _options(kind: str, algorithm, extra: tuple) -> Options:
     """The call's :class:`~mpi_allreduce.options.Options` from its
     algorithm and the other keywords, in the signatures' order
@@ -309,9 +319,9 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
     held = refcounts(call)
     bound = plan.bind(call.send, call.recv, request=True, datatype=call.datatype)
     operation = progress.operation(bound, context, call.recv.nbytes, persistent)
-    # (from the tag's claim in progress.operation to the hand-over, an
-    # exception breaks the communicator: see progress.counted)
-    with progress.counted(context, operation.kind):
+    counted = context.counted(persistent)
+    try:  # from the tag's claim to the hand-over: see progress.broken_if_counted
+        progress.claim(operation, bound, context, persistent)
         if persistent:
             return PersistentRequest(operation, call.recv, (bound,))
         if not opts.check and extra is not None:  # kept: its bound call, scratch and operation
@@ -325,6 +335,10 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
         request = Request(operation, call.recv, (bound,))
         request._begin()
         return request
+    except BaseException as exc:
+        progress.broken_if_counted(context, persistent, counted, exc,
+                                   f"the start of a {operation.kind}")
+        raise
 
 
 def _setup(sendbuf, recvbuf, op, comm, opts: Options, salt: str = "") -> Call:

@@ -215,6 +215,11 @@ class Context:
         """What the watchdog samples: (calls made, the one in progress, thread)."""
         return self.count, self.what, None
 
+    def counted(self, persistent: bool) -> int:
+        """How many persistent (``persistent``) or non-blocking calls this
+        rank has counted on the communicator (each :meth:`claim` counts one)."""
+        return self._made[persistent]
+
     def claim(self, op, fingerprint: int, persistent: bool) -> int:
         """The tag of the next persistent (``persistent``) or non-blocking
         call, ``op``, held until ``op`` no longer holds it (complete; a

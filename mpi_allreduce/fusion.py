@@ -63,7 +63,7 @@ from collections import OrderedDict
 
 from mpi4py import MPI
 
-from .api import _request, iallreduce
+from .api import _request, empty_call, iallreduce
 from .backend import as_array, backend_for
 from .buffers import names_memory
 from .context import cached_context
@@ -130,6 +130,10 @@ def _identity(what: str, sizes: tuple) -> str:
     """The salt of a bucket's spec: which bucket, and its arrays' sizes in
     order (a digest: the spec's fingerprint is one anyway)."""
     return f"fusion {what}: {len(sizes)} arrays, sizes {zlib.crc32(repr(sizes).encode()):08x}"
+
+
+#: the salt of the empty call that stands for a step of no arrays
+EMPTY_STEP = "fusion: a step with no arrays"
 
 
 def _persistent(buffer, op, comm, opts: Options, salt: str):
@@ -380,6 +384,11 @@ class Fusion:
         started, self._started = self._started, []
         self._seen.clear()
         self._packed_before, self._packed = self._packed, 0
+        if not started:
+            # a step of no arrays is no short cut either: an empty call of its
+            # own, so a rank whose step is empty where its peers' is not
+            # stalls with them instead of meeting their next step with its own
+            empty_call(self.comm, EMPTY_STEP)
         for bucket in started:
             _finish(bucket)
         self._sweep()

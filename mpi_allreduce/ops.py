@@ -261,34 +261,40 @@ def spec_label(op: Op, dtype, datatype=None) -> str:
     return f"{op.stable}/{_behaviour(op, np.dtype(dtype), datatype)}"
 
 
-#: elements of the two vectors a user op is tried on
-_PROBE = 4
+#: lengths of the vectors a user op is tried on, the next where it raises on
+#: the one before (an op on rows of 3 elements, say)
+_PROBES = (4, 12, 60)
 
 
 def _behaviour(op: Op, dtype: np.dtype, datatype=None) -> str:
     """A digest of ``a OP b`` for two fixed vectors of ``dtype`` (their
-    bytes a fixed pattern, booleans 0 or 1): the op is called once, on
-    host memory, each time a call of a new shape is planned.  An op that
-    raises on them is ``unprobed`` (alike on every rank that has it)."""
-    n = dtype.itemsize * _PROBE
-    first = np.array([(37 * i + 11) % 251 for i in range(n)], dtype=np.uint8)
-    second = np.array([(53 * i + 29) % 241 for i in range(n)], dtype=np.uint8)
-    if dtype.kind == "b":
-        first &= 1
-        second &= 1
-    out = second.copy()
-    try:
-        a, b, o = first.view(dtype), second.view(dtype), out.view(dtype)
-        with np.errstate(all="ignore"):
-            if op.function is not None:
-                op.function(a, b, o)
-            elif datatype is not None:  # (MPI_Reduce_local(in, inout): inout = in OP inout)
-                op.mpi_op.Reduce_local([a, datatype], [o, datatype])
-            else:
-                op.mpi_op.Reduce_local(a, o)
-    except Exception:  # noqa: BLE001 - the same on every rank with this op
-        return "unprobed"
-    return f"{zlib.crc32(out.tobytes()):08x}"
+    bytes a fixed pattern, booleans 0 or 1; of the bytes that carry values,
+    :func:`value_bytes`): the op is called on host memory each time a call
+    of a new shape is planned, with the element datatype its reductions
+    use.  An op that raises on every probe is ``unprobed`` (alike on every
+    rank that has it: it is then told apart by its name alone)."""
+    if op.function is None and datatype is None:
+        from .executor import element_type
+        datatype = element_type(dtype)
+    for length in _PROBES:
+        n = dtype.itemsize * length
+        first = np.array([(37 * i + 11) % 251 for i in range(n)], dtype=np.uint8)
+        second = np.array([(53 * i + 29) % 241 for i in range(n)], dtype=np.uint8)
+        if dtype.kind == "b":  # (0 or 1, unequal where or and and differ)
+            first = (first >> 1) & 1
+            second = (second >> 2) & 1
+        out = second.copy()
+        try:
+            a, b, o = first.view(dtype), second.view(dtype), out.view(dtype)
+            with np.errstate(all="ignore"):
+                if op.function is not None:
+                    op.function(a, b, o)
+                else:  # (MPI_Reduce_local(in, inout): inout = in OP inout)
+                    op.mpi_op.Reduce_local([a, datatype], [o, datatype])
+        except Exception:  # noqa: BLE001 - the same on every rank with this op
+            continue
+        return f"{zlib.crc32(value_bytes(o)):08x}"
+    return "unprobed"
 
 
 def check_dtype(dtype: np.dtype, op: Op) -> None:

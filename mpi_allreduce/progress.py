@@ -44,7 +44,6 @@ watched by the watchdog from start to completion, and in the watchdog's
 
 from __future__ import annotations
 
-import contextlib
 
 from threading import Lock, get_ident
 from time import sleep as _yield
@@ -56,7 +55,7 @@ from .context import _CLOSING, reap
 from .engine import (_ENGINE, _PRUNE, ABANDONED, THREAD_MIN_BYTES,  # noqa: F401
                      MPIOperation, Operation, _Started, _run_all, abandon, mpi_threads,
                      thread_progress)
-from .errors import RequestError, Stalled, failed
+from .errors import RequestError, Stalled, TagsExhausted, failed
 from .backend import Slot, message_calls, started
 from .executor import Bound, Stage, runner
 from .watchdog import settings
@@ -415,29 +414,31 @@ def operation(bound: Bound, context, nbytes: int, persistent: bool) -> Operation
     messages; a persistent request holds its tag until it is freed)."""
     threaded = nbytes >= THREAD_MIN_BYTES and thread_progress()
     kind = "persistent call" if persistent else "non-blocking call"
-    op = Operation(bound.stages, bound.plan, 0, Slot(bound.plan.backend.device), threaded, kind,
-                   context,
-                   reserved=persistent)
+    return Operation(bound.stages, bound.plan, 0, Slot(bound.plan.backend.device), threaded,
+                     kind, context, reserved=persistent)
+
+
+def claim(op: Operation, bound: Bound, context, persistent: bool) -> None:
+    """Give ``op`` its tag from the context (the call is counted: see
+    :func:`broken_if_counted`) and what is made with the tag: a persistent
+    call's MPI requests, the one-round fast path's messages."""
     op.tag = context.claim(op, bound.plan.fingerprint, persistent)
-    with counted(context, kind):
-        if persistent and not bound.plan.backend.device:
-            op.persistent = persistent_requests(bound, op.tag)
-        op.one_round()
-    return op
+    if persistent and not bound.plan.backend.device:
+        op.persistent = persistent_requests(bound, op.tag)
+    op.one_round()
 
 
-@contextlib.contextmanager
-def counted(context, what: str):
-    """The span between a call's tag claim and its hand-over to the caller
-    (its start, where it is started at once): this rank has counted the
-    call, as every rank does, so any exception in it -- an interrupt above
-    all -- breaks the communicator (``Context.breaks``); a retry would
-    otherwise take the tag of the peers' next call and meet it."""
-    try:
-        yield
-    except BaseException as exc:
-        context.breaks(exc, f"the start of a {what}")
-        raise
+def broken_if_counted(context, persistent: bool, before: int, exc: BaseException,
+                      what: str) -> None:
+    """After ``exc`` left the span from a call's tag claim to its hand-over
+    to the caller (its start, where it is started at once), in the one
+    ``try`` that holds both: where this rank counted a call since
+    ``before`` (``Context.counted``), as its peers count it, the
+    communicator is broken (``Context.breaks``) -- a retry would take the
+    tag of the peers' next call and meet it.  (A refusal for want of tags
+    is every rank's alike: it breaks nothing.)"""
+    if context.counted(persistent) != before and not isinstance(exc, TagsExhausted):
+        context.breaks(exc, what)
 
 
 def starter(op: Operation):
@@ -481,11 +482,15 @@ def restarter(op: Operation, context, result):
     def restart():
         if not op.done or op.unwaited:
             return None  # in flight, or complete but not yet waited: a call of its own
-        op.tag = context.claim(op, fingerprint, False)
-        with counted(context, op.kind):
+        before = context.counted(False)
+        try:  # (the claim inside it: see broken_if_counted)
+            op.tag = context.claim(op, fingerprint, False)
             request = Request(op, result, start=start)
             request._begin()
-        return request
+            return request
+        except BaseException as exc:
+            broken_if_counted(context, False, before, exc, f"the start of a {op.kind}")
+            raise
     return restart
 
 

@@ -74,7 +74,7 @@ from mpi4py import MPI
 from torch.futures import Future
 
 from . import collectives
-from .api import allreduce, iallreduce
+from .api import allreduce, empty_call, iallreduce
 from .backend import device_view, has_device_arrays, on_stream
 from .context import release, setup
 from .engine import ENGINE, duplicate, mpi_threads, wait_for, wait_for_call
@@ -701,8 +701,16 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         return work
 
     # --- ours ------------------------------------------------------------------------------
+    def _no_tensors(self, kind: str):
+        """A call of ours given no tensors: an empty call of its own
+        (``api.empty_call``), never none at all."""
+        empty_call(self.comm, f"torch: {kind} of no tensors")
+        return _Done([])
+
     @_on_device(ours=True)
     def allreduce(self, tensors, opts=None):
+        if not tensors:
+            return self._no_tensors("all_reduce")
         op, factor = _reduction(opts)
         if factor is not None:
             for tensor in tensors:
@@ -803,11 +811,15 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                                for i in range(len(inputs))], inputs, opts)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        if not inputs:
+            return self._no_tensors("all_gather_into_tensor_coalesced")
         for output, tensor in zip(outputs, inputs):
             self.all_gather_single(output, tensor, opts)
         return _Done(outputs)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        if not inputs:
+            return self._no_tensors("reduce_scatter_tensor_coalesced")
         for output, tensor in zip(outputs, inputs):
             self.reduce_scatter_single(output, tensor, opts)
         return _Done(outputs)
@@ -845,6 +857,8 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     def reduce(self, tensors, opts=None):
         """Our all-reduce on a copy, which the root keeps (every dtype and op
         the all-reduce takes, in the same order of combination)."""
+        if not tensors:
+            return self._no_tensors("reduce")
         root = opts.rootRank if opts is not None else 0
         op, factor = _reduction(opts)
         for tensor in tensors:

@@ -130,6 +130,39 @@ def test_a_bucket_of_other_sizes_among_agreeing_buckets_stalls_alone(fresh, watc
         fusion.free()
 
 
+@pytest.mark.parametrize("how", ["packed", "empty_like"])
+def test_a_step_of_no_arrays_on_one_rank_stalls_never_shifts_the_next(fresh, watchdog, how):
+    """Rank 0's first step adds nothing where its peers add two arrays, then
+    every rank makes two more steps alike: no rank ever holds a wrong sum
+    (before: an empty wait() returned at once on rank 0, whose next step
+    then met its peers' first, a wrong sum on both); the mismatched step
+    stalls, and a step that every rank leaves empty completes."""
+    _need(fresh)
+    rank = fresh.Get_rank()
+    fusion = Fusion(fresh, op="sum", bucket_bytes=1 << 20)
+    fusion.wait()  # (every rank empty: completes)
+    arrays = fusion.empty_like([np.empty(4), np.empty(4)]) if how == "empty_like" else \
+        [np.empty(4), np.empty(4)]
+    outcomes = []
+    for step in range(3):
+        for k, a in enumerate(arrays):
+            a[...] = _values(fresh, 10 * step + k, 4)
+        try:
+            if rank or step:
+                for a in arrays:
+                    fusion.add(a)
+            fusion.wait()
+            right = all(np.array_equal(a, _sum(fresh, 10 * step + k, 4))
+                        for k, a in enumerate(arrays)) or (rank == 0 and step == 0)
+            outcomes.append("right" if right else "WRONG")
+        except mar.Broken as exc:  # (Stalled is a Broken)
+            outcomes.append(type(exc).__name__)
+            break
+    everyone = fresh.allgather(outcomes)  # (MPI's own: the library's copy may be broken)
+    assert not any("WRONG" in o for o in everyone), everyone
+    assert all(o and o[-1] in ("Stalled", "Broken") for o in everyone), everyone
+
+
 # --- the order in which buckets are touched -----------------------------------------------
 
 def test_homes_touched_in_other_orders_give_their_own_sums(fresh, patient):

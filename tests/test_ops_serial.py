@@ -156,3 +156,65 @@ def test_a_type_the_mpi_names_but_refuses_travels_as_bytes(monkeypatch):
         assert executor.wire_type(np.dtype("float32")) == MPI.FLOAT
     finally:
         executor.wire_type.cache_clear()
+
+
+# --- a user op's identity across ranks: its name, and what it computes --------------
+
+_STRUCT = np.dtype([("v", "f8"), ("i", "i4")])
+
+
+def _mpi_struct(combine):
+    def function(a, b, datatype):
+        x, y = np.frombuffer(a, dtype=_STRUCT), np.frombuffer(b, dtype=_STRUCT)
+        y["v"] = combine(x["v"], y["v"])
+    return resolve_op(MPI.Op.Create(function, commute=True))
+
+
+def _rows(combine):
+    """A callable that takes rows of 3 elements (it raises on 4: probed on more)."""
+    return mar.user_op(lambda a, b: combine(a.reshape(-1, 3), b.reshape(-1, 3)).reshape(-1),
+                       commute=True)
+
+
+@pytest.mark.parametrize("dtype, make", [
+    ("float64", lambda f: mar.user_op(lambda a, b: f(a, b), commute=True)),
+    ("longdouble", lambda f: mar.user_op(lambda a, b: f(a, b), commute=True)),
+    ("clongdouble", lambda f: mar.user_op(lambda a, b: f(a, b), commute=True)),
+    ("bool", lambda f: mar.user_op(lambda a, b: f(a, b), commute=True)),
+    ("float16", lambda f: mar.user_op(lambda a, b: f(a, b), commute=True)),
+    (_STRUCT, _mpi_struct),
+    ("float64", _rows),
+], ids=["float64", "longdouble", "clongdouble", "bool", "float16", "MPI.Op on a struct",
+        "rows of 3"])
+def test_user_ops_that_share_a_name_are_told_apart_by_what_they_compute(dtype, make):
+    """Two user ops of one name (lambdas; MPI.Op.Create ops, whose handles
+    say nothing across ranks) that compute different things have different
+    identities in a call's spec, so ranks that disagree stall instead of
+    combining two reductions; the same op has the same identity each time
+    (the padding bytes of x86's long double, which arithmetic leaves
+    undefined, are not part of it: a valid program would stall)."""
+    from mpi_allreduce.ops import spec_label
+
+    dtype = np.dtype(dtype)
+    add, multiply = make(np.add), make(np.multiply)
+    assert spec_label(add, dtype) != spec_label(multiply, dtype)
+    assert spec_label(add, dtype) == spec_label(make(np.add), dtype)
+    assert "unprobed" not in spec_label(add, dtype)
+
+
+def test_a_user_op_named_by_its_caller_is_identified_by_the_name_alone():
+    """``user_op(fn, name=...)``: the caller vouches for the name, and the
+    op is not called to identify it."""
+    from mpi_allreduce.ops import spec_label
+
+    calls = []
+
+    def counted(a, b):
+        calls.append(len(a))
+        return a + b
+    assert spec_label(mar.user_op(counted, commute=True, name="my_sum"), np.float64) == \
+        "user:my_sum/commutative"
+    assert calls == []
+    assert spec_label(mar.user_op(counted, commute=True), np.float64).startswith(
+        "user:test_a_user_op_named_by_its_caller_is_identified_by_the_name_alone.<locals>.counted")
+    assert calls == [4]

@@ -6,6 +6,7 @@ where torch is not installed (``pip install 'mpi_allreduce[torch]'``)."""
 from __future__ import annotations
 
 import time
+import warnings
 
 import pytest
 
@@ -491,6 +492,44 @@ def test_ranks_that_disagree_are_reported_not_answered(group, monkeypatch, watch
     finally:
         restore_watchdog(monkeypatch)
     dist.barrier()
+
+
+def test_a_call_of_no_tensors_on_one_rank_stalls_never_shifts_the_next(group, monkeypatch,
+                                                                        watchdog):
+    """Rank 0 gives a coalesced all-reduce no tensors where its peers give
+    one, then every rank makes the same all-reduce: no rank gets a wrong sum
+    (before: rank 0 made no call at all, and its next all-reduce met its
+    peers' first call); the mismatched call stalls (raise mode, 1 s)."""
+    import mpi_allreduce as mar
+
+    from .helpers import restore_watchdog
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p == 1:
+        pytest.skip("one rank cannot disagree")
+    sub = dist.new_group(list(range(p)))  # its communicator is left unusable
+    watchdog(1)
+    outcomes = []
+    try:
+        for step in range(2):
+            t = torch.full((p,), 1.0 + r + 10 * step)
+            try:
+                if step == 0:
+                    with warnings.catch_warnings():  # (torch calls it deprecated)
+                        warnings.simplefilter("ignore")
+                        dist.all_reduce_coalesced([] if r == 0 else [t], group=sub)
+                else:
+                    dist.all_reduce(t, group=sub)
+                    right = (t == sum(1.0 + q + 10 for q in range(p))).all()
+                    outcomes.append("right" if right else "WRONG")
+            except mar.Broken as exc:  # (Stalled is a Broken)
+                outcomes.append(type(exc).__name__)
+    finally:
+        restore_watchdog(monkeypatch)
+    everyone = [None] * p
+    dist.all_gather_object(everyone, outcomes)
+    assert not any("WRONG" in o for o in everyone), everyone
+    assert all("Stalled" in o for o in everyone), everyone
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
