@@ -245,10 +245,25 @@ class Fusion:
             bucket = None
         if bucket is None:
             bucket = self._open[key] = _Bucket()
-        bucket.arrays.append(array)
-        bucket.nbytes += array.nbytes
-        if bucket.nbytes >= self.bucket_bytes:
-            self._start(key)
+        try:
+            bucket.arrays.append(array)
+            bucket.nbytes += array.nbytes
+            if bucket.nbytes >= self.bucket_bytes:
+                self._start(key)
+        except BaseException as exc:
+            # (an interrupt, say: an add that raises has not added, so a retry
+            # adds the array once -- taken back from a bucket not yet started;
+            # one that started may have messages in flight: the communicator
+            # is broken, as by any call an exception leaves)
+            if self._open.get(key) is bucket:
+                if bucket.arrays and bucket.arrays[-1] is array:
+                    bucket.arrays.pop()
+                bucket.nbytes = sum(a.nbytes for a in bucket.arrays)
+            else:
+                context = cached_context(self.comm)
+                if context is not None:
+                    context.breaks(exc, "Fusion.add")
+            raise
 
     def empty_like(self, arrays) -> list:
         """New arrays of the shapes, dtypes and devices of ``arrays`` that
@@ -422,7 +437,9 @@ class Fusion:
         return self
 
     def __exit__(self, *exc) -> None:
-        if exc[0] is None:
+        # (the arrays added since the last wait, if any: an exit after a wait
+        # is no step of its own, on any rank, so it makes no empty call)
+        if exc[0] is None and (self._open or self._started):
             self.wait()
         if not self._started:
             self.free()

@@ -538,8 +538,8 @@ def test_a_communicator_wrapped_20000_times_keeps_nothing_per_wrapper(comm):
     """``mar.Comm(comm)`` made anew for every call: the library finds its
     state for the communicator through the handle, so its table of
     communicators, the context's record of what leads to it and the kept
-    calls stay as they were, and no wrapper outlives its call but the last
-    (held by the call kept for repeats)."""
+    calls stay as they were, and no wrapper outlives its call but those
+    held by the calls kept for repeats, one each."""
     p, rank = comm.Get_size(), comm.Get_rank()
     send, recv, empty, nothing = data(comm, 4), np.empty(4), np.empty(0), np.empty(0)
     full, part, gathered = data(comm, 2 * p), np.empty(2), np.empty(2 * p)
@@ -572,7 +572,8 @@ def test_a_communicator_wrapped_20000_times_keeps_nothing_per_wrapper(comm):
     if context is not None:
         assert contexts.cached_context(comm) is context
         assert context.ids == {comm.handle}
-    assert sum(ref() is not None for ref in alive) <= 1, "wrappers kept alive"
+    # (but those its kept calls hold, one each: the empty call's, the allgather's)
+    assert sum(ref() is not None for ref in alive) <= 2, "wrappers kept alive"
     assert comm.allreduce(1) == p
 
 
