@@ -44,7 +44,6 @@ watched by the watchdog from start to completion, and in the watchdog's
 
 from __future__ import annotations
 
-
 from threading import Lock, get_ident
 from time import sleep as _yield
 from typing import Optional
@@ -408,10 +407,11 @@ def persistent_requests(bound: Bound, tag: int) -> list:
 
 
 def operation(bound: Bound, context, nbytes: int, persistent: bool) -> Operation:
-    """An operation for ``bound`` on ``context``, threaded or not, with MPI
-    persistent requests or not, holding a tag of its own from the
-    context (calls in flight together must not match each other's
-    messages; a persistent request holds its tag until it is freed)."""
+    """An operation for ``bound`` on ``context``, threaded or not, its tag
+    not yet claimed: :func:`claim` gives it one of its own from the context
+    (calls in flight together must not match each other's messages; a
+    persistent request holds its tag until it is freed), inside the
+    caller's ``try`` of :func:`broken_if_counted`."""
     threaded = nbytes >= THREAD_MIN_BYTES and thread_progress()
     kind = "persistent call" if persistent else "non-blocking call"
     return Operation(bound.stages, bound.plan, 0, Slot(bound.plan.backend.device), threaded,
