@@ -276,8 +276,10 @@ def empty_call(comm: MPI.Intracomm, what: str) -> None:
     its salt, so it meets only its own kind): no short cut either, so a
     rank whose call is empty where its peers' is not stalls with them
     instead of meeting their next call with its own."""
-    _request(MPI.IN_PLACE, np.empty(0), "sum", comm, options("request"), persistent=False,
-             salt=what).wait()
+    # (of integers: the same on every rank whatever the environment's options
+    # say, a reproducible sum's included, which refuses non-blocking float sums)
+    _request(MPI.IN_PLACE, np.empty(0, np.int32), "sum", comm, options("request"),
+             persistent=False, salt=what).wait()
 
 
 def _options(kind: str, algorithm, extra: tuple) -> Options:
