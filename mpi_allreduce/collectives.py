@@ -21,7 +21,7 @@ from mpi4py import MPI
 from . import progress, registry
 from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
-from .context import CALLS, context_for, refcounts, remember_call, setup
+from .context import CALLS, context_for, refcounts, remember_call
 from .errors import failed
 from .executor import Plan
 from .ops import check_dtype, dtype_label, resolve_op, spec_label

@@ -238,11 +238,15 @@ class Library:
         """VendorSettingError saying how to force the algorithms of a library
         that reads its control at start-up only."""
 
+    def numbered(self, algorithm: Algorithm) -> bool:
+        """Whether ``algorithm`` is also found by its number (its value)."""
+        return True
+
     def algorithm(self, text: str) -> Algorithm:
-        """An algorithm by its name or number; VendorSettingError naming the
-        library's choices for any other."""
+        """An algorithm by its name or (:meth:`numbered`) number;
+        VendorSettingError naming the library's choices for any other."""
         for a in self.algorithms():
-            if text in (a.name, str(a.value)):
+            if text == a.name or (text == str(a.value) and self.numbered(a)):
                 return a
         raise VendorSettingError(
             f"{self.title} has no all-reduce algorithm {text!r}; its algorithms: "
@@ -612,13 +616,10 @@ class IntelMPI(Library):
     def composition(algorithm: Algorithm) -> bool:
         return algorithm.name.startswith("composition")
 
-    def algorithm(self, text):
+    def numbered(self, algorithm):
         # (a number is a preset id, as I_MPI_ADJUST_ALLREDUCE takes it; a
         # composition goes by its name)
-        for a in self.algorithms():
-            if text == a.name or (text == str(a.value) and not self.composition(a)):
-                return a
-        return super().algorithm(text)
+        return not self.composition(algorithm)
 
     def _leaf(self, algorithm: Algorithm) -> str:
         return f"{self.COMPOSITION if self.composition(algorithm) else self.PRESET}=" \

@@ -74,6 +74,20 @@ def make_subcomm(kind: str):
 
 
 @pytest.fixture
+def fresh():
+    """A fresh duplicate of the world (a stalled call leaves its communicator
+    unusable), set up on every rank (its first use is collective)."""
+    from mpi4py import MPI
+
+    import mpi_allreduce as mar
+
+    comm = MPI.COMM_WORLD.Dup()
+    mar.setup(comm)
+    yield comm
+    comm.Free()
+
+
+@pytest.fixture
 def watchdog(monkeypatch):
     """Set the watchdog: ``watchdog(seconds, action="raise")``; undone
     after the test."""

@@ -618,7 +618,7 @@ def test_a_peer_that_never_comes_to_a_wrappers_new_communicator_is_reported(rais
 
 @pytest.mark.parametrize("where", ["one_round", "persistent_requests", "remember_call"])
 def test_an_interrupt_between_a_calls_tag_and_its_start_breaks_the_communicator(
-        interrupt_watchdog, monkeypatch, where):
+        interrupt_watchdog, monkeypatch, fresh, where):
     """An interrupt lands on rank 0 after its call took its tag and before
     the call is started and handed over (``where``: in the fast path's
     set-up, a persistent call's MPI requests, the keeping of a
@@ -629,11 +629,9 @@ def test_an_interrupt_between_a_calls_tag_and_its_start_breaks_the_communicator(
     retry and the peers' next call met, a wrong sum on both ranks)."""
     from mpi_allreduce import api, engine, progress
 
-    world = MPI.COMM_WORLD
+    world, comm = MPI.COMM_WORLD, fresh
     if world.Get_size() == 1:
         pytest.skip("one rank has no peer to mislead")
-    comm = world.Dup()
-    mar.setup(comm)
     rank, p = comm.Get_rank(), comm.Get_size()
     armed = [False]
     module, name = {"one_round": (engine.Operation, "one_round"),
@@ -685,7 +683,7 @@ def test_an_interrupt_between_a_calls_tag_and_its_start_breaks_the_communicator(
 
 @pytest.mark.parametrize("make", ["Split", "Split_type", "Create", "node map"])
 def test_an_interrupt_as_a_blocking_collective_starts_leaves_no_peer_inside_it(monkeypatch,
-                                                                                make):
+                                                                                fresh, make):
     """Rank 0 is interrupted just as a collective with no non-blocking form
     starts (the drop-in Comm's Split, Split_type and Create; the node map
     that a first hierarchical call makes): the call already runs on its
@@ -699,8 +697,7 @@ def test_an_interrupt_as_a_blocking_collective_starts_leaves_no_peer_inside_it(m
         pytest.skip("one rank has no peer to leave inside the call")
     if not engine.mpi_threads():
         pytest.skip("MPI runs no threads here: the call is the caller's own blocking call")
-    base = world.Dup()
-    mar.setup(base)
+    base = fresh
     rank, p = base.Get_rank(), base.Get_size()
     if rank == 0:
         def interrupted(requests, what, context=None):
@@ -726,7 +723,6 @@ def test_an_interrupt_as_a_blocking_collective_starts_leaves_no_peer_inside_it(m
         made.Free()
     whole.Free()
     world.Barrier()
-    base.Free()
 
 
 @pytest.mark.parametrize("where", ["caller", "thread", "persistent"])

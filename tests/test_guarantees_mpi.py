@@ -26,16 +26,6 @@ THREADS = MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
 @pytest.fixture
-def fresh():
-    """A fresh duplicate of the world (a stalled call leaves its communicator
-    unusable), set up on every rank (its first use is collective)."""
-    comm = MPI.COMM_WORLD.Dup()
-    mar.setup(comm)
-    yield comm
-    comm.Free()
-
-
-@pytest.fixture
 def trio():
     """The first three ranks (or fewer) in a communicator of their own, for
     the long loops (thousands of calls): at larger world sizes they would

@@ -72,6 +72,8 @@ def test_intel_file_reads_back_and_names_what_is_in_force(monkeypatch, tmp_path)
     library = vendor.IntelMPI()
     composition3 = library.algorithm("composition3")
     assert composition3.value == 3 and library.algorithm("3").name == "reduce_bcast"
+    with pytest.raises(vendor.VendorSettingError, match="no all-reduce algorithm '0'"):
+        library.algorithm("0")  # (a number names a preset; composition0 goes by its name)
     text = library.export([(0, composition3), (4097, library.algorithm("10")),
                            (65537, library.algorithm("ring"))], 2)
     assert json.loads(text) == {"coll=Allreduce": {"ppn=2": {"comm_size=2": {"comm_id=-1": {
