@@ -221,6 +221,8 @@ class Fusion:
         #: counts the homes this fusion made, alike on every rank
         self._homes: dict = {}
         self._made = 0
+        #: buckets launched (counted as each leaves the queue)
+        self._launched = 0
         #: id(array of a home) -> (home's number, index): an entry goes as its
         #: array dies, before the id can name another object
         self._where: dict = {}
@@ -240,12 +242,13 @@ class Fusion:
             raise ValueError("fused arrays are reduced in place: this one is read-only")
         key = (dtype_label(array.dtype), backend_for(array))
         bucket = self._open.get(key)
-        if bucket is not None and bucket.nbytes + array.nbytes > self.bucket_bytes:
-            self._start(key)
-            bucket = None
-        if bucket is None:
-            bucket = self._open[key] = _Bucket()
+        launched = self._launched
         try:
+            if bucket is not None and bucket.nbytes + array.nbytes > self.bucket_bytes:
+                self._start(key)
+                bucket = None
+            if bucket is None:
+                bucket = self._open[key] = _Bucket()
             bucket.arrays.append(array)
             bucket.nbytes += array.nbytes
             if bucket.nbytes >= self.bucket_bytes:
@@ -253,17 +256,35 @@ class Fusion:
         except BaseException as exc:
             # (an interrupt, say: an add that raises has not added, so a retry
             # adds the array once -- taken back from a bucket not yet started;
-            # one that started may have messages in flight: the communicator
-            # is broken, as by any call an exception leaves)
-            if self._open.get(key) is bucket:
+            # where it launched a bucket, that bucket's messages may be in
+            # flight and its arrays are no longer queued: the communicator is
+            # broken, as by any call an exception leaves)
+            if self._launched == launched and self._open.get(key) is bucket:
                 if bucket.arrays and bucket.arrays[-1] is array:
                     bucket.arrays.pop()
                 bucket.nbytes = sum(a.nbytes for a in bucket.arrays)
             else:
-                context = cached_context(self.comm)
-                if context is not None:
-                    context.breaks(exc, "Fusion.add")
+                self._breaks(exc, "Fusion.add")
             raise
+
+    def _breaks(self, exc: BaseException, what: str) -> None:
+        """An exception left a part of a step after it changed what the
+        peers see (a bucket launched, a request made or finished): the step
+        cannot be taken again, so the communicator is broken on this rank
+        (``Context.breaks``: its later calls raise, its peers stall and are
+        reported)."""
+        context = cached_context(self.comm)
+        if context is not None:
+            context.breaks(exc, what)
+
+    def _counted(self) -> tuple:
+        """What this rank has counted on the communicator (calls started,
+        requests made) and homes made: changed by a part of a step that
+        the peers' parts must meet."""
+        context = cached_context(self.comm)
+        calls = (0, 0, 0) if context is None else (
+            context.count, context.counted(False), context.counted(True))
+        return calls + (self._made, self._launched)
 
     def empty_like(self, arrays) -> list:
         """New arrays of the shapes, dtypes and devices of ``arrays`` that
@@ -280,6 +301,17 @@ class Fusion:
         every step)."""
         self._sweep()
         arrays = [as_array(a) for a in arrays]
+        before = self._counted()
+        try:
+            return self._empty_like(arrays)
+        except BaseException as exc:
+            # (homes made on this rank and not on its peers: their numbers,
+            # and their requests' tags, would be the peers' shifted)
+            if self._counted() != before:
+                self._breaks(exc, "Fusion.empty_like")
+            raise
+
+    def _empty_like(self, arrays: list) -> list:
         made = [None] * len(arrays)
         by_key: dict = {}
         for i, array in enumerate(arrays):
@@ -387,25 +419,38 @@ class Fusion:
 
     def flush(self) -> None:
         """Start every bucket still filling (:meth:`wait` does this first)."""
-        for key in list(self._open):
-            self._start(key)
+        launched = self._launched
+        try:
+            for key in list(self._open):
+                self._start(key)
+        except BaseException as exc:
+            if self._launched != launched:  # (a bucket left the queue: see add)
+                self._breaks(exc, "Fusion.flush")
+            raise
 
     def wait(self) -> None:
         """Finish every bucket and write the results into the arrays (on a
         communicator a call broke, raise as every call on it does, even
         with nothing left to finish: the last wait's results were lost)."""
         self._refuse_if_broken()
-        self.flush()
-        started, self._started = self._started, []
-        self._seen.clear()
-        self._packed_before, self._packed = self._packed, 0
-        if not started:
-            # a step of no arrays is no short cut either: an empty call of its
-            # own, so a rank whose step is empty where its peers' is not
-            # stalls with them instead of meeting their next step with its own
-            empty_call(self.comm, EMPTY_STEP)
-        for bucket in started:
-            _finish(bucket)
+        try:
+            self.flush()
+            started, self._started = self._started, []
+            self._seen.clear()
+            self._packed_before, self._packed = self._packed, 0
+            if not started:
+                # a step of no arrays is no short cut either: an empty call of
+                # its own, so a rank whose step is empty where its peers' is
+                # not stalls with them instead of meeting their next step
+                empty_call(self.comm, EMPTY_STEP)
+            for bucket in started:
+                _finish(bucket)
+        except BaseException as exc:
+            # (a wait is the step's end, one call: one that raises has lost
+            # the step -- buckets launched, some of them unpacked -- and no
+            # retry can take it again)
+            self._breaks(exc, "Fusion.wait")
+            raise
         self._sweep()
 
     def _refuse_if_broken(self) -> None:
@@ -481,6 +526,7 @@ class Fusion:
 
     def _launch(self, key) -> None:
         self._refuse_if_broken()
+        self._launched += 1  # (counted before the bucket leaves the queue: see add)
         bucket = self._open.pop(key)
         (first, *more), backend = bucket.arrays, key[1]
         if not more:

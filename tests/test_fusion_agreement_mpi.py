@@ -17,7 +17,7 @@ import mpi_allreduce as mar
 from mpi_allreduce.context import context_for
 from mpi_allreduce.fusion import MAX_HOMES, MAX_KEPT, Fusion
 
-from .helpers import raise_mode
+from .helpers import raise_mode, restore_watchdog, set_watchdog
 
 pytestmark = pytest.mark.mpi
 
@@ -403,3 +403,92 @@ def test_a_bucket_given_up_in_flight_is_never_packed_again(fresh, watchdog, algo
         np.testing.assert_array_equal(a, _sum(fresh, step, n), err_msg=f"step {step}")
         np.testing.assert_array_equal(b, _sum(fresh, step + 2, n), err_msg=f"step {step}")
     fresh.Barrier()
+
+
+# --- an interrupt inside a step ---------------------------------------------------------
+
+#: where rank 0 is interrupted (once) in a step of four arrays, two per
+#: bucket, and whether the step is lost there (the communicator broken)
+#: or can be taken again (the interrupted add has not added)
+INTERRUPTS = {
+    "before its bucket starts": ("Fusion._start", "before", False),
+    "as its bucket is packed": ("Fusion._reusable", "before", True),
+    "once its bucket started": ("PersistentRequest.start", "after", True),
+    "as a bucket is unpacked": ("fusion._finish", "before", True),
+    "as a home is made": ("fusion._persistent", "after", True),
+}
+
+
+@pytest.mark.parametrize("where", list(INTERRUPTS))
+def test_an_interrupt_inside_a_step_breaks_the_communicator_or_has_done_nothing(
+        fresh, monkeypatch, where):
+    """A KeyboardInterrupt lands on rank 0 inside a ``Fusion`` step; rank 0
+    retries what raised.  Before its bucket left the queue, the add has not
+    added: the retry adds the array once and every sum is exact.  After
+    (the bucket packed, started, being unpacked; a home's request made),
+    the step cannot be taken again: the communicator is broken there (the
+    retry raises Broken) and the peers stall or finish what they had --
+    never a wrong sum (before: the retry lost or repeated a bucket, or a
+    home's number was one ahead of the peers')."""
+    from mpi_allreduce import fusion as fusion_module
+    from mpi_allreduce import progress
+
+    _need(fresh)
+    rank = fresh.Get_rank()
+    name, when, lost = INTERRUPTS[where]
+    owner, attribute = name.split(".")
+    module = {"Fusion": Fusion, "PersistentRequest": progress.PersistentRequest,
+              "fusion": fusion_module}[owner]
+    real = getattr(module, attribute)
+    armed = [False]
+
+    def interrupted(*args, **kwargs):
+        fire = armed[0]
+        armed[0] = False
+        if fire and when == "before":
+            raise KeyboardInterrupt(f"lands before {name}")
+        value = real(*args, **kwargs)
+        if fire:
+            raise KeyboardInterrupt(f"lands after {name}")
+        return value
+    if rank == 0:
+        monkeypatch.setattr(module, attribute, interrupted)
+    # (patient on rank 0, which must reach its interrupt on a loaded machine)
+    set_watchdog(monkeypatch, 30 if rank == 0 else 2)
+    fusion = Fusion(fresh, op="sum", bucket_bytes=64)  # (two arrays of 4 float64 a bucket)
+
+    def retried(call, *args):
+        for _ in range(2):
+            try:
+                return call(*args)
+            except KeyboardInterrupt:
+                outcomes.append("interrupted")
+        raise AssertionError("interrupted twice")
+    outcomes: list = []
+    try:
+        armed[0] = where == "as a home is made"
+        arrays = retried(fusion.empty_like, [np.empty(4)] * 4) if where == "as a home is made" \
+            else [np.empty(4) for _ in range(4)]
+        for step in range(2):
+            for k, a in enumerate(arrays):
+                a[...] = _values(fresh, 10 * step + k, 4)
+            armed[0] = step == 0 and where != "as a home is made"
+            for a in arrays:
+                retried(fusion.add, a)
+            retried(fusion.wait)
+            exact = all(np.array_equal(a, _sum(fresh, 10 * step + k, 4))
+                        for k, a in enumerate(arrays))
+            outcomes.append("exact" if exact else "WRONG")
+    except mar.Broken as exc:  # (Stalled is a Broken)
+        outcomes.append(type(exc).__name__)
+    finally:
+        restore_watchdog(monkeypatch)
+    everyone = fresh.allgather(outcomes)  # (MPI's own: the library's copy may be broken)
+    assert not any("WRONG" in o for o in everyone), everyone
+    if lost:
+        assert everyone[0] == ["interrupted", "Broken"], everyone
+        assert all(o[-1] in ("Stalled", "Broken") for o in everyone[1:]), everyone
+    else:
+        peers = [["exact", "exact"]] * (len(everyone) - 1)
+        assert everyone == [["interrupted", "exact", "exact"]] + peers, everyone
+        fusion.free()

@@ -194,6 +194,40 @@ def test_counts_mismatch_with_the_same_total(fresh, watchdog, what):
     _disagree(fresh, call, want)
 
 
+@pytest.mark.parametrize("what", ["reduce_scatter", "allgather"])
+def test_an_empty_half_on_one_rank_stalls_never_shifts_the_next(fresh, watchdog, what):
+    """A half of no elements on one rank where its peers' has some is no
+    short cut there: it stalls with its peers (or returns nothing, having
+    met nothing), and the next call, the same on every rank, is exact or
+    stalls -- never met by the peers' earlier one."""
+    _need(fresh)
+    watchdog(0.5)
+    p, r = fresh.Get_size(), fresh.Get_rank()
+    n = 0 if r == 0 else 2
+
+    def half(each):
+        if what == "reduce_scatter":
+            return mar.reduce_scatter(np.arange(float(each * p)) + r, None, "sum", [each] * p,
+                                      comm=fresh)
+        return mar.allgather(np.full(each, float(r)), None, [each] * p, comm=fresh)
+
+    wrong, stalled = None, False
+    try:
+        out = half(n)
+        if out.size:
+            wrong = f"a mismatched half returned {out}"
+        out = half(3)
+        want = ((np.arange(3.0 * p) * p + p * (p - 1) / 2)[3 * r:3 * r + 3]
+                if what == "reduce_scatter" else np.repeat(np.arange(p, dtype=float), 3))
+        if not np.array_equal(out.ravel(), want):
+            wrong = f"the next half returned {out}, not {want}"
+    except mar.Stalled:
+        stalled = True
+    everyone = MPI.COMM_WORLD.allgather((stalled, wrong))
+    assert not any(w for _, w in everyone), everyone
+    assert any(s for s, _ in everyone), everyone
+
+
 #: what ranks may name differently for the halves' messages (radix 2 and 3
 #: are one radix at 2 ranks, where k-nomial lowers it to p)
 HALVES_OPTIONS = {
