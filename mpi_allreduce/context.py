@@ -426,18 +426,32 @@ class Remembered:
     are not C-contiguous, or read-only, were refused when first seen."""
 
     __slots__ = ("run", "dtype", "in_place", "send", "op", "comm", "algorithm", "extra", "refs",
-                 "ours", "release")
+                 "ours", "release", "host")
 
     def repeats(self, sendbuf, recvbuf, op, comm, algorithm, extra: tuple) -> bool:
         """Whether a call with these arguments is this kept call again: the
-        very same objects, the receive buffer's dtype unchanged, the same
-        optional arguments (``extra``; all None when it had none)."""
+        very same objects, unchanged in what the first call's validation
+        read of them (:meth:`unchanged`), the same optional arguments
+        (``extra``; all None when it had none)."""
         return (self.send == id(sendbuf) and self.op is op
                 and (self.comm is comm or self.comm == comm)  # (another wrapper of it)
-                and self.algorithm == algorithm and recvbuf.dtype is self.dtype
-                and (self.in_place or sendbuf.dtype is self.dtype)
+                and self.algorithm == algorithm and self.unchanged(sendbuf, recvbuf)
                 and (self.extra == extra if self.extra is not None
                      else extra.count(None) == len(extra)))
+
+    def unchanged(self, sendbuf, recvbuf) -> bool:
+        """Whether the buffers are still what the bound call was made for:
+        the dtype (assigning ``dtype`` reinterprets an array in place), and
+        the layout -- C-contiguous, and a host receive buffer writeable
+        (assigning ``strides`` or ``flags.writeable`` changes an array in
+        place too: the bound call's views, made of the memory as it was,
+        would reduce it in memory order, or write where the caller forbade
+        it, where a first call raises)."""
+        flags = recvbuf.flags
+        return (recvbuf.dtype is self.dtype and flags.c_contiguous
+                and (not self.host or flags.writeable)
+                and (self.in_place or sendbuf.dtype is self.dtype
+                     and sendbuf.flags.c_contiguous))
 
     def abandoned(self) -> bool:
         """Whether the caller holds none of the buffers any more: only the
@@ -486,6 +500,7 @@ def remember_call(context: Context, run, sendbuf, recvbuf, op, comm, algorithm,
     kept.extra = None if extra is None else copy.deepcopy(extra)
     kept.release = release
     kept.dtype, kept.in_place, kept.send = recvbuf.dtype, call.send is None, id(sendbuf)
+    kept.host = isinstance(recvbuf, np.ndarray)  # (a device array has no writeable flag)
     #: references the bound call holds on each buffer (recv, send); live
     #: selection binds more later, so its entries are only evicted by age
     kept.ours = ours if call.selection == "table" or call.algorithm != "auto" else None

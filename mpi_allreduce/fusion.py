@@ -390,10 +390,15 @@ class Fusion:
         a home array that is gone (copied into its place).  Else None.
         Returns (home, the places of rebound arrays)."""
         where, homes = self._where, self._homes
+        if not all(a.flags.c_contiguous for a in arrays):
+            # (a home's array whose strides were assigned in place: its values
+            # no longer lie in the home's order, and are packed in theirs)
+            return None, ()
         spot = where.get(id(arrays[0]))
         if spot is not None and spot[1] == 0:  # most often: the home's arrays, in order
             home = homes.get(spot[0])
-            if home is not None and not home.busy and len(home.refs) == len(arrays) and \
+            if home is not None and not home.busy and home.key == key and \
+                    len(home.refs) == len(arrays) and \
                     all(ref() is array for ref, array in zip(home.refs, arrays)):
                 return home, ()
         home = None

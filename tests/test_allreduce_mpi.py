@@ -268,6 +268,52 @@ def test_a_changed_call_is_validated_again(comm, change, validations):
     assert len(validations) == before + 1
 
 
+#: each kind of call a repeat of which is a kept call's
+KEPT_KINDS = {
+    "allreduce": lambda send, recv, comm: mar.allreduce(send, recv, comm=comm),
+    "iallreduce": lambda send, recv, comm: mar.iallreduce(send, recv, comm=comm).wait(),
+    "reduce_scatter": lambda send, recv, comm: mar.reduce_scatter(send, recv, comm=comm),
+}
+
+
+@pytest.mark.filterwarnings("ignore:Setting the strides:DeprecationWarning")
+@pytest.mark.parametrize("kind", list(KEPT_KINDS))
+@pytest.mark.parametrize("change", ["recv_strides", "send_strides", "recv_read_only"])
+def test_a_kept_calls_buffers_changed_in_place_are_validated_again(comm, kind, change):
+    """The same array objects, changed in place between two calls (numpy
+    lets a caller assign ``strides`` and ``flags.writeable``): the repeat
+    is judged as a first call would be -- a receive buffer no longer
+    C-contiguous, or read-only, raises; a send buffer now in Fortran order
+    is reduced in its logical order (before: the kept call's views, made of
+    the memory as it was, reduced it in memory order, a wrong result, or
+    wrote into an array the caller had made read-only)."""
+    p, r = comm.Get_size(), comm.Get_rank()
+    send = np.arange(4.0 * p).reshape(p, 4) + r
+    recv = np.zeros((2, 4) if kind != "reduce_scatter" else (2, 2))
+    if kind != "reduce_scatter":
+        send = send.reshape(-1)[:8].reshape(2, 4) if p >= 2 else np.arange(8.0).reshape(2, 4)
+    call = KEPT_KINDS[kind]
+    call(send, recv, comm)
+    call(send, recv, comm)  # (the kept call's repeat)
+    if change == "send_strides":
+        rows = send.shape[0]
+        send.strides = (8, 8 * rows)  # (Fortran order, the same memory)
+        logical = np.ascontiguousarray(send) - r
+        want = (logical * p + p * (p - 1) / 2).reshape(-1)
+        if kind == "reduce_scatter":
+            want = want[4 * r:4 * r + 4]
+        np.testing.assert_array_equal(call(send, recv, comm).reshape(-1), want)
+        return
+    if change == "recv_strides":
+        recv.strides = (8, 8 * recv.shape[0])
+    else:
+        recv.flags.writeable = False
+    before = recv.copy()
+    with pytest.raises(ValueError, match="C-contiguous|read-only"):
+        call(send, recv, comm)
+    np.testing.assert_array_equal(recv, before)
+
+
 @pytest.mark.parametrize("dies", ["send", "recv"])
 def test_a_dropped_buffer_drops_its_kept_call(comm, dies):
     """A kept call is found by the ids of its buffers and holds views of
