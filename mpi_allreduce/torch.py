@@ -56,6 +56,7 @@ every call completes before it returns.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import inspect
 import itertools
@@ -78,7 +79,7 @@ from .api import allreduce, empty_call, iallreduce
 from .backend import device_view, has_device_arrays, on_stream
 from .context import release, setup
 from .engine import ENGINE, duplicate, mpi_threads, wait_for, wait_for_call
-from .errors import Stalled
+from .errors import ArgumentMismatch, Broken, Stalled
 from .options import keywords_for, options as resolve_options
 from .progress import mpi_request
 from .topology import on_node
@@ -423,11 +424,65 @@ def _offsets(counts: list) -> list:
 
 def _splits(splits, tensor: torch.Tensor, nbytes: int, size: int) -> tuple:
     """(bytes, offsets) per rank of an all_to_all_single tensor split along
-    its first dimension (evenly without ``splits``)."""
+    its first dimension (evenly without ``splits``); ValueError for splits
+    that do not cut the tensor in one part a rank."""
     rows = tensor.shape[0] if tensor.dim() else 1
     row = nbytes // rows if rows else 0
-    counts = [n * row for n in (list(splits) if splits else [rows // size] * size)]
+    if splits:
+        splits = [int(n) for n in splits]
+        if len(splits) != size or sum(splits) != rows or min(splits) < 0:
+            raise ValueError(f"all_to_all_single: split sizes {splits} do not cut {rows} rows "
+                             f"into {size} parts")
+    elif rows % size:
+        raise ValueError(f"all_to_all_single: {rows} rows do not split evenly over {size} "
+                         "ranks (give split sizes)")
+    counts = [n * row for n in (splits if splits else [rows // size] * size)]
     return counts, _offsets(counts)
+
+
+def _described(tensors) -> tuple:
+    """What a rank's tensors must share with its peers' in a broadcast,
+    gather or scatter: each one's dtype and number of elements."""
+    return tuple((str(t.dtype), t.numel()) for t in tensors)
+
+
+def _blocks_match(kind: str, role: str, blocks, own: torch.Tensor, size: int):
+    """The root's refusal (a ValueError), or None, of a gather's outputs or a
+    scatter's inputs (``blocks``) that are not one tensor a rank, each of
+    ``own``'s dtype and size."""
+    if len(blocks) != size:
+        return ValueError(f"{kind}: the root's {role} list holds {len(blocks)} tensors, one a "
+                          f"rank of {size} expected")
+    wrong = [i for i, t in enumerate(blocks)
+             if t.dtype != own.dtype or t.numel() != own.numel()]
+    if wrong:
+        return ValueError(f"{kind}: the root's {role} tensors {wrong} are not of this rank's "
+                          f"dtype and size ({own.dtype}, {own.numel()} elements)")
+    return None
+
+
+def _digest(value) -> int:
+    """A 64-bit digest of ``repr(value)`` (a tuple of numbers and names)."""
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=8).digest(),
+                          "little")
+
+
+def _mixed(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on unsigned 64-bit integers (wrapping)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _traffic(sources, targets, nbytes, kind: int) -> int:
+    """The sum (modulo 2^64) of a hash of each message ``(source, target,
+    bytes, kind)``: a rank's sends summed over every rank equal its
+    receives summed over every rank when every pair agrees, and differ
+    (but with odds of 2^-64) when some pair does not."""
+    sources, targets, nbytes = (np.asarray(v, dtype=np.uint64).reshape(-1)
+                                for v in (sources, targets, nbytes))
+    h = _mixed(_mixed(_mixed(sources + np.uint64(kind + 1)) ^ targets) ^ nbytes)
+    return int(h.sum(dtype=np.uint64))
 
 
 def _bytes(array):
@@ -662,7 +717,7 @@ def _unless_broken(method):
     @functools.wraps(method)
     def checked(self, *args, **kwargs):
         if self._broken is not None:
-            raise Stalled(self._broken)
+            raise type(self._broken)(str(self._broken))
         return method(self, *args, **kwargs)
     return checked
 
@@ -674,8 +729,9 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     def __init__(self, rank: int, size: int, comm: MPI.Intracomm):
         super().__init__(rank, size)
         self.comm = comm
-        #: why the group is unusable (a call on it stalled), or None
-        self._broken: Optional[str] = None
+        #: why the group is unusable (a call on it stalled or was left by an
+        #: interrupt: Stalled or Broken, raised anew by each later call), or None
+        self._broken: Optional[Broken] = None
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND
@@ -688,8 +744,66 @@ class MPIAllreduceGroup(dist.ProcessGroup):
 
     def _stalled(self, report: str) -> None:
         """A call on the group stalled: every later MPI call on it is refused."""
-        self._broken = "an earlier call on this group stalled, its messages are in disarray: " \
-            + report
+        self._broken = Stalled("an earlier call on this group stalled, its messages are in "
+                               "disarray: " + report)
+
+    def _agreed(self, kind: str, shape: tuple, sends=None, receives=None,
+                error: Optional[Exception] = None) -> None:
+        """Before an MPI-side collective moves a byte, every rank's
+        description of it, compared on every rank (MPI's own collectives
+        match by call order alone: a broadcast of 6 elements into 4 or 8,
+        a gather of blocks of 2 into places of 3, a tensor of another dtype
+        are a truncation error on one rank or silently partial or foreign
+        bytes on another).  ``shape``: what must be the same everywhere
+        (the root, the dtypes and sizes of the blocks); ``sends`` and
+        ``receives``: (peers, bytes) of a call whose blocks differ by pair
+        (all-to-all), compared as sums of hashes of every message (see
+        :func:`_traffic`); ``error``: this rank's own refusal of its
+        arguments.  One watched ``MPI_Iallgather`` of 32 bytes a rank;
+        every rank reads the same rows, so every rank raises together --
+        this rank's ``error``, else :class:`~mpi_allreduce.errors.ArgumentMismatch`
+        -- or none does."""
+        comm = self.comm
+        size = comm.Get_size()
+        if size == 1:
+            if error is not None:
+                raise error
+            return
+        me = comm.Get_rank()
+        mine = np.zeros(4, np.uint64)
+        mine[0] = _digest((kind,) + shape)
+        mine[1] = error is not None
+        if sends is not None:
+            mine[2] = _traffic(me, sends[0], sends[1], 0)
+            mine[3] = _traffic(receives[0], me, receives[1], 0)
+        rows = np.empty((size, 4), np.uint64)
+        what = self._what(f"{kind} (its shape agreed)")
+        try:
+            wait_for([comm.Iallgather(mine, rows)], what)
+        except Stalled as exc:
+            self._stalled(str(exc))
+            raise
+        except BaseException as exc:  # (an interrupt: the group's next call would meet it)
+            self._broken = Broken(f"an earlier call on this group ({what}) was left by "
+                                  f"{type(exc).__name__}: {exc}; its messages are in disarray")
+            raise
+        if error is not None:
+            raise error
+        refused = [r for r in range(size) if rows[r, 1]]
+        if refused:
+            raise ArgumentMismatch(f"{kind}: rank(s) {refused} of this group refused their "
+                                   "arguments; no rank sent anything")
+        other = [r for r in range(size) if rows[r, 0] != rows[0, 0]]
+        if other:
+            raise ArgumentMismatch(
+                f"{kind}: the ranks disagree about the call (the root, the tensors' dtypes "
+                f"or sizes): rank(s) {other} differ from rank 0; this rank has {shape}; "
+                "no rank sent anything")
+        if rows[:, 2].sum(dtype=np.uint64) != rows[:, 3].sum(dtype=np.uint64):
+            raise ArgumentMismatch(
+                f"{kind}: what the ranks send each other does not match what they expect to "
+                "receive (split sizes or tensor sizes that differ by pair); no rank sent "
+                "anything")
 
     def _started(self, kind: str, requests, result, opts, after=(),
                  status=None) -> "dist.Work":
@@ -845,6 +959,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     @_unless_broken
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
+        self._agreed("broadcast", (root, _described(tensors)))
         requests, after = [], []
         for tensor in tensors:
             work, back = _contiguous(tensor)
@@ -872,6 +987,10 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     @_unless_broken
     def gather(self, outputs, inputs, opts=None):
         root = opts.rootRank if opts is not None else 0
+        error = None
+        if self.comm.Get_rank() == root:
+            error = _blocks_match("gather", "output", outputs[0], inputs[0], self.size())
+        self._agreed("gather", (root, _described(inputs[:1])), error=error)
         mine = _bytes(_array(inputs[0].contiguous()))
         if self.comm.Get_rank() != root:
             return self._started("gather", [self.comm.Igather(mine, None, root=root)], outputs,
@@ -888,6 +1007,10 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     @_unless_broken
     def scatter(self, outputs, inputs, opts=None):
         root = opts.rootRank if opts is not None else 0
+        error = None
+        if self.comm.Get_rank() == root:
+            error = _blocks_match("scatter", "input", inputs[0], outputs[0], self.size())
+        self._agreed("scatter", (root, _described(outputs[:1])), error=error)
         out, back = _contiguous(outputs[0])
         mine = _bytes(_array(out))
         whole = None
@@ -902,19 +1025,43 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
                       opts=None):
         size = self.comm.Get_size()
+        error = None
+        sends = receives = (list(range(size)), [0] * size)
+        try:
+            if input.dtype != output.dtype:
+                raise TypeError(f"all_to_all_single: input is {input.dtype}, output "
+                                f"{output.dtype}")
+            sent = _splits(input_split_sizes, input, input.numel() * input.element_size(), size)
+            got = _splits(output_split_sizes, output, output.numel() * output.element_size(),
+                          size)
+            sends, receives = (list(range(size)), sent[0]), (list(range(size)), got[0])
+        except (TypeError, ValueError) as exc:
+            error = exc
+        self._agreed("all_to_all_single", (str(input.dtype),), sends, receives, error)
         out, back = _contiguous(output)
         source = _bytes(_array(input.contiguous()))
         target = _bytes(_array(out))
 
-        request = self.comm.Ialltoallv(
-            [source, _splits(input_split_sizes, input, source.size, size), MPI.BYTE],
-            [target, _splits(output_split_sizes, output, target.size, size), MPI.BYTE])
+        request = self.comm.Ialltoallv([source, sent, MPI.BYTE], [target, got, MPI.BYTE])
         return self._started("all_to_all_single", [request], output, opts,
                              [back] if back is not None else [])
 
     @_on_device(ours=False)
     @_unless_broken
     def alltoall(self, outputs, inputs, opts=None):
+        size = self.comm.Get_size()
+        error = None
+        if len(inputs) != size or len(outputs) != size:
+            error = ValueError(f"all_to_all: {len(inputs)} inputs and {len(outputs)} outputs "
+                               f"on a group of {size} ranks (one a rank)")
+        dtypes = sorted({str(t.dtype) for t in list(inputs) + list(outputs)})
+        if len(dtypes) > 1 and error is None:
+            error = TypeError(f"all_to_all: tensors of several dtypes {dtypes}")
+        peers = list(range(min(size, len(inputs), len(outputs))))
+        self._agreed("all_to_all", tuple(dtypes[:1]),
+                     (peers, [inputs[j].numel() * inputs[j].element_size() for j in peers]),
+                     (peers, [outputs[i].numel() * outputs[i].element_size() for i in peers]),
+                     error)
         sends = [_bytes(_array(t.contiguous())) for t in inputs]
         source = np.concatenate(sends) if sends else np.empty(0, np.uint8)
         recv_counts = [t.numel() * t.element_size() for t in outputs]

@@ -1027,3 +1027,66 @@ def test_an_interrupt_in_an_all_reduce_breaks_its_group_never_a_wrong_result(
         return t.numpy()
 
     _judge(_interrupted_by_a_timer(call, exact, r), MPI.COMM_WORLD)
+
+
+def _shape_cases(p: int, r: int) -> dict:
+    """MPI-side collectives whose ranks disagree about the shape (rank 1
+    differs; rank 0 is the root): each a function that makes the call and
+    returns the tensors the call may write."""
+    def broadcast(n, dtype=torch.float32):
+        t = torch.full((n,), -1.0).to(dtype)
+        dist.broadcast(t, src=0)
+        return [t]
+
+    def gather(n):
+        t = torch.full((n,), float(r))
+        out = [torch.full((3,), -1.0) for _ in range(p)] if r == 0 else None
+        dist.gather(t, out, dst=0)
+        return out or [t]
+
+    def scatter(n):
+        out = torch.full((n,), -1.0)
+        dist.scatter(out, [torch.full((3,), float(i)) for i in range(p)] if r == 0 else None,
+                     src=0)
+        return [out]
+
+    def all_to_all_single(rows):
+        out = torch.full((3 * p,), -1.0)
+        dist.all_to_all_single(out, torch.full((rows * p,), float(r)))
+        return [out]
+
+    def all_to_all(n):
+        outs = [torch.full((3,), -1.0) for _ in range(p)]
+        dist.all_to_all(outs, [torch.full((n if j == 0 else 3,), float(r)) for j in range(p)])
+        return outs
+    other = 2 if r == 1 else 3
+    return {
+        "broadcast size": lambda: broadcast(other if r == 1 else 3),
+        "broadcast dtype": lambda: broadcast(3, torch.int32 if r == 1 else torch.float32),
+        "gather": lambda: gather(other),
+        "scatter": lambda: scatter(other),
+        "all_to_all_single": lambda: all_to_all_single(other),
+        "all_to_all": lambda: all_to_all(other),
+    }
+
+
+@pytest.mark.parametrize("case", ["broadcast size", "broadcast dtype", "gather", "scatter",
+                                  "all_to_all_single", "all_to_all"])
+def test_mpi_side_collectives_whose_ranks_disagree_raise_on_every_rank(group, case):
+    """Rank 1 gives a broadcast, gather, scatter or all-to-all of another
+    size or dtype than its peers: every rank raises ArgumentMismatch
+    before a byte moves, nothing is written, and the group stays usable
+    (before: MPI matched the calls by order alone -- a silently partial or
+    reinterpreted tensor on one rank, a truncation error on another)."""
+    import mpi_allreduce as mar
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p == 1:
+        pytest.skip("one rank cannot disagree")
+    written = None
+    with pytest.raises(mar.ArgumentMismatch, match="no rank sent anything"):
+        written = _shape_cases(p, r)[case]()
+    assert written is None
+    t = torch.full((4,), float(r))
+    dist.broadcast(t, src=p - 1)  # (the group is still usable: nothing was sent)
+    assert torch.equal(t, torch.full((4,), float(p - 1)))
