@@ -1105,6 +1105,9 @@ class MPIAllreduceGroup(dist.ProcessGroup):
 
     @_unless_broken
     def barrier(self, opts=None):
+        # (agreed as MPI's other collectives are: a barrier on one rank where
+        # its peers broadcast is told apart, not matched with theirs)
+        self._agreed("barrier", ())
         return self._started("barrier", [self.comm.Ibarrier()], None, opts)
 
     def shutdown(self) -> None:

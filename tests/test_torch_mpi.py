@@ -1067,11 +1067,14 @@ def _shape_cases(p: int, r: int) -> dict:
         "scatter": lambda: scatter(other),
         "all_to_all_single": lambda: all_to_all_single(other),
         "all_to_all": lambda: all_to_all(other),
+        "barrier against broadcast": lambda: (dist.barrier(), None)[1] if r == 1 else
+        broadcast(3),
     }
 
 
 @pytest.mark.parametrize("case", ["broadcast size", "broadcast dtype", "gather", "scatter",
-                                  "all_to_all_single", "all_to_all"])
+                                  "all_to_all_single", "all_to_all",
+                                  "barrier against broadcast"])
 def test_mpi_side_collectives_whose_ranks_disagree_raise_on_every_rank(group, case):
     """Rank 1 gives a broadcast, gather, scatter or all-to-all of another
     size or dtype than its peers: every rank raises ArgumentMismatch
