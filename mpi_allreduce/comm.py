@@ -34,9 +34,11 @@ on a contiguous derived datatype.)
 The requests of ``Iallreduce`` and ``Allreduce_init`` are this library's
 (:class:`~mpi_allreduce.Request`): they have ``Wait``, ``Test``, ``Start``
 and ``Free`` but are not ``MPI.Request`` objects, so wait for lists of
-them with :func:`mpi_allreduce.waitall`, not ``MPI.Request.Waitall`` (a
-call that went to mpi4py returns its ``MPI.Request``, which
-:func:`~mpi_allreduce.waitall` waits for too).
+them with :func:`mpi_allreduce.waitall`, not ``MPI.Request.Waitall``.  A
+call that went to mpi4py returns the library's request over mpi4py's, so
+that its wait is watched too: ranks that spell one call's buffers
+differently take the two ways, which travel on two communicators and
+stall (reported) instead of meeting.
 """
 
 from __future__ import annotations
@@ -129,6 +131,43 @@ class _Routed(NamedTuple):
     counts: Optional[list]  # every rank's block in the library's elements (Reduce_scatter)
 
 
+class _TheirPersistent:
+    """mpi4py's persistent request (``MPI_Allreduce_init`` with buffers as
+    mpi4py reads them), each start waited in the library's engine and
+    watched as the library's calls are: ``Start``/``Wait``/``Test``/``Free``
+    (and the lower-case forms of :class:`~mpi_allreduce.PersistentRequest`)."""
+
+    def __init__(self, prequest, what: str, comm):
+        self._prequest, self._what, self._comm = prequest, what, comm
+        self._started: Optional[progress.Request] = None
+
+    def Start(self) -> None:  # noqa: N802
+        self._prequest.Start()
+        self._started = progress.mpi_request([self._prequest], self._what, self._comm)
+
+    def Wait(self, status=None) -> bool:  # noqa: N802
+        if self._started is not None:
+            self._started.wait()
+            self._started = None
+        return True
+
+    def Test(self, status=None) -> bool:  # noqa: N802
+        if self._started is None or self._started.test():
+            self._started = None
+            return True
+        return False
+
+    def Free(self) -> None:  # noqa: N802
+        if self._started is not None:
+            raise RuntimeError("Free() of a persistent request in flight: Wait() first")
+        self._prequest.Free()
+
+    start, test, free = Start, Test, Free
+
+    def wait(self):
+        self.Wait()
+
+
 class Comm(MPI.Intracomm):
     """``MPI.Intracomm`` whose all-reduce family runs this library's algorithms.
 
@@ -203,16 +242,18 @@ class Comm(MPI.Intracomm):
                           lambda send, recv, _: api.iallreduce(
                               send, recv, op, comm=self, algorithm=self.algorithm,
                               **self._request_options()),
-                          lambda: MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op))
+                          lambda: self._their_request("Iallreduce", lambda: (
+                              MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op))))
 
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):  # noqa: N802
         return self._call("allreduce", sendbuf, recvbuf, op, None, None,
                           lambda send, recv, _: api.allreduce_init(
                               send, recv, op, comm=self, algorithm=self.algorithm,
                               **self._request_options()),
-                          lambda: MPI.Intracomm.Allreduce_init(
-                              self, sendbuf, recvbuf, op,
-                              MPI.INFO_NULL if info is None else info))
+                          lambda: self._their_request("Allreduce_init", lambda: (
+                              MPI.Intracomm.Allreduce_init(
+                                  self, sendbuf, recvbuf, op,
+                                  MPI.INFO_NULL if info is None else info)), persistent=True))
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM) -> None:  # noqa: N802
         refused = None
@@ -278,6 +319,19 @@ class Comm(MPI.Intracomm):
         setup(self)
         progress.mpi_request([start()], f"MPI_{name} (buffers as mpi4py reads them)",
                              self).wait()
+
+    def _their_request(self, name: str, start, persistent: bool = False):
+        """mpi4py's own non-blocking (or, ``persistent``, persistent) call,
+        after the communicator's set-up, as :meth:`_theirs` makes it (so
+        ranks that spell one call's buffers differently travel on two
+        communicators and stall, never meet): its request is the library's,
+        waited in the engine and watched -- a rank whose peers took the
+        library's way is reported, never left in ``MPI_Wait``."""
+        setup(self)
+        what = f"MPI_{name} (buffers as mpi4py reads them)"
+        if persistent:
+            return _TheirPersistent(start(), what, self)
+        return progress.mpi_request([start()], what, self)
 
     def _counts(self, count: int) -> list:
         """Every rank's receive count (what mpi4py's ``Reduce_scatter``
