@@ -701,8 +701,9 @@ def select_device(comm, device: str) -> str:
         return "cpu"
     from .context import context_for  # (the context imports this module)
 
-    everyone = context_for(comm).allgather_object(why, f"choosing the device ({device}): "
-                                                       "whether every rank can use it")
+    everyone = context_for(comm).allgather_object(why, "device", f"choosing the device "
+                                                                 f"({device}): whether every "
+                                                                 "rank can use it")
     refusals = [(rank, reason) for rank, reason in enumerate(everyone) if reason]
     if refusals:
         reasons: dict = {}

@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 from .config import on_refresh
 from .engine import abandon, duplicate, wait_for
-from .errors import Broken, ConcurrentCall, Stalled, TagsExhausted
+from .errors import ArgumentMismatch, Broken, ConcurrentCall, Stalled, TagsExhausted
 from .executor import mpi_tags
 from .selection import BUILT_IN_TABLE, DecisionTable, tuning_table
 from .topology import emulated_nodes, where
@@ -159,21 +159,59 @@ class Context:
             "will not use this communicator again: free it and go on with a new one "
             "(comm.Dup() on every rank), or end the job")
 
-    def collective(self, start: Callable[[], MPI.Request], what: str) -> None:
+    def collective(self, purpose: str, start: Callable[[], MPI.Request], what: str) -> None:
         """One non-blocking collective of the library on this communicator
-        (``start`` posts it on :attr:`comm`), waited for under the watchdog;
-        refused at once on a broken communicator, where the peers may be
-        inside another collective."""
-        if self.broken is not None:
-            raise self.refusal()
+        (``start`` posts it on :attr:`comm`), after the ranks agreed that it
+        is the collective they all make (:meth:`record`, ``purpose``),
+        waited for under the watchdog; refused at once on a broken
+        communicator, where the peers may be inside another collective."""
+        self.record(purpose, (), what)
         wait_for([start()], what, self)
 
-    def allgather_object(self, obj, what: str) -> list:
-        """Every rank's ``obj``, in rank order (:func:`exchange_objects` on
-        the library's communicator; refused at once where it is broken)."""
+    def record(self, purpose: str, values, what: str) -> np.ndarray:
+        """Every rank's ``values`` (up to 3 integers), in rank order: the
+        first or only step of every collective the library makes on this
+        communicator after its set-up, one watched ``MPI_Iallgather`` of 4
+        int64 a rank that also carries the collective's ``purpose``
+        (:data:`PURPOSES`).  MPI matches collectives by call order alone;
+        whether a rank makes one (``check=True``'s agreement, a tuning file
+        named for the first time, live selection's sync, the choice of a
+        device) is its options' affair, so two ranks may make two different
+        ones.  Since all of them begin alike, those meet here, every rank
+        sees that the purposes differ, and every rank raises
+        :class:`~mpi_allreduce.errors.ArgumentMismatch` before any further
+        message -- never one collective's bytes read as another's (the
+        communicator stays usable).  Refused at once on a broken
+        communicator, where the peers may be inside another collective."""
         if self.broken is not None:
             raise self.refusal()
-        return exchange_objects(self.comm, obj, None, what, self)
+        mine = np.zeros(4, np.int64)
+        mine[0] = PURPOSES[purpose]
+        mine[1:1 + len(values)] = values
+        everyone = np.empty((self.size, 4), np.int64)
+        wait_for([self.comm.Iallgather(mine, everyone)], what, self)
+        codes = everyone[:, 0]
+        if (codes != codes[0]).any():
+            names = {code: name for name, code in PURPOSES.items()}
+            made = ", ".join(f"rank {rank}: {names.get(int(code), code)}"
+                             for rank, code in enumerate(codes))
+            raise ArgumentMismatch(
+                f"the ranks made different collectives of the library on this communicator "
+                f"({made}), so none went further: the options that make them -- check, "
+                "tuning, selection, the device -- must be the same on every rank")
+        return everyone[:, 1:]
+
+    def allgather_object(self, obj, purpose: str, what: str) -> list:
+        """Every rank's ``obj``, in rank order, on the library's
+        communicator: the sizes in :meth:`record` (``purpose``), then the
+        pickled bytes (refused at once where it is broken)."""
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        sizes = self.record(purpose, (data.size,), what)[:, 0]
+        everything = np.empty(int(sizes.sum()), dtype=np.uint8)
+        wait_for([self.comm.Iallgatherv(data, [everything, sizes.tolist()])], what, self)
+        ends = np.cumsum(sizes).tolist()
+        return [pickle.loads(everything[end - n:end].tobytes())
+                for n, end in zip(sizes.tolist(), ends)]
 
     def refusal(self) -> Broken:
         """The error a call on a broken communicator raises (a fresh one each time)."""
@@ -201,11 +239,9 @@ class Context:
         """The table of ``tuning`` every rank uses (or the error every rank
         raises), agreed in one watched ``MPI_Iallgather``."""
         table, error = _read_table(tuning)
-        mine = np.array(_record(table, error), np.int64)
-        everyone = np.empty((self.size, 2), np.int64)
-        self.collective(lambda: self.comm.Iallgather(mine, everyone),
-                        "the agreement on auto's decision table")
-        return _decide(tuning, table, error, everyone)
+        everyone = self.record("table", _record(table, error),
+                               "the agreement on auto's decision table")
+        return _decide(tuning, table, error, everyone[:, :2])
 
     def selector(self, shape: tuple, make: Callable[[], object]):
         """The live selector of ``shape``, made on first use (see :attr:`selectors`)."""
@@ -514,6 +550,10 @@ def _delete_context(comm, keyval, context) -> None:
 
 
 _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_context)
+
+#: what each collective the library makes on its communicator after the
+#: set-up is for: the first integer of its first message (see Context.record)
+PURPOSES = {"table": 1, "check": 2, "live": 3, "device": 4}
 
 
 def exchange_objects(comm: MPI.Intracomm, obj, root: Optional[int], what: str,

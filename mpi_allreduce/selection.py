@@ -398,7 +398,8 @@ class LiveSelector:
         worst = np.empty_like(mine)
         what = "live selection's agreement on its timings (an MPI_Iallreduce)"
         if self.context is not None:
-            self.context.collective(lambda: self.comm.Iallreduce(mine, worst, MPI.MAX), what)
+            self.context.collective("live", lambda: self.comm.Iallreduce(mine, worst, MPI.MAX),
+                                    what)
         else:
             wait_for([self.comm.Iallreduce(mine, worst, MPI.MAX)], what)
         seconds = dict(zip(names, worst[:-2]))

@@ -130,8 +130,8 @@ def agree(comm: MPI.Intracomm, fingerprint: Optional[dict], error: Optional[Exce
     """Exchange argument fingerprints (None where this rank rejected its
     input with ``error``); raise the same error on every rank if they differ."""
     mine = (fingerprint, None if error is None else f"{type(error).__name__}: {error}")
-    everyone = context_for(comm).allgather_object(mine, f"check=True's agreement on a {what} "
-                                                           "call")
+    everyone = context_for(comm).allgather_object(mine, "check", f"check=True's agreement on "
+                                                                  f"a {what} call")
     failed = [(rank, err) for rank, (_, err) in enumerate(everyone) if err is not None]
     if failed:
         detail = "; ".join(f"rank {rank}: {err}" for rank, err in failed)

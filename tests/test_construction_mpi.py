@@ -412,8 +412,12 @@ def test_a_peer_that_never_comes_to_a_collective_is_reported(raising_watchdog, w
             request.Wait()
             dup.Free()
         else:
-            sizes = np.empty(comm.Get_size(), dtype=np.int64)
-            context_for(comm).comm.Iallgather(np.zeros(1, dtype=np.int64), sizes).Wait()
+            # (the first step of every collective of the library: see Context.record)
+            from mpi_allreduce.context import PURPOSES
+
+            mine = np.array([PURPOSES["check"], 0, 0, 0], dtype=np.int64)
+            rows = np.empty((comm.Get_size(), 4), dtype=np.int64)
+            context_for(comm).comm.Iallgather(mine, rows).Wait()
     comm.Free()
 
 

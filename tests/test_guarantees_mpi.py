@@ -298,6 +298,44 @@ def test_fusions_whose_buckets_differ_between_ranks(fresh, watchdog, own):
         fusion.free()
 
 
+#: options on rank 0 and on the others that make the library's own
+#: collectives of different purposes (check's agreement, a named tuning
+#: file's agreement) on one call
+COLLECTIVES = {
+    "check against a tuning file": ({"check": True}, {"tuning": "FILE"}),
+    "a tuning file against check": ({"tuning": "FILE"}, {"check": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(COLLECTIVES))
+def test_library_collectives_that_differ_between_ranks_raise_on_every_rank(
+        fresh, watchdog, tmp_path_factory, case):
+    """Rank 0 and its peers make one call with options that make the
+    library's own collectives of different purposes: they meet in the one
+    first step every such collective begins with, see the purposes differ,
+    and every rank raises ArgumentMismatch before any further message; the
+    communicator stays usable (before: check's byte counts were read as
+    the table's digest on one rank, MPI truncated the other's)."""
+    import shutil
+    from pathlib import Path
+
+    _need(fresh)
+    watchdog(30)
+    p, r = fresh.Get_size(), fresh.Get_rank()
+    path = str(tmp_path_factory.mktemp("table") / "table.json") if r == 0 else None
+    path = MPI.COMM_WORLD.bcast(path, root=0)
+    if r == 0:  # (a decision table that tune wrote)
+        shutil.copy(Path(__file__).parent.parent / "benchmarks/results/tuning.json", path)
+    MPI.COMM_WORLD.Barrier()
+    mine, theirs = COLLECTIVES[case]
+    options = {k: path if v == "FILE" else v for k, v in (mine if r == 0 else theirs).items()}
+    x = np.arange(8.0) + r
+    with pytest.raises(mar.ArgumentMismatch, match="different collectives"):
+        mar.allreduce(x, comm=fresh, **options)
+    np.testing.assert_array_equal(mar.allreduce(x, comm=fresh),
+                                  np.arange(8.0) * p + p * (p - 1) / 2)
+
+
 CHECKED = {
     "segment_size": lambda r: dict(algorithm="ring", segment_size=2 + (r == 0)),
     "inner": lambda r: dict(algorithm="hierarchical", ranks_per_node=1,
