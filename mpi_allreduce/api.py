@@ -114,7 +114,10 @@ def allreduce(
     kept = CALLS.get(id(recvbuf))  # a repeat with the very same objects: Remembered.repeats,
     if (kept is not None and kept.send == id(sendbuf) and kept.op is op  # inline (the
             and (kept.comm is comm or kept.comm == comm)  # latency-critical path)
-            and kept.algorithm == algorithm and kept.unchanged(sendbuf, recvbuf)
+            and kept.algorithm == algorithm and recvbuf.dtype is kept.dtype
+            # (Remembered.unchanged, inline: the layout as the first call found it)
+            and (flags := recvbuf.flags).c_contiguous and (flags.writeable or not kept.host)
+            and (kept.in_place or sendbuf.dtype is kept.dtype and sendbuf.flags.c_contiguous)
             and (kept.extra is None
                  and check is segment_size is ranks_per_node is inner is radix is row_size
                  is tuning is selection is reproducible is None
