@@ -360,6 +360,14 @@ def _setup(sendbuf, recvbuf, op, comm, opts: Options, salt: str = "") -> Call:
     if opts.check and comm.Get_size() > 1:
         context = context_for(comm)
         agree(comm, arguments(call), error, "allreduce")
-        # then what the call will run (collective where the node map is made)
-        agree(comm, resolved(context, call), None, "allreduce")
+        try:
+            # then what the call will run (collective where the node map is
+            # made; a user op is tried on this rank only: an interrupt there
+            # leaves this rank between two collectives its peers make)
+            agree(comm, resolved(context, call), None, "allreduce", "check-spec")
+        except ArgumentMismatch:
+            raise  # (every rank raises it at this step)
+        except BaseException as exc:
+            context.breaks(exc, "check=True's agreement on what the call runs")
+            raise
     return call

@@ -166,7 +166,11 @@ class Context:
         waited for under the watchdog; refused at once on a broken
         communicator, where the peers may be inside another collective."""
         self.record(purpose, (), what)
-        wait_for([start()], what, self)
+        try:
+            wait_for([start()], what, self)
+        except BaseException as exc:  # (see allgather_object)
+            self.breaks(exc, what)
+            raise
 
     def record(self, purpose: str, values, what: str) -> np.ndarray:
         """Every rank's ``values`` (up to 3 integers), in rank order: the
@@ -207,8 +211,14 @@ class Context:
         pickled bytes (refused at once where it is broken)."""
         data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
         sizes = self.record(purpose, (data.size,), what)[:, 0]
-        everything = np.empty(int(sizes.sum()), dtype=np.uint8)
-        wait_for([self.comm.Iallgatherv(data, [everything, sizes.tolist()])], what, self)
+        try:
+            everything = np.empty(int(sizes.sum()), dtype=np.uint8)
+            wait_for([self.comm.Iallgatherv(data, [everything, sizes.tolist()])], what, self)
+        except BaseException as exc:
+            # (between the two steps, or in the second: the peers are in it,
+            # and this rank's next collective would meet their second step)
+            self.breaks(exc, what)
+            raise
         ends = np.cumsum(sizes).tolist()
         return [pickle.loads(everything[end - n:end].tobytes())
                 for n, end in zip(sizes.tolist(), ends)]
@@ -553,7 +563,7 @@ _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_context)
 
 #: what each collective the library makes on its communicator after the
 #: set-up is for: the first integer of its first message (see Context.record)
-PURPOSES = {"table": 1, "check": 2, "live": 3, "device": 4}
+PURPOSES = {"table": 1, "check": 2, "check-spec": 3, "live": 4, "device": 5}
 
 
 def exchange_objects(comm: MPI.Intracomm, obj, root: Optional[int], what: str,

@@ -126,11 +126,12 @@ def arguments(call: Optional[Call]):
 
 
 def agree(comm: MPI.Intracomm, fingerprint: Optional[dict], error: Optional[Exception],
-          what: str) -> None:
+          what: str, purpose: str = "check") -> None:
     """Exchange argument fingerprints (None where this rank rejected its
-    input with ``error``); raise the same error on every rank if they differ."""
+    input with ``error``); raise the same error on every rank if they differ.
+    (``purpose``: which agreement of a call this is, see ``Context.record``.)"""
     mine = (fingerprint, None if error is None else f"{type(error).__name__}: {error}")
-    everyone = context_for(comm).allgather_object(mine, "check", f"check=True's agreement on "
+    everyone = context_for(comm).allgather_object(mine, purpose, f"check=True's agreement on "
                                                                   f"a {what} call")
     failed = [(rank, err) for rank, (_, err) in enumerate(everyone) if err is not None]
     if failed:

@@ -926,3 +926,40 @@ def test_a_receive_whose_status_is_read_keeps_it_on_the_progress_thread():
         comm.Barrier()
     world.Barrier()
     comm.Free()
+
+
+def test_an_interrupt_between_checks_two_agreements_breaks_the_communicator(
+        interrupt_watchdog, monkeypatch, fresh):
+    """``check=True`` agrees on the arguments, then on what the call runs
+    (two collectives of the library, a user op tried on this rank in
+    between): an interrupt lands on rank 0 between them.  Its retry raises
+    Broken at once; the peers, inside the second agreement, stall and are
+    reported (before: the retry's first agreement met the peers' second)."""
+    from mpi_allreduce import api
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank has no peer to mislead")
+    rank = fresh.Get_rank()
+    real = api.resolved
+
+    def interrupted(*args):
+        raise KeyboardInterrupt("lands between check's two agreements")
+    if rank == 0:
+        monkeypatch.setattr(api, "resolved", interrupted)
+    x = np.arange(8.0) + rank
+    outcomes = []
+    for _ in range(2):  # (a retry after the interrupt)
+        try:
+            mar.allreduce(x, comm=fresh, check=True)
+            outcomes.append("returned")
+        except KeyboardInterrupt:
+            outcomes.append("interrupted")
+            monkeypatch.setattr(api, "resolved", real)
+        except mar.Broken as exc:  # (Stalled is a Broken)
+            outcomes.append(type(exc).__name__)
+            break
+    monkeypatch.undo()
+    everyone = world.allgather(outcomes)
+    assert everyone[0] == ["interrupted", "Broken"], everyone
+    assert all(o == ["Stalled"] for o in everyone[1:]), everyone
