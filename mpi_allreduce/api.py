@@ -16,7 +16,7 @@ identity checks and the compiled steps.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NoReturn, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -24,8 +24,8 @@ from mpi4py import MPI
 from . import progress, validate as _validate
 from .buffers import in_place, names_memory
 from .config import KERNELS_ENV, environment
-from .context import CALLS, context_for, refcounts, remember_call, setup
-from .errors import ArgumentMismatch, failed
+from .context import CALLS, cached_context, context_for, refcounts, remember_call, setup
+from .errors import ArgumentMismatch, Stalled, failed
 from .ops import dtype_label
 from .planner import choice, plan_for, resolved, runner
 from .progress import PersistentRequest, Request
@@ -131,9 +131,12 @@ def allreduce(
 
     extra = (check, segment_size, ranks_per_node, inner, radix, row_size, tuning, selection,
              reproducible)
-    opts = _options("allreduce", algorithm, extra)
-    call = _setup(sendbuf, recvbuf, op, comm, opts)
-    exact = opts.reproducible and _order_matters(call)
+    try:
+        opts = _options("allreduce", algorithm, extra)
+        call = _setup(sendbuf, recvbuf, op, comm, opts)
+        exact = opts.reproducible and _order_matters(call)
+    except (TypeError, ValueError) as exc:
+        refused(comm, exc)
     # (no short cut for an empty call on several ranks: its messages, empty,
     # carry its spec like any call's, so a rank whose count differs from its
     # peers' stalls there instead of skipping a call its peers make, and
@@ -251,8 +254,11 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.C
         request = kept.run()
         if request is not None:  # (None: its last call is in flight or not yet waited)
             return request
-    return _request(sendbuf, recvbuf, op, comm, _options("request", algorithm, extra),
-                    persistent=False, extra=extra)
+    try:
+        opts = _options("request", algorithm, extra)
+    except (TypeError, ValueError) as exc:
+        refused(comm, exc)
+    return _request(sendbuf, recvbuf, op, comm, opts, persistent=False, extra=extra)
 
 
 def allreduce_init(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
@@ -267,8 +273,11 @@ def allreduce_init(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = M
     that moment.  The schedule, its compiled stages, its scratch and (for
     host buffers) MPI persistent requests are made here once; this is the
     fastest way to repeat a call.  Arguments as :func:`iallreduce`."""
-    opts = _options("request", algorithm, (check, segment_size, ranks_per_node, inner, radix,
-                                           row_size, tuning, selection, reproducible))
+    try:
+        opts = _options("request", algorithm, (check, segment_size, ranks_per_node, inner,
+                                               radix, row_size, tuning, selection, reproducible))
+    except (TypeError, ValueError) as exc:
+        refused(comm, exc)
     return _request(sendbuf, recvbuf, op, comm, opts, persistent=True)
 
 
@@ -282,6 +291,36 @@ def empty_call(comm: MPI.Intracomm, what: str) -> None:
     # say, a reproducible sum's included, which refuses non-blocking float sums)
     _request(MPI.IN_PLACE, np.empty(0, np.int32), "sum", comm, options("request"),
              persistent=False, salt=what).wait()
+
+
+#: the salt of the empty call that a refused call makes (see refused)
+REFUSED = "refused"
+
+
+def refused(comm, exc: Exception) -> NoReturn:
+    """Raise ``exc``, the refusal of a call on this rank before any message
+    (its arguments or its options): on a communicator of several ranks,
+    after an empty call of its own (:func:`empty_call`, salt
+    :data:`REFUSED`) -- a refusal is no short cut either.  Where every rank
+    refuses the call (the same bad input everywhere) their empty calls meet
+    and every rank raises its own error; where only some ranks do, their
+    empty calls stall with their peers' real call (reported; the
+    :class:`~mpi_allreduce.errors.Stalled` raised here says why, its cause
+    the refusal) instead of their next call meeting the peers' refused one
+    (before: a wrong result on both).  ``check=True``'s verdict, which every
+    rank reached together, is raised at once."""
+    if isinstance(exc, ArgumentMismatch) or not isinstance(comm, MPI.Intracomm) \
+            or comm == MPI.COMM_NULL or comm.Get_size() == 1:
+        raise exc
+    context = cached_context(comm)
+    if context is not None and context.broken is not None:
+        raise exc  # (it makes no call again: no later call can meet a peer's)
+    try:
+        empty_call(comm, REFUSED)
+    except Stalled as stall:
+        raise Stalled(f"{stall} -- this rank refused the call ({type(exc).__name__}: {exc}), "
+                      "its peers made it") from exc
+    raise exc
 
 
 def _options(kind: str, algorithm, extra: tuple) -> Options:
@@ -301,16 +340,21 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
     not started (``salt``: what else its spec must carry, see CallSpec;
     ``extra``: the keywords it was given, kept with a non-blocking call for
     its repeats)."""
-    if persistent and sendbuf is not None and not in_place(sendbuf, recvbuf) \
-            and not names_memory(sendbuf):
-        # (a list or another array-like: made into an array once, here, so
-        # every start would reduce its first contents)
-        raise TypeError(f"a persistent call reads its send buffer at each start: give an "
-                        f"array, a buffer or a message spec, not a {type(sendbuf).__name__}")
-    call = _setup(sendbuf, recvbuf, op, comm, opts, salt)
-    if opts.reproducible and _order_matters(call):
-        raise ValueError("reproducible=True makes a float sum a blocking call: use "
-                         "allreduce(..., reproducible=True)")
+    try:
+        if persistent and sendbuf is not None and not in_place(sendbuf, recvbuf) \
+                and not names_memory(sendbuf):
+            # (a list or another array-like: made into an array once, here, so
+            # every start would reduce its first contents)
+            raise TypeError(f"a persistent call reads its send buffer at each start: give an "
+                            f"array, a buffer or a message spec, not a {type(sendbuf).__name__}")
+        call = _setup(sendbuf, recvbuf, op, comm, opts, salt)
+        if opts.reproducible and _order_matters(call):
+            raise ValueError("reproducible=True makes a float sum a blocking call: use "
+                             "allreduce(..., reproducible=True)")
+    except (TypeError, ValueError) as exc:
+        if salt == REFUSED:
+            raise  # (the refusal's own empty call: never refused itself)
+        refused(comm, exc)
     kind = PersistentRequest if persistent else Request
     if comm.Get_size() == 1:
         setup(comm)

@@ -19,6 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import progress, registry
+from .api import refused
 from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
 from .context import CALLS, context_for, refcounts, remember_call
@@ -52,10 +53,13 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
     extra = (None if counts is None else tuple(counts), algorithm, check, segment_size, radix)
     if _repeated("reduce_scatter", sendbuf, recvbuf, op, comm, extra):
         return recvbuf
-    opts = options("halves", algorithm=algorithm, check=check, segment_size=segment_size,
-                   radix=radix)
-    user = (sendbuf, recvbuf, op, extra)
-    op = resolve_op(op)
+    try:
+        opts = options("halves", algorithm=algorithm, check=check, segment_size=segment_size,
+                       radix=radix)
+        user = (sendbuf, recvbuf, op, extra)
+        op = resolve_op(op)
+    except (TypeError, ValueError) as exc:
+        refused(comm, exc)
     size, rank = comm.Get_size(), comm.Get_rank()
 
     def validate():
@@ -101,8 +105,11 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
     extra = (None if counts is None else tuple(counts), algorithm, check, segment_size, radix)
     if _repeated("allgather", sendbuf, recvbuf, None, comm, extra):
         return recvbuf
-    opts = options("halves", algorithm=algorithm, check=check, segment_size=segment_size,
-                   radix=radix)
+    try:
+        opts = options("halves", algorithm=algorithm, check=check, segment_size=segment_size,
+                       radix=radix)
+    except (TypeError, ValueError) as exc:
+        refused(comm, exc)
     user = (sendbuf, recvbuf, None, extra)
     size, rank = comm.Get_size(), comm.Get_rank()
 
@@ -174,7 +181,7 @@ def _validated(validate, comm, opts: Options, what: str, fingerprint):
         segment = opts.segment(values[1].dtype)
     except (TypeError, ValueError) as exc:
         if not checking:
-            raise
+            refused(comm, exc)
         values, error = None, exc
     if checking:
         agree(comm, None if values is None else dict(

@@ -312,3 +312,72 @@ def test_mismatched_calls_stall_and_raise_never_return_wrong(raising_watchdog, w
         # context to a new communicator whose messages could meet the old ones
         assert any(kept is context.comm for kept in QUARANTINE)
         assert context.comm.Get_size() == world.Get_size()
+
+
+#: each kind of call, given a receive buffer and options: (call, exact result)
+def _refusable(kind, comm, recv, **options):
+    p, r = comm.Get_size(), comm.Get_rank()
+    x = np.arange(4.0 * p) + r
+    whole = np.arange(4.0 * p) * p + p * (p - 1) / 2
+    if kind == "allreduce":
+        return lambda: mar.allreduce(x, recv, comm=comm, **options), whole
+    if kind == "iallreduce":
+        return lambda: mar.iallreduce(x, recv, comm=comm, **options).wait(), whole
+    if kind == "allreduce_init":
+        return lambda: _persistent(x, recv, comm=comm, **options), whole
+    if kind == "reduce_scatter":
+        return (lambda: mar.reduce_scatter(x, recv[:4], comm=comm, **options),
+                whole[4 * r:4 * r + 4])
+    gathered = np.repeat(np.arange(p, dtype=float), 4)
+    return (lambda: mar.allgather(np.full(4, float(r)), recv, comm=comm, **options), gathered)
+
+
+REFUSALS = {
+    "read-only recvbuf": lambda recv: (recv.setflags(write=False), {})[1],
+    "unknown algorithm": lambda recv: {"algorithm": "no-such-algorithm"},
+}
+
+
+@pytest.mark.parametrize("refusal", list(REFUSALS))
+@pytest.mark.parametrize("kind", ["allreduce", "iallreduce", "allreduce_init", "reduce_scatter",
+                                  "allgather"])
+def test_a_call_refused_on_one_rank_stalls_never_shifts_the_next(raising_watchdog, kind,
+                                                                  refusal):
+    """Rank 0 gives bad input (a read-only receive buffer, an unknown
+    algorithm) and goes on; its peers make the call right.  A refusal is no
+    short cut: rank 0's refused call is an empty call of its own, which
+    stalls with the peers' real call (reported on every rank) -- never
+    rank 0's next call meeting its peers' refused one (before: wrong sums on
+    both).  Where every rank refuses, every rank raises its own error and
+    the next call is exact."""
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank cannot disagree")
+    for everywhere in (True, False):
+        comm = world.Dup()
+        rank, p = comm.Get_rank(), comm.Get_size()
+        bad = everywhere or rank == 0
+        recv = np.zeros(4 * p)
+        options = REFUSALS[refusal](recv) if bad else {}
+        call, _ = _refusable(kind, comm, recv, **options)
+        outcomes = []
+        try:
+            call()
+            outcomes.append("returned")
+        except (TypeError, ValueError) as exc:
+            outcomes.append(f"refused: {type(exc).__name__}")
+        except mar.Stalled:
+            outcomes.append("Stalled")
+        try:  # the next call, the same on every rank
+            again, want = _refusable(kind, comm, np.zeros(4 * p))
+            out = again()
+            outcomes.append("exact" if np.array_equal(out.reshape(-1), want) else "WRONG")
+        except mar.Broken as exc:  # (Stalled is a Broken)
+            outcomes.append(type(exc).__name__)
+        everyone = world.allgather(outcomes)
+        assert not any("WRONG" in o for o in everyone), (everywhere, everyone)
+        if everywhere:
+            assert all(o[0].startswith("refused") and o[1] == "exact" for o in everyone), everyone
+        else:
+            assert all(o[0] == "Stalled" for o in everyone), everyone
+        comm.Free()
