@@ -535,9 +535,10 @@ def test_a_call_of_no_tensors_on_one_rank_stalls_never_shifts_the_next(group, mo
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 def test_mpis_calls_through_the_backend_are_watched_too(group, watchdog, async_op):
     """A barrier only rank 0 enters (raise mode, 0.5 s): Stalled on rank 0,
-    naming the barrier and the group; the group is then unusable there
-    (the next call raises before posting anything).  The others enter the
-    barrier afterwards, so nothing is left waiting."""
+    naming the barrier and the group (in the agreement on its shape that
+    every MPI-side call begins with); the group is then unusable there (the
+    next call raises before posting anything).  The others then make that
+    agreement, so nothing is left waiting."""
     import mpi_allreduce as mar
 
     p, r = dist.get_world_size(), dist.get_rank()
@@ -546,16 +547,16 @@ def test_mpis_calls_through_the_backend_are_watched_too(group, watchdog, async_o
     sub = dist.new_group(list(range(p)))
     watchdog(0.5)
     if r == 0:
-        with pytest.raises(mar.Stalled, match=f"barrier on the mpi_allreduce backend's group "
-                                               f"of {p} ranks"):
+        with pytest.raises(mar.Stalled, match=f"barrier \\(its shape agreed\\) on the "
+                                               f"mpi_allreduce backend's group of {p} ranks"):
             work = dist.barrier(group=sub, async_op=async_op)
             if async_op:
                 work.wait()
         with pytest.raises(mar.Stalled, match="an earlier call on this group stalled"):
             dist.broadcast(torch.ones(2), 0, group=sub)
     MPI.COMM_WORLD.Barrier()
-    if r != 0:
-        dist.barrier(group=sub)  # (completes rank 0's abandoned one)
+    if r != 0:  # (completes rank 0's abandoned agreement)
+        sub._agreed("barrier", ())  # (the group is the backend's own object)
     MPI.COMM_WORLD.Barrier()
 
 
