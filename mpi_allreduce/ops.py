@@ -21,8 +21,10 @@ result is then exactly MPI's: ``x_0 OP x_1 OP ... OP x_{p-1}``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -116,22 +118,27 @@ class Op:
     #: whether what a user op computes is part of its identity across ranks
     #: (see ``spec_label``; not where its caller named it)
     probed: bool = False
+    #: more of the call's identity that a caller reduces with this op (see
+    #: :func:`tagged`): part of :attr:`stable`, so of the call's spec
+    tag: str = ""
 
     @property
     def stable(self) -> str:
         """The op's identity across ranks, for a call's spec: the name of a
         predefined op or a callable, and whether a user op commutes (a user
         ``MPI.Op``'s handle is not part of it: ranks that made their ops in
-        another order have different handles for the same function)."""
-        if self.key is None:
-            return self.name
-        return f"{self.name}/{'commutative' if self.commutative else 'ordered'}"
+        another order have different handles for the same function); its
+        :attr:`tag`."""
+        label = self.name if self.key is None else \
+            f"{self.name}/{'commutative' if self.commutative else 'ordered'}"
+        return f"{label}|{self.tag}" if self.tag else label
 
     @property
     def identity(self):
         """The op in cache keys: the name of a predefined op; a user op's
-        function or MPI handle as well."""
-        return self.name if self.key is None else (self.name, self.key)
+        function or MPI handle as well; its tag."""
+        plain = self.name if self.key is None else (self.name, self.key)
+        return (plain, self.tag) if self.tag else plain
 
     def valid_for(self, dtype: np.dtype) -> bool:
         return _ANY in self.kinds or dtype_kind(np.dtype(dtype)) in self.kinds
@@ -184,6 +191,31 @@ OPS: dict[str, Op] = {
 }
 
 _BY_MPI_OP = [(op.mpi_op, op) for name, op in OPS.items() if name != "avg"]
+
+
+def tagged(name: str, tag: str) -> Op:
+    """The predefined op ``name`` with ``tag`` in its identity across ranks
+    (:attr:`Op.stable`): it reduces as ``name`` does, and a call made with
+    it is another call than one made with the plain op or another tag, so
+    ranks that disagree stall instead of combining -- for what a caller
+    folds into one call that the op, count and dtype do not show (the torch
+    backend: a coalesced call's tensor sizes, a pre-multiplied sum).  One
+    object per (name, tag), the latest :data:`MAX_TAGGED` kept, so repeats
+    find their kept calls."""
+    key = (name, tag)
+    op = _TAGGED.get(key)
+    if op is None:
+        op = _TAGGED[key] = dataclasses.replace(OPS[name], tag=tag)
+        while len(_TAGGED) > MAX_TAGGED:
+            _TAGGED.popitem(last=False)
+    else:
+        _TAGGED.move_to_end(key)
+    return op
+
+
+#: tagged ops by (name, tag), least recently used first
+_TAGGED: "OrderedDict[tuple, Op]" = OrderedDict()
+MAX_TAGGED = 256
 
 
 def user_op(function: Callable, commute: bool = False, name: Optional[str] = None) -> Op:
@@ -319,11 +351,16 @@ def check_dtype(dtype: np.dtype, op: Op) -> None:
     elif not op.valid_for(dtype):
         kinds = " or ".join(sorted(op.kinds))
         raise TypeError(f"op {op.name!r} is not defined for dtype {dtype} (needs {kinds} data)")
+    if len(_VALID_PAIRS) >= MAX_VALID_PAIRS:  # (a program that makes dtypes without end)
+        _VALID_PAIRS.clear()
     _VALID_PAIRS.add((dtype, op.name))
 
 
-#: (dtype, op name) pairs already checked (dtypes hash and compare by value)
+#: (dtype, op name) pairs already checked (dtypes hash and compare by value;
+#: each holds its dtype, so at most MAX_VALID_PAIRS: a new structured dtype
+#: per call must not grow the process without bound)
 _VALID_PAIRS: set = set()
+MAX_VALID_PAIRS = 1024
 
 
 def reduce_step(op: Op, backend, first, second, out, datatype=None, temp=None):

@@ -63,6 +63,7 @@ import itertools
 import os
 import socket
 import threading
+import zlib
 from collections import OrderedDict
 from datetime import timedelta
 from typing import Optional
@@ -80,6 +81,7 @@ from .backend import device_view, has_device_arrays, on_stream
 from .context import release, setup
 from .engine import ENGINE, duplicate, mpi_threads, wait_for, wait_for_call
 from .errors import ArgumentMismatch, Broken, Stalled
+from .ops import tagged
 from .options import keywords_for, options as resolve_options
 from .progress import mpi_request
 from .topology import on_node
@@ -822,13 +824,20 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         return _Done([])
 
     @_on_device(ours=True)
-    def allreduce(self, tensors, opts=None):
+    def allreduce(self, tensors, opts=None, _tag: str = ""):
+        """(``_tag``: what else tells this call from another of the same
+        count and dtype, in its op's identity, ``ops.tagged``: a coalesced
+        call's tensor sizes.  A pre-multiplied sum is tagged too: ranks that
+        pre-multiply and ranks that do not stall instead of summing.)"""
         if not tensors:
             return self._no_tensors("all_reduce")
         op, factor = _reduction(opts)
         if factor is not None:
             for tensor in tensors:
                 tensor.mul_(factor)
+        tag = " ".join(t for t in ("premul" if factor is not None else "", _tag) if t)
+        if tag:
+            op = tagged(op, tag)
         # async_op is each rank's own choice in torch: it must not change the
         # messages, so both take the non-blocking call where MPI runs threads
         # (the synchronous one waits at once); a reproducible sum and live
@@ -856,11 +865,15 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         if len(tensors) < 2:
             return self.allreduce(tensors, opts)
         flat = torch.cat([t.reshape(-1) for t in tensors])
+        sizes = [t.numel() for t in tensors]
 
         def unpack():
-            for tensor, piece in zip(tensors, torch.split(flat, [t.numel() for t in tensors])):
+            for tensor, piece in zip(tensors, torch.split(flat, sizes)):
                 tensor.copy_(piece.reshape(tensor.shape))
-        work = self.allreduce([flat], opts)
+        # (the tensors' sizes in the call's identity: one flat call's count
+        # alone would let [3, 5] on one rank meet [5, 3] on another)
+        work = self.allreduce([flat], opts, _tag=f"coalesced {len(sizes)}:"
+                              f"{zlib.crc32(repr(sizes).encode()):08x}")
         if work.is_completed():
             unpack()
             return _Done(tensors)

@@ -1094,3 +1094,47 @@ def test_mpi_side_collectives_whose_ranks_disagree_raise_on_every_rank(group, ca
     t = torch.full((4,), float(r))
     dist.broadcast(t, src=p - 1)  # (the group is still usable: nothing was sent)
     assert torch.equal(t, torch.full((4,), float(p - 1)))
+
+
+#: all-reduces whose rank 0 differs from its peers in what the count, dtype
+#: and op name do not show (on ``group``)
+def _hidden_differences(group, r: int) -> dict:
+    def coalesced():
+        sizes = [3, 5] if r == 0 else [5, 3]
+        tensors = [torch.full((n,), float(r + 1 + 10 * k)) for k, n in enumerate(sizes)]
+        with warnings.catch_warnings():  # (torch calls it deprecated)
+            warnings.simplefilter("ignore")
+            dist.all_reduce_coalesced(tensors, group=group)
+
+    def premul():
+        op = dist._make_nccl_premul_sum(2.0) if r == 0 else dist.ReduceOp.SUM
+        dist.all_reduce(torch.full((4,), float(r + 1)), op=op, group=group)
+    return {"coalesced sizes": coalesced, "premul against sum": premul}
+
+
+@pytest.mark.parametrize("case", ["coalesced sizes", "premul against sum"])
+def test_calls_that_differ_in_what_their_count_hides_stall(group, monkeypatch, watchdog, case):
+    """Rank 0 coalesces tensors of sizes [3, 5] where its peers give [5, 3]
+    (one flat call of 8 elements on every rank), or pre-multiplies where its
+    peers sum: the tensor sizes and the pre-multiplication are in the call's
+    identity (``ops.tagged``), so the calls stall and are reported on every
+    rank (before: a silently wrong sum on every rank)."""
+    import mpi_allreduce as mar
+
+    from .helpers import restore_watchdog
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p == 1:
+        pytest.skip("one rank cannot disagree")
+    sub = dist.new_group(list(range(p)))  # its communicator is left unusable
+    watchdog(1)
+    try:
+        _hidden_differences(sub, r)[case]()
+        outcome = "returned"
+    except mar.Stalled:
+        outcome = "Stalled"
+    finally:
+        restore_watchdog(monkeypatch)
+    everyone = [None] * p
+    dist.all_gather_object(everyone, outcome)
+    assert everyone == ["Stalled"] * p, everyone
