@@ -697,3 +697,19 @@ def test_verify_on_a_device_checks_every_dtype_its_arrays_hold():
     if np.dtype(np.longdouble) != np.dtype(np.float64):
         assert set(SUPPORTED_DTYPES) - set(on_gpu) == {np.dtype(np.longdouble).name,
                                                       np.dtype(np.clongdouble).name}
+
+
+def test_verify_gives_each_variant_only_the_options_its_algorithm_takes():
+    """``verify --radix 4`` runs every algorithm, hierarchical's second run
+    on emulated nodes included: that run too is given only the options
+    hierarchical takes (before: --radix reached it, and the valid command
+    aborted the job)."""
+    from mpi_allreduce.options import options as resolve
+    from mpi_allreduce.tools.verify import variants
+
+    runs = variants(["knomial", "hierarchical"], {"radix": 4, "inner": "ring"})
+    assert [label for label, _, _ in runs] == ["knomial", "hierarchical", "hierarchical/rpn=2"]
+    assert runs[0][2] == {"radix": 4}
+    assert runs[2][2] == {"inner": "ring", "ranks_per_node": 2}
+    for _, algorithm, given in runs:
+        resolve(algorithm=algorithm, **given)  # (refused with ValueError before)

@@ -171,7 +171,8 @@ def variants(algorithms, options: dict) -> list[tuple[str, str, dict]]:
     for name in algorithms:  # (each with the options it uses: --inner is hierarchical's)
         out.append((name, name, keywords_for(options, "allreduce", name)))
         if name == "hierarchical" and "ranks_per_node" not in options:
-            out.append(("hierarchical/rpn=2", name, dict(options, ranks_per_node=2)))
+            out.append(("hierarchical/rpn=2", name,
+                        dict(keywords_for(options, "allreduce", name), ranks_per_node=2)))
     return out
 
 
