@@ -119,7 +119,7 @@ class Op:
     #: (see ``spec_label``; not where its caller named it)
     probed: bool = False
     #: more of the call's identity that a caller reduces with this op (see
-    #: :func:`tagged`): part of :attr:`stable`, so of the call's spec
+    #: ``tagged``): part of :attr:`stable`, so of the call's spec
     tag: str = ""
 
     @property
