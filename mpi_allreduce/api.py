@@ -16,6 +16,7 @@ identity checks and the compiled steps.
 
 from __future__ import annotations
 
+import threading
 from typing import NoReturn, Optional
 
 import numpy as np
@@ -135,20 +136,23 @@ def allreduce(
         opts = _options("allreduce", algorithm, extra)
         call = _setup(sendbuf, recvbuf, op, comm, opts)
         exact = opts.reproducible and _order_matters(call)
+        # (no short cut for an empty call on several ranks: its messages,
+        # empty, carry its spec like any call's, so a rank whose count
+        # differs from its peers' stalls there instead of skipping a call
+        # its peers make, and meeting their next call with its own:
+        # docs/guarantees.md)
+        if comm.Get_size() == 1:
+            if call.send is not None:
+                call.backend.device_synchronize()  # the caller's other streams may still write it
+                call.backend.copy(call.recv, call.send)
+            return call.recv
+        context = context_for(comm)
+        held = refcounts(call)
+        # (the plan too: an option resolved against the communicator -- a
+        # torus row that does not divide it -- is refused there)
+        run = _reproducible(comm, call) if exact else runner(context, call)
     except (TypeError, ValueError) as exc:
         refused(comm, exc)
-    # (no short cut for an empty call on several ranks: its messages, empty,
-    # carry its spec like any call's, so a rank whose count differs from its
-    # peers' stalls there instead of skipping a call its peers make, and
-    # meeting their next call with its own: docs/guarantees.md)
-    if comm.Get_size() == 1:
-        if call.send is not None:
-            call.backend.device_synchronize()  # the caller's other streams may still write it
-            call.backend.copy(call.recv, call.send)
-        return call.recv
-    context = context_for(comm)
-    held = refcounts(call)
-    run = _reproducible(comm, call) if exact else runner(context, call)
     if not opts.check:
         # counted first: arguments already pushed for a call would count too
         ours = [after - before for before, after in zip(held, refcounts(call))]
@@ -310,7 +314,8 @@ def refused(comm, exc: Exception) -> NoReturn:
     (before: a wrong result on both).  ``check=True``'s verdict, which every
     rank reached together, is raised at once."""
     if isinstance(exc, ArgumentMismatch) or not isinstance(comm, MPI.Intracomm) \
-            or comm == MPI.COMM_NULL or comm.Get_size() == 1:
+            or comm == MPI.COMM_NULL or comm.Get_size() == 1 \
+            or getattr(_DEFERRED, "on", False):
         raise exc
     context = cached_context(comm)
     if context is not None and context.broken is not None:
@@ -320,7 +325,22 @@ def refused(comm, exc: Exception) -> NoReturn:
     except Stalled as stall:
         raise Stalled(f"{stall} -- this rank refused the call ({type(exc).__name__}: {exc}), "
                       "its peers made it") from exc
+    except Exception as other:  # (check mode's verdict on the empty calls, say)
+        raise other from exc
+    exc.refused_everywhere = True  # (see refused_everywhere)
     raise exc
+
+
+def refused_everywhere(exc: BaseException) -> bool:
+    """Whether ``exc`` is a refusal that every rank made (:func:`refused`:
+    their empty calls met), so the communicator is as it was."""
+    return getattr(exc, "refused_everywhere", False)
+
+
+#: on this thread, refusals are raised with no empty call (``on``): the
+#: drop-in Comm tries the library first and, where it refuses, reads the
+#: buffers as mpi4py does, or refuses for good (then :func:`refused` itself)
+_DEFERRED = threading.local()
 
 
 def _options(kind: str, algorithm, extra: tuple) -> Options:
@@ -362,8 +382,13 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
         if not persistent:
             request._begin()
         return request
-    context = context_for(comm)
-    plan = plan_for(context, call, choice(context, call, call.recv.size))
+    try:
+        context = context_for(comm)
+        plan = plan_for(context, call, choice(context, call, call.recv.size))
+    except (TypeError, ValueError) as exc:
+        if salt == REFUSED:
+            raise
+        refused(comm, exc)
     held = refcounts(call)
     bound = plan.bind(call.send, call.recv, request=True, datatype=call.datatype)
     operation = progress.operation(bound, context, call.recv.nbytes, persistent)
@@ -407,8 +432,14 @@ def _setup(sendbuf, recvbuf, op, comm, opts: Options, salt: str = "") -> Call:
         try:
             # then what the call will run (collective where the node map is
             # made; a user op is tried on this rank only: an interrupt there
-            # leaves this rank between two collectives its peers make)
-            agree(comm, resolved(context, call), None, "allreduce", "check-spec")
+            # leaves this rank between two collectives its peers make); an
+            # option refused there (a torus row that does not divide the
+            # ranks) is every rank's verdict too
+            try:
+                spec, refusal = resolved(context, call), None
+            except (TypeError, ValueError) as exc:
+                spec, refusal = None, exc
+            agree(comm, spec, refusal, "allreduce", "check-spec")
         except ArgumentMismatch:
             raise  # (every rank raises it at this step)
         except BaseException as exc:

@@ -53,9 +53,11 @@ from .context import setup
 from .engine import blocking_collective, duplicate, wait_for_call
 from .backend import backend_for
 from .buffers import message, names_memory
-from .errors import ArgumentMismatch
+from .errors import ArgumentMismatch, RequestError
 from .ops import check_dtype, resolve_op
 from .options import keywords_for, options as resolve_options
+
+_DEFERRED = api._DEFERRED
 
 __all__ = ["Comm"]
 
@@ -142,6 +144,8 @@ class _TheirPersistent:
         self._started: Optional[progress.Request] = None
 
     def Start(self) -> None:  # noqa: N802
+        if self._started is not None:
+            raise RequestError("start() of a persistent request already active: wait() first")
         self._prequest.Start()
         self._started = progress.mpi_request([self._prequest], self._what, self._comm)
 
@@ -159,7 +163,7 @@ class _TheirPersistent:
 
     def Free(self) -> None:  # noqa: N802
         if self._started is not None:
-            raise RuntimeError("Free() of a persistent request in flight: Wait() first")
+            raise RequestError("free() of a persistent request in flight: wait() first")
         self._prequest.Free()
 
     start, test, free = Start, Test, Free
@@ -218,6 +222,7 @@ class Comm(MPI.Intracomm):
         if type(recvbuf) is _ndarray and (
                 sendbuf is None or sendbuf is _IN_PLACE or type(sendbuf) is _ndarray
                 and sendbuf is not recvbuf and sendbuf.flags.c_contiguous):
+            _DEFERRED.on = True  # (a refusal here is not yet final: see _call)
             try:
                 if self.options:
                     api.allreduce(sendbuf, recvbuf, op, comm=self, algorithm=self.algorithm,
@@ -227,6 +232,8 @@ class Comm(MPI.Intracomm):
                 return
             except (TypeError, ValueError) as exc:
                 refused = exc
+            finally:
+                _DEFERRED.on = False
         self._allreduce(sendbuf, recvbuf, op, refused)
 
     def _allreduce(self, sendbuf, recvbuf, op, refused) -> None:
@@ -258,12 +265,15 @@ class Comm(MPI.Intracomm):
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM) -> None:  # noqa: N802
         refused = None
         if _plain(sendbuf, recvbuf):
+            _DEFERRED.on = True
             try:
                 collectives.reduce_scatter(sendbuf, recvbuf, op, comm=self,
                                            **self._halves_options())
                 return
             except (TypeError, ValueError) as exc:
                 refused = exc
+            finally:
+                _DEFERRED.on = False
         self._call("reduce_scatter_block", sendbuf, recvbuf, op, None, refused,
                    lambda send, recv, _: collectives.reduce_scatter(
                        send, recv, op, comm=self, **self._halves_options()),
@@ -278,12 +288,15 @@ class Comm(MPI.Intracomm):
             if recvcounts is None:
                 # every rank's block is the size of its receive buffer (as mpi4py does)
                 recvcounts = self._counts(recvbuf.size)
+            _DEFERRED.on = True
             try:
                 collectives.reduce_scatter(sendbuf, recvbuf, op, recvcounts, comm=self,
                                            **self._halves_options())
                 return
             except (TypeError, ValueError) as exc:
                 refused = exc
+            finally:
+                _DEFERRED.on = False
         self._call("reduce_scatter", sendbuf, recvbuf, op, recvcounts, refused,
                    lambda send, recv, counts: collectives.reduce_scatter(
                        send, recv, op, counts, comm=self, **self._halves_options()),
@@ -293,11 +306,14 @@ class Comm(MPI.Intracomm):
     def Allgather(self, sendbuf, recvbuf) -> None:  # noqa: N802
         refused = None
         if _plain(sendbuf, recvbuf):
+            _DEFERRED.on = True
             try:
                 collectives.allgather(sendbuf, recvbuf, comm=self, **self._halves_options())
                 return
             except (TypeError, ValueError) as exc:
                 refused = exc
+            finally:
+                _DEFERRED.on = False
         self._call("allgather", sendbuf, recvbuf, None, None, refused,
                    lambda send, recv, _: collectives.allgather(
                        send, recv, comm=self, **self._halves_options()),
@@ -317,8 +333,18 @@ class Comm(MPI.Intracomm):
         result); set up, the two ways travel on two communicators, never
         meet, and stall (reported)."""
         setup(self)
-        progress.mpi_request([start()], f"MPI_{name} (buffers as mpi4py reads them)",
-                             self).wait()
+        progress.mpi_request([self._started(start)], f"MPI_{name} (buffers as mpi4py reads "
+                             "them)", self).wait()
+
+    def _started(self, start):
+        """``start()``, mpi4py's call posted; where mpi4py refuses the
+        buffers (its exception, before any message), a refusal of the
+        library's (:func:`~mpi_allreduce.api.refused`): no short cut on one
+        rank either."""
+        try:
+            return start()
+        except (TypeError, ValueError) as exc:
+            api.refused(self, exc)
 
     def _their_request(self, name: str, start, persistent: bool = False):
         """mpi4py's own non-blocking (or, ``persistent``, persistent) call,
@@ -330,8 +356,8 @@ class Comm(MPI.Intracomm):
         setup(self)
         what = f"MPI_{name} (buffers as mpi4py reads them)"
         if persistent:
-            return _TheirPersistent(start(), what, self)
-        return progress.mpi_request([start()], what, self)
+            return _TheirPersistent(self._started(start), what, self)
+        return progress.mpi_request([self._started(start)], what, self)
 
     def _counts(self, count: int) -> list:
         """Every rank's receive count (what mpi4py's ``Reduce_scatter``
@@ -361,7 +387,7 @@ class Comm(MPI.Intracomm):
         if routed is None:
             return theirs()
         if refused is not None and routed.recv is recvbuf and routed.send is sendbuf:
-            raise refused
+            api.refused(self, refused)  # (final now: the refusal's empty call, then it)
         return ours(routed.send, routed.recv, routed.counts)
 
     def _route(self, kind: str, sendbuf, recvbuf, op, counts) -> Optional[_Routed]:

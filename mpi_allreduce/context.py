@@ -185,7 +185,9 @@ class Context:
         sees that the purposes differ, and every rank raises
         :class:`~mpi_allreduce.errors.ArgumentMismatch` before any further
         message -- never one collective's bytes read as another's (the
-        communicator stays usable).  Refused at once on a broken
+        communicator stays usable, but where the collective ran inside a
+        call, live selection's sync, which the error leaves as any error
+        leaves a call).  Refused at once on a broken
         communicator, where the peers may be inside another collective."""
         if self.broken is not None:
             raise self.refusal()

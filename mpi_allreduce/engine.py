@@ -27,6 +27,7 @@ import collections
 import ctypes
 import functools
 import itertools
+import os
 import sys
 import threading
 import time
@@ -1077,6 +1078,27 @@ def duplicate(comm, what: str, context=None, info=None):
 #: return against its caller's giving up
 _STUCK: dict = {}
 _STUCK_LOCK = threading.Lock()
+
+
+def _leave_if_stuck() -> None:
+    """At the end of the process: a collective with no non-blocking form
+    that was given up on (a peer never came) leaves its thread inside MPI
+    (:func:`wait_for_call`), and ``MPI_Finalize`` under it is undefined (a
+    segmentation fault was seen, in the thread's ``MPI_Comm_split_type``).
+    The process then leaves without it, saying why, with status 1 (the job
+    had a stall).  (Registered at import, after mpi4py's: it runs first.)"""
+    with _STUCK_LOCK:
+        stuck = list(_STUCK.values())
+    if not stuck or MPI.Is_finalized():
+        return
+    sys.stdout.flush()
+    sys.stderr.write(f"mpi_allreduce: rank {MPI.COMM_WORLD.Get_rank()}: leaving without "
+                     f"MPI_Finalize: {stuck[0]}\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
+atexit.register(_leave_if_stuck)
 
 
 def blocking_collective(comm, call, what: str, context=None):

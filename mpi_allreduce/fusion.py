@@ -63,7 +63,7 @@ from collections import OrderedDict
 
 from mpi4py import MPI
 
-from .api import _request, empty_call, iallreduce
+from .api import _request, empty_call, iallreduce, refused_everywhere
 from .backend import as_array, backend_for
 from .buffers import names_memory
 from .context import cached_context
@@ -272,7 +272,10 @@ class Fusion:
         peers see (a bucket launched, a request made or finished): the step
         cannot be taken again, so the communicator is broken on this rank
         (``Context.breaks``: its later calls raise, its peers stall and are
-        reported)."""
+        reported).  Not for a refusal every rank made (``api.refused``: their
+        empty calls met, the communicator is as it was)."""
+        if refused_everywhere(exc):
+            return
         context = cached_context(self.comm)
         if context is not None:
             context.breaks(exc, what)

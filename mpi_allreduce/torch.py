@@ -125,7 +125,8 @@ def _halves() -> dict:
 def _reduction(opts) -> tuple:
     """(the library's op, the factor every input is multiplied by first, or
     None): PREMUL_SUM (``dist._make_nccl_premul_sum(factor)``) is a sum of
-    the inputs times its factor (a number or a one-element tensor)."""
+    the inputs times its factor (a number or a one-element tensor), tagged
+    ``premul`` (``ops.tagged``)."""
     reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
     for torch_op, name in _OPS.items():
         if reduce_op == torch_op:
@@ -135,7 +136,9 @@ def _reduction(opts) -> tuple:
             raise ValueError(f"the {BACKEND} backend needs a torch whose ReduceOp has .factor "
                              f"(2.13 has it; this is {torch.__version__}) to read "
                              "PREMUL_SUM's factor")
-        return "sum", reduce_op.factor
+        # (tagged: a pre-multiplied sum is another call than a plain sum, so
+        # ranks that pre-multiply and ranks that do not stall, never sum)
+        return tagged("sum", "premul"), reduce_op.factor
     raise ValueError(f"the {BACKEND} backend does not support {reduce_op}")
 
 
@@ -835,9 +838,9 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         if factor is not None:
             for tensor in tensors:
                 tensor.mul_(factor)
-        tag = " ".join(t for t in ("premul" if factor is not None else "", _tag) if t)
-        if tag:
-            op = tagged(op, tag)
+        if _tag:
+            op = tagged("sum" if factor is not None else op,
+                        f"premul {_tag}" if factor is not None else _tag)
         # async_op is each rank's own choice in torch: it must not change the
         # messages, so both take the non-blocking call where MPI runs threads
         # (the synchronous one waits at once); a reproducible sum and live

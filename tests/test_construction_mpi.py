@@ -963,3 +963,34 @@ def test_an_interrupt_between_checks_two_agreements_breaks_the_communicator(
     everyone = world.allgather(outcomes)
     assert everyone[0] == ["interrupted", "Broken"], everyone
     assert all(o == ["Stalled"] for o in everyone[1:]), everyone
+
+
+def test_a_buffer_one_rank_spells_in_fortran_order_is_still_one_call(fresh):
+    """The drop-in Comm: rank 0's receive buffer is Fortran-ordered (the
+    library refuses it as it is, mpi4py takes its memory as it lies), its
+    peers' C-ordered.  The library's refusal on the plain way is not final
+    there (no empty call of its own), so rank 0 takes the library's way
+    with its memory and every rank gets the exact sum (a final refusal
+    would have stalled against the peers' call)."""
+    comm, rank, p = mar.Comm(fresh), fresh.Get_rank(), fresh.Get_size()
+    x = np.arange(6.0) + rank
+    y = np.zeros((2, 3), order="F" if rank == 0 else "C")
+    comm.Allreduce(x, y)
+    want = np.arange(6.0) * p + p * (p - 1) / 2
+    memory = y.T.reshape(-1) if rank == 0 else y.reshape(-1)
+    np.testing.assert_array_equal(memory, want)
+
+
+def test_check_mode_refuses_an_option_every_rank_refuses_on_every_rank(fresh):
+    """check=True, and a torus row that does not divide the ranks (refused
+    as what the call runs is resolved, after the agreement on the
+    arguments): every rank raises ArgumentMismatch naming it, and the
+    communicator stays usable (before this session's check fixes: the
+    error broke the communicator)."""
+    p = fresh.Get_size()
+    if p == 1:
+        pytest.skip("one rank agrees with itself")
+    x = np.arange(8.0)
+    with pytest.raises(mar.ArgumentMismatch, match="row"):
+        mar.allreduce(x, comm=fresh, check=True, algorithm="torus", row_size=p + 1)
+    np.testing.assert_array_equal(mar.allreduce(x, comm=fresh, check=True), x * p)
