@@ -265,7 +265,8 @@ def test_a_changed_call_is_validated_again(comm, change, validations):
     else:
         mar.allreduce(send, recv, "max", comm=comm)
         np.testing.assert_array_equal(recv, np.ones(12))
-    assert len(validations) == before + 1
+    # (a refusal on several ranks also validates its own empty call: api.refused)
+    assert len(validations) == before + 1 + (change == "dtype" and size > 1)
 
 
 #: each kind of call a repeat of which is a kept call's
