@@ -85,3 +85,41 @@ def test_an_interrupted_call_whose_peer_comes_late_ends_the_job_cleanly(tmp_path
     assert "rank 0: ['KeyboardInterrupt', 'Broken']" in out, out[-3000:]
     assert "rank 1: [" in out, out[-3000:]
     assert "Segmentation fault" not in out and result.returncode == 0, out[-3000:]
+
+
+#: rank 0: a Split that rank 1 never makes (raise mode, 1 s), given up on
+#: while its thread stays inside MPI; both ranks then end
+STUCK = """\
+import os
+
+os.environ["MPI_ALLREDUCE_WATCHDOG"] = "1"
+os.environ["MPI_ALLREDUCE_WATCHDOG_ACTION"] = "raise"
+
+from mpi4py import MPI
+
+import mpi_allreduce as mar
+
+world = MPI.COMM_WORLD
+comm = world.Dup()
+if world.Get_rank() == 0:
+    try:
+        mar.Comm(comm).Split(0, 0)
+    except mar.Stalled:
+        print("rank 0: Stalled", flush=True)
+print(f"rank {world.Get_rank()}: ends", flush=True)
+"""
+
+
+def test_a_collective_left_inside_mpi_ends_its_process_without_finalize(tmp_path):
+    """A collective with no non-blocking form, given up on while its thread
+    is still inside MPI (a peer never came): MPI_Finalize under that thread
+    is undefined (a peer's process was seen to crash there, in
+    MPI_Comm_split_type), so the process leaves without it, saying why,
+    with status 1; the other rank ends as usual."""
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK)
+    result = run_mpi(2, [sys.executable, str(script)], timeout=90, cwd=str(ROOT))
+    out = result.stdout
+    assert "rank 0: Stalled" in out and "rank 1: ends" in out, out[-3000:]
+    assert "leaving without MPI_Finalize: an earlier MPI_Comm_split" in out, out[-3000:]
+    assert result.returncode != 0 and "Segmentation fault" not in out, out[-3000:]
