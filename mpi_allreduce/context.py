@@ -468,10 +468,10 @@ class Remembered:
     An id names one live object: the op and comm objects are held here,
     the buffers by weak references whose death drops the entry (before an
     id can be reused).  The bound call holds views of the buffers, so numpy
-    cannot resize them in place; their dtype is rechecked on every call
-    (assigning ``dtype`` reinterprets an array in place), and a reshaped
-    buffer is the same memory, which the views still cover.  Buffers that
-    are not C-contiguous, or read-only, were refused when first seen."""
+    cannot resize them in place; what a first call reads of them is
+    rechecked on every call (:meth:`unchanged`: the dtype, C-contiguity, a
+    writeable receive buffer -- numpy lets a caller assign each in place),
+    and a reshaped buffer is the same memory, which the views still cover."""
 
     __slots__ = ("run", "dtype", "in_place", "send", "op", "comm", "algorithm", "extra", "refs",
                  "ours", "release", "host")
