@@ -496,7 +496,7 @@ class _OtherRankLacksAGPU:
     def Get_rank(self):  # noqa: N802
         return 0
 
-    def allgather_object(self, value, what):
+    def allgather_object(self, value, purpose, what):
         return [value, "cupy finds no GPU: cudaErrorNoDevice: no CUDA-capable device is detected"]
 
 
