@@ -221,9 +221,7 @@ class Context:
             # and this rank's next collective would meet their second step)
             self.breaks(exc, what)
             raise
-        ends = np.cumsum(sizes).tolist()
-        return [pickle.loads(everything[end - n:end].tobytes())
-                for n, end in zip(sizes.tolist(), ends)]
+        return _unpickled(everything, sizes)
 
     def refusal(self) -> Broken:
         """The error a call on a broken communicator raises (a fresh one each time)."""
@@ -587,6 +585,13 @@ def exchange_objects(comm: MPI.Intracomm, obj, root: Optional[int], what: str,
               comm.Igatherv(data, whole, root)], what, context)
     if not mine:
         return None
+    return _unpickled(everything, sizes)
+
+
+def _unpickled(everything: np.ndarray, sizes: np.ndarray) -> list:
+    """The objects pickled one after another in ``everything``, ``sizes``
+    bytes each (what :func:`exchange_objects` and
+    :meth:`Context.allgather_object` gathered)."""
     ends = np.cumsum(sizes).tolist()
     return [pickle.loads(everything[end - n:end].tobytes())
             for n, end in zip(sizes.tolist(), ends)]
