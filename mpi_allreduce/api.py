@@ -132,7 +132,7 @@ def allreduce(
 
     extra = (check, segment_size, ranks_per_node, inner, radix, row_size, tuning, selection,
              reproducible)
-    try:
+    with refusing(comm):
         opts = _options("allreduce", algorithm, extra)
         call = _setup(sendbuf, recvbuf, op, comm, opts)
         exact = opts.reproducible and _order_matters(call)
@@ -151,8 +151,6 @@ def allreduce(
         # (the plan too: an option resolved against the communicator -- a
         # torus row that does not divide it -- is refused there)
         run = _reproducible(comm, call) if exact else runner(context, call)
-    except (TypeError, ValueError) as exc:
-        refused(comm, exc)
     if not opts.check:
         # counted first: arguments already pushed for a call would count too
         ours = [after - before for before, after in zip(held, refcounts(call))]
@@ -258,10 +256,8 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.C
         request = kept.run()
         if request is not None:  # (None: its last call is in flight or not yet waited)
             return request
-    try:
+    with refusing(comm):
         opts = _options("request", algorithm, extra)
-    except (TypeError, ValueError) as exc:
-        refused(comm, exc)
     return _request(sendbuf, recvbuf, op, comm, opts, persistent=False, extra=extra)
 
 
@@ -277,11 +273,9 @@ def allreduce_init(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = M
     that moment.  The schedule, its compiled stages, its scratch and (for
     host buffers) MPI persistent requests are made here once; this is the
     fastest way to repeat a call.  Arguments as :func:`iallreduce`."""
-    try:
+    with refusing(comm):
         opts = _options("request", algorithm, (check, segment_size, ranks_per_node, inner,
                                                radix, row_size, tuning, selection, reproducible))
-    except (TypeError, ValueError) as exc:
-        refused(comm, exc)
     return _request(sendbuf, recvbuf, op, comm, opts, persistent=True)
 
 
@@ -331,6 +325,27 @@ def refused(comm, exc: Exception) -> NoReturn:
     raise exc
 
 
+class refusing:  # noqa: N801 - used as a statement: ``with refusing(comm):``
+    """``with refusing(comm):`` -- a ``TypeError`` or ``ValueError``
+    leaving the block is this rank's refusal of the call, before any
+    message: :func:`refused` (``salt``: the call's; the empty call that a
+    refusal makes, salt :data:`REFUSED`, raises its own errors as they are)."""
+
+    __slots__ = ("comm", "salt")
+
+    def __init__(self, comm, salt: str = ""):
+        self.comm, self.salt = comm, salt
+
+    def __enter__(self) -> "refusing":
+        return self
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if kind is not None and issubclass(kind, (TypeError, ValueError)) \
+                and self.salt != REFUSED:
+            refused(self.comm, exc)
+        return False
+
+
 def refused_everywhere(exc: BaseException) -> bool:
     """Whether ``exc`` is a refusal that every rank made (:func:`refused`:
     their empty calls met), so the communicator is as it was."""
@@ -360,7 +375,7 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
     not started (``salt``: what else its spec must carry, see CallSpec;
     ``extra``: the keywords it was given, kept with a non-blocking call for
     its repeats)."""
-    try:
+    with refusing(comm, salt):
         if persistent and sendbuf is not None and not in_place(sendbuf, recvbuf) \
                 and not names_memory(sendbuf):
             # (a list or another array-like: made into an array once, here, so
@@ -371,10 +386,6 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
         if opts.reproducible and _order_matters(call):
             raise ValueError("reproducible=True makes a float sum a blocking call: use "
                              "allreduce(..., reproducible=True)")
-    except (TypeError, ValueError) as exc:
-        if salt == REFUSED:
-            raise  # (the refusal's own empty call: never refused itself)
-        refused(comm, exc)
     kind = PersistentRequest if persistent else Request
     if comm.Get_size() == 1:
         setup(comm)
@@ -382,13 +393,9 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
         if not persistent:
             request._begin()
         return request
-    try:
+    with refusing(comm, salt):
         context = context_for(comm)
         plan = plan_for(context, call, choice(context, call, call.recv.size))
-    except (TypeError, ValueError) as exc:
-        if salt == REFUSED:
-            raise
-        refused(comm, exc)
     held = refcounts(call)
     bound = plan.bind(call.send, call.recv, request=True, datatype=call.datatype)
     operation = progress.operation(bound, context, call.recv.nbytes, persistent)

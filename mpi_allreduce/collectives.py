@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import progress, registry
-from .api import refused
+from .api import refused, refusing
 from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
 from .context import CALLS, context_for, refcounts, remember_call
@@ -53,13 +53,11 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
     extra = (None if counts is None else tuple(counts), algorithm, check, segment_size, radix)
     if _repeated("reduce_scatter", sendbuf, recvbuf, op, comm, extra):
         return recvbuf
-    try:
+    with refusing(comm):
         opts = options("halves", algorithm=algorithm, check=check, segment_size=segment_size,
                        radix=radix)
         user = (sendbuf, recvbuf, op, extra)
         op = resolve_op(op)
-    except (TypeError, ValueError) as exc:
-        refused(comm, exc)
     size, rank = comm.Get_size(), comm.Get_rank()
 
     def validate():
@@ -105,11 +103,9 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
     extra = (None if counts is None else tuple(counts), algorithm, check, segment_size, radix)
     if _repeated("allgather", sendbuf, recvbuf, None, comm, extra):
         return recvbuf
-    try:
+    with refusing(comm):
         opts = options("halves", algorithm=algorithm, check=check, segment_size=segment_size,
                        radix=radix)
-    except (TypeError, ValueError) as exc:
-        refused(comm, exc)
     user = (sendbuf, recvbuf, None, extra)
     size, rank = comm.Get_size(), comm.Get_rank()
 

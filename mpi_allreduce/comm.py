@@ -77,6 +77,20 @@ def _plain(sendbuf, recvbuf) -> bool:
         or type(sendbuf) is _ndarray and sendbuf is not recvbuf and sendbuf.flags.c_contiguous)
 
 
+def _deferred(run) -> Optional[Exception]:
+    """``run()``, the library's call of plain buffers, whose refusal is not
+    yet final (see :meth:`Comm._call`: the buffers may be mpi4py's to read):
+    the refusal, or None once it ran."""
+    _DEFERRED.on = True
+    try:
+        run()
+    except (TypeError, ValueError) as exc:
+        return exc
+    finally:
+        _DEFERRED.on = False
+    return None
+
+
 class _Message(NamedTuple):
     """A buffer as mpi4py reads it, and what the library is given for it."""
 
@@ -222,7 +236,7 @@ class Comm(MPI.Intracomm):
         if type(recvbuf) is _ndarray and (
                 sendbuf is None or sendbuf is _IN_PLACE or type(sendbuf) is _ndarray
                 and sendbuf is not recvbuf and sendbuf.flags.c_contiguous):
-            _DEFERRED.on = True  # (a refusal here is not yet final: see _call)
+            _DEFERRED.on = True  # (_deferred, inline: a repeated call comes this way)
             try:
                 if self.options:
                     api.allreduce(sendbuf, recvbuf, op, comm=self, algorithm=self.algorithm,
@@ -265,15 +279,10 @@ class Comm(MPI.Intracomm):
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM) -> None:  # noqa: N802
         refused = None
         if _plain(sendbuf, recvbuf):
-            _DEFERRED.on = True
-            try:
-                collectives.reduce_scatter(sendbuf, recvbuf, op, comm=self,
-                                           **self._halves_options())
+            refused = _deferred(lambda: collectives.reduce_scatter(
+                sendbuf, recvbuf, op, comm=self, **self._halves_options()))
+            if refused is None:
                 return
-            except (TypeError, ValueError) as exc:
-                refused = exc
-            finally:
-                _DEFERRED.on = False
         self._call("reduce_scatter_block", sendbuf, recvbuf, op, None, refused,
                    lambda send, recv, _: collectives.reduce_scatter(
                        send, recv, op, comm=self, **self._halves_options()),
@@ -288,15 +297,10 @@ class Comm(MPI.Intracomm):
             if recvcounts is None:
                 # every rank's block is the size of its receive buffer (as mpi4py does)
                 recvcounts = self._counts(recvbuf.size)
-            _DEFERRED.on = True
-            try:
-                collectives.reduce_scatter(sendbuf, recvbuf, op, recvcounts, comm=self,
-                                           **self._halves_options())
+            refused = _deferred(lambda: collectives.reduce_scatter(
+                sendbuf, recvbuf, op, recvcounts, comm=self, **self._halves_options()))
+            if refused is None:
                 return
-            except (TypeError, ValueError) as exc:
-                refused = exc
-            finally:
-                _DEFERRED.on = False
         self._call("reduce_scatter", sendbuf, recvbuf, op, recvcounts, refused,
                    lambda send, recv, counts: collectives.reduce_scatter(
                        send, recv, op, counts, comm=self, **self._halves_options()),
@@ -306,14 +310,10 @@ class Comm(MPI.Intracomm):
     def Allgather(self, sendbuf, recvbuf) -> None:  # noqa: N802
         refused = None
         if _plain(sendbuf, recvbuf):
-            _DEFERRED.on = True
-            try:
-                collectives.allgather(sendbuf, recvbuf, comm=self, **self._halves_options())
+            refused = _deferred(lambda: collectives.allgather(
+                sendbuf, recvbuf, comm=self, **self._halves_options()))
+            if refused is None:
                 return
-            except (TypeError, ValueError) as exc:
-                refused = exc
-            finally:
-                _DEFERRED.on = False
         self._call("allgather", sendbuf, recvbuf, None, None, refused,
                    lambda send, recv, _: collectives.allgather(
                        send, recv, comm=self, **self._halves_options()),

@@ -76,11 +76,12 @@ from mpi4py import MPI
 from torch.futures import Future
 
 from . import collectives
-from .api import allreduce, empty_call, iallreduce
+from .api import allreduce, empty_call, iallreduce, refused, refused_everywhere
 from .backend import device_view, has_device_arrays, on_stream
 from .context import release, setup
 from .engine import ENGINE, duplicate, mpi_threads, wait_for, wait_for_call
-from .errors import ArgumentMismatch, Broken, Stalled
+from .errors import (ArgumentMismatch, Broken, ConcurrentCall, RequestError, Stalled,
+                     TagsExhausted)
 from .ops import tagged
 from .options import keywords_for, options as resolve_options
 from .progress import mpi_request
@@ -716,6 +717,46 @@ def _contiguous(tensor: torch.Tensor) -> tuple:
     return work, functools.partial(tensor.copy_, work)
 
 
+#: what the library raises of its own, each handled where it is raised (a
+#: refusal it made, a stall, a broken communicator, check mode's verdict)
+_LIBRARY_ERRORS = (ArgumentMismatch, Broken, ConcurrentCall, RequestError, TagsExhausted)
+
+
+def _refusing(method):
+    """One of our calls (the library's all-reduce and its halves): an
+    exception that leaves it on this rank from the backend's own work
+    before or between the library's calls -- an op it does not support, a
+    sparse tensor or one on another device, lists that do not match,
+    torch's own checks -- is this rank's refusal of the call
+    (:func:`~mpi_allreduce.api.refused`): an empty call of its own first, so
+    that where only this rank refuses, its peers' call stalls with it
+    (reported on every rank) instead of meeting this rank's next call.  The
+    library's own errors, and refusals it made already, pass as they are."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except _LIBRARY_ERRORS:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any exception: the peers are in a call
+            if refused_everywhere(exc):
+                raise
+            refused(self.comm, exc)
+    return call
+
+
+def _prepared(run) -> tuple:
+    """(``run()``, None), or (None, its exception): a rank's own refusal of
+    its tensors in an MPI-side collective (sparse, on a device it does not
+    take, ...), found before the call's agreement so that every rank
+    raises together (see :meth:`MPIAllreduceGroup._agreed`), never one
+    rank alone while its peers' collective goes ahead."""
+    try:
+        return run(), None
+    except (TypeError, ValueError, RuntimeError) as exc:
+        return None, exc
+
+
 def _unless_broken(method):
     """MPI's calls on a group where one stalled raise the stall again, before
     posting anything: their messages could meet the stalled call's."""
@@ -826,6 +867,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         empty_call(self.comm, f"torch: {kind} of no tensors")
         return _Done([])
 
+    @_refusing
     @_on_device(ours=True)
     def allreduce(self, tensors, opts=None, _tag: str = ""):
         """(``_tag``: what else tells this call from another of the same
@@ -851,15 +893,16 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                 _in_place(tensor, lambda t: allreduce(MPI.IN_PLACE, t, op, comm=self.comm,
                                                       **_OPTIONS))
             return _Done(tensors)
-        requests, after = [], []
-        for tensor in tensors:
-            work, back = _contiguous(tensor)
-            requests.append(iallreduce(MPI.IN_PLACE, _array(work, keep=back is None), op,
-                                       comm=self.comm, **_REQUEST_OPTIONS))
-            if back is not None:
-                after.append(back)
+        # (every tensor's view first: a tensor that this rank refuses is
+        # refused before any of the call's requests starts)
+        parts = [_contiguous(tensor) for tensor in tensors]
+        views = [_array(work, keep=back is None) for work, back in parts]
+        requests = [iallreduce(MPI.IN_PLACE, view, op, comm=self.comm, **_REQUEST_OPTIONS)
+                    for view in views]
+        after = [back for _, back in parts if back is not None]
         return self._started("all_reduce", requests, tensors, opts, after)
 
+    @_refusing
     def allreduce_coalesced(self, tensors, opts=None):
         """One all-reduce of every tensor packed together (as gloo's):
         one call, and a tensor given twice is reduced once (each copy in
@@ -882,6 +925,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
             return _Done(tensors)
         return _Chained(work, unpack, tensors)
 
+    @_refusing
     @_on_device(ours=True)
     def reduce_scatter(self, outputs, inputs, opts=None):
         op, factor = _reduction(opts)
@@ -891,30 +935,34 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                 whole, t, op, [p.numel() for p in parts], comm=self.comm, **_halves()))
         return _Done(outputs)
 
+    @_refusing
     @_on_device(ours=True)
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002 - torch's name
         op, factor = _reduction(opts)
         _in_place(output, lambda t: collectives.reduce_scatter(
-            _array(_scaled(input.contiguous(), factor)), t, op, comm=self.comm, **_halves()))
+            _array(_scaled(_contiguous(input)[0], factor)), t, op, comm=self.comm, **_halves()))
         return _Done(output)
 
     _reduce_scatter_base = reduce_scatter_single
 
+    @_refusing
     @_on_device(ours=True)
     def allgather(self, outputs, inputs, opts=None):
         for output_list, tensor in zip(outputs, inputs):
             counts = [o.numel() for o in output_list]
             whole = torch.empty(sum(counts), dtype=tensor.dtype, device=tensor.device)
-            collectives.allgather(_array(tensor.contiguous()), _array(whole), counts,
+            collectives.allgather(_array(_contiguous(tensor)[0]), _array(whole), counts,
                                   comm=self.comm, **_halves())
             for piece, out in zip(torch.split(whole, counts), output_list):
                 out.copy_(piece.reshape(out.shape))
         return _Done(outputs)
 
+    @_refusing
     @_on_device(ours=True)
     def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's name
         """``input`` may be this rank's block of ``output`` (FSDP2 gathers in
         place): then MPI.IN_PLACE; any other overlap gathers a copy."""
+        _dense([input, output])
         block = input.numel() * input.element_size()
         if output.is_contiguous() and input.is_contiguous() and input.numel() and \
                 input.dtype == output.dtype and \
@@ -922,7 +970,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
             send = MPI.IN_PLACE
         else:
             overlaps = input.untyped_storage().data_ptr() == output.untyped_storage().data_ptr()
-            send = _array(input.clone() if overlaps else input.contiguous())
+            send = _array(input.clone() if overlaps else _contiguous(input)[0])
         _in_place(output, lambda t: collectives.allgather(send, t, comm=self.comm,
                                                            **_halves()))
         return _Done(output)
@@ -930,6 +978,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     # --- the coalesced forms: one call per tensor ---------------------------------------
+    @_refusing
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         """torch's layout: ``output_lists[rank][i]`` receives rank
         ``rank``'s ``inputs[i]`` (one allgather per input)."""
@@ -940,6 +989,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         return self.allgather([[output_lists[r][i] for r in range(self.size())]
                                for i in range(len(inputs))], inputs, opts)
 
+    @_refusing
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         if not inputs:
             return self._no_tensors("all_gather_into_tensor_coalesced")
@@ -947,6 +997,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
             self.all_gather_single(output, tensor, opts)
         return _Done(outputs)
 
+    @_refusing
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         if not inputs:
             return self._no_tensors("reduce_scatter_tensor_coalesced")
@@ -975,15 +1026,15 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     @_unless_broken
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        self._agreed("broadcast", (root, _described(tensors)))
-        requests, after = [], []
-        for tensor in tensors:
-            work, back = _contiguous(tensor)
-            requests.append(self.comm.Ibcast(_bytes(_array(work)), root=root))
-            if back is not None and self.comm.Get_rank() != root:
-                after.append(back)
+        parts, error = _prepared(lambda: [(_bytes(_array(work)), back)
+                                          for work, back in map(_contiguous, tensors)])
+        self._agreed("broadcast", (root, _described(tensors)), error=error)
+        requests = [self.comm.Ibcast(view, root=root) for view, _ in parts]
+        after = [back for _, back in parts
+                 if back is not None and self.comm.Get_rank() != root]
         return self._started("broadcast", requests, tensors, opts, after)
 
+    @_refusing
     @_on_device(ours=True)
     def reduce(self, tensors, opts=None):
         """Our all-reduce on a copy, which the root keeps (every dtype and op
@@ -992,6 +1043,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
             return self._no_tensors("reduce")
         root = opts.rootRank if opts is not None else 0
         op, factor = _reduction(opts)
+        _dense(tensors)
         for tensor in tensors:
             work = (tensor.clone() if factor is None else tensor * factor).contiguous()
             allreduce(MPI.IN_PLACE, _array(work), op, comm=self.comm, **_OPTIONS)
@@ -1003,12 +1055,13 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     @_unless_broken
     def gather(self, outputs, inputs, opts=None):
         root = opts.rootRank if opts is not None else 0
-        error = None
-        if self.comm.Get_rank() == root:
+        is_root = self.comm.Get_rank() == root
+        mine, error = _prepared(lambda: (_dense(outputs[0]) if is_root else None,
+                                         _bytes(_array(_contiguous(inputs[0])[0])))[1])
+        if is_root and error is None:
             error = _blocks_match("gather", "output", outputs[0], inputs[0], self.size())
         self._agreed("gather", (root, _described(inputs[:1])), error=error)
-        mine = _bytes(_array(inputs[0].contiguous()))
-        if self.comm.Get_rank() != root:
+        if not is_root:
             return self._started("gather", [self.comm.Igather(mine, None, root=root)], outputs,
                                  opts)
         whole = np.empty(mine.size * self.comm.Get_size(), np.uint8)
@@ -1023,15 +1076,20 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     @_unless_broken
     def scatter(self, outputs, inputs, opts=None):
         root = opts.rootRank if opts is not None else 0
+        is_root = self.comm.Get_rank() == root
         error = None
-        if self.comm.Get_rank() == root:
+        if is_root:
             error = _blocks_match("scatter", "input", inputs[0], outputs[0], self.size())
-        self._agreed("scatter", (root, _described(outputs[:1])), error=error)
-        out, back = _contiguous(outputs[0])
-        mine = _bytes(_array(out))
-        whole = None
-        if self.comm.Get_rank() == root:
-            whole = np.concatenate([_bytes(_array(t.contiguous())) for t in inputs[0]])
+
+        def views():
+            out, back = _contiguous(outputs[0])
+            whole = None
+            if is_root and error is None:
+                whole = np.concatenate([_bytes(_array(_contiguous(t)[0])) for t in inputs[0]])
+            return _bytes(_array(out)), back, whole
+        prepared, own = _prepared(views)
+        self._agreed("scatter", (root, _described(outputs[:1])), error=error or own)
+        mine, back, whole = prepared
         request = self.comm.Iscatter(whole, mine, root=root)
         return self._started("scatter", [request], outputs, opts,
                              [back] if back is not None else [])
@@ -1051,12 +1109,12 @@ class MPIAllreduceGroup(dist.ProcessGroup):
             got = _splits(output_split_sizes, output, output.numel() * output.element_size(),
                           size)
             sends, receives = (list(range(size)), sent[0]), (list(range(size)), got[0])
-        except (TypeError, ValueError) as exc:
+            out, back = _contiguous(output)
+            source = _bytes(_array(_contiguous(input)[0]))
+            target = _bytes(_array(out))
+        except (TypeError, ValueError, RuntimeError) as exc:
             error = exc
         self._agreed("all_to_all_single", (str(input.dtype),), sends, receives, error)
-        out, back = _contiguous(output)
-        source = _bytes(_array(input.contiguous()))
-        target = _bytes(_array(out))
 
         request = self.comm.Ialltoallv([source, sent, MPI.BYTE], [target, got, MPI.BYTE])
         return self._started("all_to_all_single", [request], output, opts,
@@ -1073,12 +1131,13 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         dtypes = sorted({str(t.dtype) for t in list(inputs) + list(outputs)})
         if len(dtypes) > 1 and error is None:
             error = TypeError(f"all_to_all: tensors of several dtypes {dtypes}")
+        sends, own = _prepared(lambda: (_dense(outputs),
+                                        [_bytes(_array(_contiguous(t)[0])) for t in inputs])[1])
         peers = list(range(min(size, len(inputs), len(outputs))))
         self._agreed("all_to_all", tuple(dtypes[:1]),
                      (peers, [inputs[j].numel() * inputs[j].element_size() for j in peers]),
                      (peers, [outputs[i].numel() * outputs[i].element_size() for i in peers]),
-                     error)
-        sends = [_bytes(_array(t.contiguous())) for t in inputs]
+                     error or own)
         source = np.concatenate(sends) if sends else np.empty(0, np.uint8)
         recv_counts = [t.numel() * t.element_size() for t in outputs]
         target = np.empty(sum(recv_counts), np.uint8)
@@ -1096,7 +1155,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     @_on_device(ours=False)
     @_unless_broken
     def send(self, tensors, dst, tag=0):
-        requests = [self.comm.Isend(_bytes(_array(t.contiguous())), dst, tag=tag)
+        requests = [self.comm.Isend(_bytes(_array(_contiguous(t)[0])), dst, tag=tag)
                     for t in tensors]
         return self._started("send", requests, tensors, None)
 

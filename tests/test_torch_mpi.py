@@ -463,71 +463,79 @@ def test_ddp_matches_a_gloo_run(group, gloo):
     torch.testing.assert_close(weights[0], weights[1], rtol=1e-5, atol=1e-6)
 
 
+class _Doomed:
+    """A new group of every rank for a call whose ranks disagree (its
+    communicator is left unusable), made with the watchdog in raise mode
+    at 1 s; :meth:`everyone` restores the watchdog and gathers every rank's
+    outcome on the world group."""
+
+    def __init__(self, monkeypatch, watchdog):
+        self.p, self.r = dist.get_world_size(), dist.get_rank()
+        if self.p == 1:
+            pytest.skip("one rank cannot disagree")
+        self.monkeypatch = monkeypatch
+        self.group = dist.new_group(list(range(self.p)))
+        watchdog(1)
+
+    def everyone(self, outcome) -> list:
+        from .helpers import restore_watchdog
+
+        restore_watchdog(self.monkeypatch)
+        gathered = [None] * self.p
+        dist.all_gather_object(gathered, outcome)
+        return gathered
+
+
+@pytest.fixture
+def doomed(group, monkeypatch, watchdog):
+    return _Doomed(monkeypatch, watchdog)
+
+
 @pytest.mark.parametrize("first", [5, 0], ids=["5_against_6", "empty_against_6"])
-def test_ranks_that_disagree_are_reported_not_answered(group, monkeypatch, watchdog, first):
+def test_ranks_that_disagree_are_reported_not_answered(doomed, first):
     """Rank 0 reduces ``first`` elements, the others 6: no rank gets a
     wrong sum; the watchdog (raise mode, 1 s) reports the call on every
     rank (an empty tensor too: it is no short cut, or rank 0's next call
     would meet its peers' 6-element one)."""
     import mpi_allreduce as mar
 
-    from .helpers import restore_watchdog
-
-    p, r = dist.get_world_size(), dist.get_rank()
-    if p == 1:
-        pytest.skip("one rank cannot disagree")
-    sub = dist.new_group(list(range(p)))  # its communicator is left unusable
-    watchdog(1)
-    try:
-        t = torch.ones(first if r == 0 else 6)
-        with pytest.raises(mar.Stalled):
-            dist.all_reduce(t, group=sub)
-        assert (t == 1).all()
-        later = dist.new_group(list(range(p)))  # the same through an async Work
-        t = torch.ones(first if r == 0 else 6)
-        work = dist.all_reduce(t, group=later, async_op=True)
-        with pytest.raises(mar.Stalled):
-            work.wait()
-        assert (t == 1).all()
-    finally:
-        restore_watchdog(monkeypatch)
-    dist.barrier()
+    r = doomed.r
+    t = torch.ones(first if r == 0 else 6)
+    with pytest.raises(mar.Stalled):
+        dist.all_reduce(t, group=doomed.group)
+    assert (t == 1).all()
+    later = dist.new_group(list(range(doomed.p)))  # the same through an async Work
+    t = torch.ones(first if r == 0 else 6)
+    work = dist.all_reduce(t, group=later, async_op=True)
+    with pytest.raises(mar.Stalled):
+        work.wait()
+    assert (t == 1).all()
+    doomed.everyone(None)
 
 
-def test_a_call_of_no_tensors_on_one_rank_stalls_never_shifts_the_next(group, monkeypatch,
-                                                                        watchdog):
+def test_a_call_of_no_tensors_on_one_rank_stalls_never_shifts_the_next(doomed):
     """Rank 0 gives a coalesced all-reduce no tensors where its peers give
     one, then every rank makes the same all-reduce: no rank gets a wrong sum
     (before: rank 0 made no call at all, and its next all-reduce met its
     peers' first call); the mismatched call stalls (raise mode, 1 s)."""
     import mpi_allreduce as mar
 
-    from .helpers import restore_watchdog
-
-    p, r = dist.get_world_size(), dist.get_rank()
-    if p == 1:
-        pytest.skip("one rank cannot disagree")
-    sub = dist.new_group(list(range(p)))  # its communicator is left unusable
-    watchdog(1)
+    p, r, sub = doomed.p, doomed.r, doomed.group
     outcomes = []
-    try:
-        for step in range(2):
-            t = torch.full((p,), 1.0 + r + 10 * step)
-            try:
-                if step == 0:
-                    with warnings.catch_warnings():  # (torch calls it deprecated)
-                        warnings.simplefilter("ignore")
-                        dist.all_reduce_coalesced([] if r == 0 else [t], group=sub)
-                else:
-                    dist.all_reduce(t, group=sub)
-                    right = (t == sum(1.0 + q + 10 for q in range(p))).all()
-                    outcomes.append("right" if right else "WRONG")
-            except mar.Broken as exc:  # (Stalled is a Broken)
-                outcomes.append(type(exc).__name__)
-    finally:
-        restore_watchdog(monkeypatch)
-    everyone = [None] * p
-    dist.all_gather_object(everyone, outcomes)
+    for step in range(2):
+        t = torch.full((p,), 1.0 + r + 10 * step)
+        try:
+            if step == 0:
+                with warnings.catch_warnings():  # (torch calls it deprecated)
+                    warnings.simplefilter("ignore")
+                    dist.all_reduce_coalesced([] if r == 0 else [t], group=sub)
+            else:
+                dist.all_reduce(t, group=sub)
+                right = (t == sum(1.0 + q + 10 for q in range(p))).all()
+                outcomes.append("right" if right else "WRONG")
+        except mar.Broken as exc:  # (Stalled is a Broken)
+            outcomes.append(type(exc).__name__)
+    everyone = doomed.everyone(outcomes)
     assert not any("WRONG" in o for o in everyone), everyone
     assert all("Stalled" in o for o in everyone), everyone
 
@@ -1113,7 +1121,7 @@ def _hidden_differences(group, r: int) -> dict:
 
 
 @pytest.mark.parametrize("case", ["coalesced sizes", "premul against sum"])
-def test_calls_that_differ_in_what_their_count_hides_stall(group, monkeypatch, watchdog, case):
+def test_calls_that_differ_in_what_their_count_hides_stall(doomed, case):
     """Rank 0 coalesces tensors of sizes [3, 5] where its peers give [5, 3]
     (one flat call of 8 elements on every rank), or pre-multiplies where its
     peers sum: the tensor sizes and the pre-multiplication are in the call's
@@ -1121,20 +1129,120 @@ def test_calls_that_differ_in_what_their_count_hides_stall(group, monkeypatch, w
     rank (before: a silently wrong sum on every rank)."""
     import mpi_allreduce as mar
 
-    from .helpers import restore_watchdog
+    try:
+        _hidden_differences(doomed.group, doomed.r)[case]()
+        outcome = "returned"
+    except mar.Stalled:
+        outcome = "Stalled"
+    everyone = doomed.everyone(outcome)
+    assert everyone == ["Stalled"] * doomed.p, everyone
+
+
+#: calls of ours that rank 0 refuses in the backend before the library's call
+#: (a sparse tensor, lists that do not match), its peers' valid
+def _refused_by_one(group, p: int, r: int, refuse: bool) -> dict:
+    def dense(t):
+        return t.to_sparse() if refuse else t
+
+    def all_reduce():
+        dist.all_reduce(dense(torch.ones(4)), group=group)
+
+    def second_of_two():  # (the first tensor is fine on every rank)
+        with warnings.catch_warnings():  # (torch calls it deprecated)
+            warnings.simplefilter("ignore")
+            dist.all_reduce_coalesced([torch.ones(3), dense(torch.ones(4))], group=group)
+
+    def reduce_scatter():
+        dist.reduce_scatter_tensor(torch.empty(2), dense(torch.ones(2 * p)), group=group)
+
+    def all_gather():
+        dist.all_gather_into_tensor(torch.empty(2 * p), dense(torch.ones(2)), group=group)
+
+    def all_gather_coalesced():
+        outputs = [[torch.empty(2)] for _ in range(p - 1 if refuse else p)]
+        with warnings.catch_warnings():  # (torch calls it deprecated)
+            warnings.simplefilter("ignore")
+            dist.all_gather_coalesced(outputs, [torch.ones(2)], group=group)
+    return {"all_reduce": all_reduce, "second of two": second_of_two,
+            "reduce_scatter": reduce_scatter, "all_gather": all_gather,
+            "all_gather_coalesced": all_gather_coalesced}
+
+
+_REFUSED = ["all_reduce", "second of two", "reduce_scatter", "all_gather",
+            "all_gather_coalesced"]
+
+
+@pytest.mark.parametrize("case", _REFUSED)
+def test_a_call_the_backend_refuses_on_one_rank_stalls_never_shifts_the_next(doomed, case):
+    """Rank 0's backend refuses its tensors (sparse, or lists that do not
+    match) before the library's call, its peers' are valid; then every rank
+    makes the same all-reduce: no rank gets a wrong sum, the refused call
+    stalls on every rank (reported, raise mode 1 s; before: rank 0 raised
+    alone, and its next call met its peers' refused one)."""
+    import mpi_allreduce as mar
+
+    p, r = doomed.p, doomed.r
+    outcomes = []
+    try:
+        _refused_by_one(doomed.group, p, r, refuse=r == 0)[case]()
+        outcomes.append("returned")
+    except mar.Broken as exc:  # (Stalled is a Broken)
+        outcomes.append(type(exc).__name__)
+    except (RuntimeError, ValueError) as exc:
+        outcomes.append(f"alone: {exc}")
+    t = torch.full((3,), float(r + 1))
+    try:
+        dist.all_reduce(t, group=doomed.group)
+        outcomes.append("right" if (t == p * (p + 1) / 2).all() else "WRONG")
+    except mar.Broken as exc:
+        outcomes.append(type(exc).__name__)
+    everyone = doomed.everyone(outcomes)
+    assert not any("WRONG" in o for o in everyone), everyone
+    assert [o[0] for o in everyone] == ["Stalled"] * p, everyone
+
+
+@pytest.mark.parametrize("case", _REFUSED)
+def test_a_call_every_rank_refuses_raises_everywhere_and_the_next_is_exact(group, case):
+    """Every rank's backend refuses the call: every rank raises its refusal
+    and the group's next all-reduce is exact."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    with pytest.raises((RuntimeError, ValueError), match="dense tensors|output_tensor_lists"):
+        _refused_by_one(None, p, r, refuse=True)[case]()
+    t = torch.full((3,), float(r + 1))
+    dist.all_reduce(t)
+    assert (t == p * (p + 1) / 2).all()
+
+
+@pytest.mark.parametrize("case", ["broadcast", "gather", "scatter", "all_to_all_single",
+                                  "all_to_all"])
+def test_an_mpi_side_collective_one_rank_refuses_raises_on_every_rank(group, case):
+    """Rank 1 gives a sparse tensor to a broadcast, gather, scatter or
+    all-to-all: it raises its refusal, its peers ArgumentMismatch, before
+    a byte moves, and the group stays usable (before: rank 1 raised alone
+    after the agreement, and its peers' collective went ahead without it)."""
+    import mpi_allreduce as mar
 
     p, r = dist.get_world_size(), dist.get_rank()
     if p == 1:
         pytest.skip("one rank cannot disagree")
-    sub = dist.new_group(list(range(p)))  # its communicator is left unusable
-    watchdog(1)
-    try:
-        _hidden_differences(sub, r)[case]()
-        outcome = "returned"
-    except mar.Stalled:
-        outcome = "Stalled"
-    finally:
-        restore_watchdog(monkeypatch)
-    everyone = [None] * p
-    dist.all_gather_object(everyone, outcome)
-    assert everyone == ["Stalled"] * p, everyone
+
+    def mine(n):
+        t = torch.full((n,), float(r))
+        return t.to_sparse() if r == 1 else t
+    calls = {
+        "broadcast": lambda: dist.broadcast(mine(3), src=0),
+        "gather": lambda: dist.gather(mine(3), [torch.empty(3) for _ in range(p)]
+                                      if r == 0 else None, dst=0),
+        "scatter": lambda: dist.scatter(mine(3), [torch.ones(3) for _ in range(p)]
+                                        if r == 0 else None, src=0),
+        "all_to_all_single": lambda: dist.all_to_all_single(torch.empty(p), mine(p)),
+        "all_to_all": lambda: dist.all_to_all([torch.empty(1) for _ in range(p)],
+                                              [mine(1) for _ in range(p)]),
+    }
+    expected = (RuntimeError, "dense tensors") if r == 1 else \
+        (mar.ArgumentMismatch, "no rank sent anything")
+    with pytest.raises(expected[0], match=expected[1]):
+        calls[case]()
+    t = torch.full((4,), float(r))
+    dist.broadcast(t, src=p - 1)  # (the group is still usable: nothing was sent)
+    assert torch.equal(t, torch.full((4,), float(p - 1)))
