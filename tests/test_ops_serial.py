@@ -218,3 +218,18 @@ def test_a_user_op_named_by_its_caller_is_identified_by_the_name_alone():
     assert spec_label(mar.user_op(counted, commute=True), np.float64).startswith(
         "user:test_a_user_op_named_by_its_caller_is_identified_by_the_name_alone.<locals>.counted")
     assert calls == [4]
+
+
+def test_checked_dtype_op_pairs_stay_bounded_however_many_dtypes_a_program_makes():
+    """A new structured dtype per call (each checked once, then remembered)
+    keeps at most ``MAX_VALID_PAIRS`` pairs, and a pair checked again after
+    the memory was emptied is still judged (a bad one still refused)."""
+    from mpi_allreduce import ops
+
+    maxloc = ops.resolve_op("maxloc")
+    for n in range(3 * ops.MAX_VALID_PAIRS):
+        ops.check_dtype(np.dtype([("value", "f8"), ("index", "i4")], metadata={"n": n}), maxloc)
+        ops.check_dtype(np.dtype([(f"v{n}", "f8"), ("i", "i4")]), maxloc)
+        assert len(ops._VALID_PAIRS) <= ops.MAX_VALID_PAIRS
+    with pytest.raises(TypeError):
+        ops.check_dtype(np.dtype([(f"v{n}", "f8"), ("i", "i4")]), ops.resolve_op("sum"))
