@@ -25,8 +25,9 @@ from mpi4py import MPI
 from . import progress, validate as _validate
 from .buffers import in_place, names_memory
 from .config import KERNELS_ENV, environment
-from .context import CALLS, cached_context, context_for, refcounts, remember_call, setup
-from .errors import ArgumentMismatch, Stalled, failed
+from .context import (CALLS, broken_by, cached_context, context_for, refcounts, remember_call,
+                      setup)
+from .errors import OWN_ERRORS, ArgumentMismatch, Stalled, failed
 from .ops import dtype_label
 from .planner import choice, plan_for, resolved, runner
 from .progress import PersistentRequest, Request
@@ -112,27 +113,28 @@ def allreduce(
         logical and bitwise ops) run as usual; a float ``prod`` or a
         user-defined op is refused.
     """
-    kept = CALLS.get(id(recvbuf))  # a repeat with the very same objects: Remembered.repeats,
-    if (kept is not None and kept.send == id(sendbuf) and kept.op is op  # inline (the
-            and (kept.comm is comm or kept.comm == comm)  # latency-critical path)
-            and kept.algorithm == algorithm and recvbuf.dtype is kept.dtype
-            # (Remembered.unchanged, inline: the layout as the first call found it)
-            and (flags := recvbuf.flags).c_contiguous and (flags.writeable or not kept.host)
-            and (kept.in_place or sendbuf.dtype is kept.dtype and sendbuf.flags.c_contiguous)
-            and (kept.extra is None
-                 and check is segment_size is ranks_per_node is inner is radix is row_size
-                 is tuning is selection is reproducible is None
-                 or kept.extra == (check, segment_size, ranks_per_node, inner, radix, row_size,
-                                   tuning, selection, reproducible))):
-        try:
-            kept.run()
-        except Exception as exc:  # noqa: BLE001 - after messages started
-            failed(kept.comm, exc, kept.algorithm)
-        return recvbuf
+    try:  # (whatever leaves the call on this rank: left)
+        kept = CALLS.get(id(recvbuf))  # a repeat with the very same objects: Remembered.repeats,
+        if (kept is not None and kept.send == id(sendbuf) and kept.op is op  # inline (the
+                and (kept.comm is comm or kept.comm == comm)  # latency-critical path)
+                and kept.algorithm == algorithm and recvbuf.dtype is kept.dtype
+                # (Remembered.unchanged, inline: the layout as the first call found it)
+                and (flags := recvbuf.flags).c_contiguous and (flags.writeable or not kept.host)
+                and (kept.in_place or sendbuf.dtype is kept.dtype
+                     and sendbuf.flags.c_contiguous)
+                and (kept.extra is None
+                     and check is segment_size is ranks_per_node is inner is radix is row_size
+                     is tuning is selection is reproducible is None
+                     or kept.extra == (check, segment_size, ranks_per_node, inner, radix,
+                                       row_size, tuning, selection, reproducible))):
+            try:
+                kept.run()
+            except Exception as exc:  # noqa: BLE001 - after messages started
+                failed(kept.comm, exc, kept.algorithm)
+            return recvbuf
 
-    extra = (check, segment_size, ranks_per_node, inner, radix, row_size, tuning, selection,
-             reproducible)
-    with refusing(comm):
+        extra = (check, segment_size, ranks_per_node, inner, radix, row_size, tuning, selection,
+                 reproducible)
         opts = _options("allreduce", algorithm, extra)
         call = _setup(sendbuf, recvbuf, op, comm, opts)
         exact = opts.reproducible and _order_matters(call)
@@ -151,16 +153,18 @@ def allreduce(
         # (the plan too: an option resolved against the communicator -- a
         # torus row that does not divide it -- is refused there)
         run = _reproducible(comm, call) if exact else runner(context, call)
-    if not opts.check:
-        # counted first: arguments already pushed for a call would count too
-        ours = [after - before for before, after in zip(held, refcounts(call))]
-        remember_call(context, run, sendbuf, recvbuf, op, comm, algorithm, call, ours,
-                      None if extra == (None,) * len(extra) else extra)
-    try:
-        run()
-    except Exception as exc:  # noqa: BLE001 - after messages started
-        failed(comm, exc, "reproducible sum" if exact else call.algorithm)
-    return call.recv
+        if not opts.check:
+            # counted first: arguments already pushed for a call would count too
+            ours = [after - before for before, after in zip(held, refcounts(call))]
+            remember_call(context, run, sendbuf, recvbuf, op, comm, algorithm, call, ours,
+                          None if extra == (None,) * len(extra) else extra)
+        try:
+            run()
+        except Exception as exc:  # noqa: BLE001 - after messages started
+            failed(comm, exc, "reproducible sum" if exact else call.algorithm)
+        return call.recv
+    except BaseException as exc:
+        left(comm, exc)
 
 
 def _order_matters(call: Call) -> bool:
@@ -249,16 +253,18 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.C
     :func:`allreduce`).  The buffers must not be touched until the request
     is complete.  Many calls may be in flight on one communicator; every
     rank starts them in the same order and may wait for them in any order."""
-    extra = (check, segment_size, ranks_per_node, inner, radix, row_size, tuning, selection,
-             reproducible)
-    kept = CALLS.get((_NONBLOCKING, id(recvbuf)))  # a repeat with the very same objects
-    if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, algorithm, extra):
-        request = kept.run()
-        if request is not None:  # (None: its last call is in flight or not yet waited)
-            return request
-    with refusing(comm):
+    try:  # (whatever leaves the call on this rank: left)
+        extra = (check, segment_size, ranks_per_node, inner, radix, row_size, tuning,
+                 selection, reproducible)
+        kept = CALLS.get((_NONBLOCKING, id(recvbuf)))  # a repeat with the very same objects
+        if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, algorithm, extra):
+            request = kept.run()
+            if request is not None:  # (None: its last call is in flight or not yet waited)
+                return request
         opts = _options("request", algorithm, extra)
-    return _request(sendbuf, recvbuf, op, comm, opts, persistent=False, extra=extra)
+        return _request(sendbuf, recvbuf, op, comm, opts, persistent=False, extra=extra)
+    except BaseException as exc:
+        left(comm, exc)
 
 
 def allreduce_init(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
@@ -273,10 +279,12 @@ def allreduce_init(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = M
     that moment.  The schedule, its compiled stages, its scratch and (for
     host buffers) MPI persistent requests are made here once; this is the
     fastest way to repeat a call.  Arguments as :func:`iallreduce`."""
-    with refusing(comm):
+    try:  # (whatever leaves the call on this rank: left)
         opts = _options("request", algorithm, (check, segment_size, ranks_per_node, inner,
                                                radix, row_size, tuning, selection, reproducible))
-    return _request(sendbuf, recvbuf, op, comm, opts, persistent=True)
+        return _request(sendbuf, recvbuf, op, comm, opts, persistent=True)
+    except BaseException as exc:
+        left(comm, exc)
 
 
 def empty_call(comm: MPI.Intracomm, what: str) -> None:
@@ -325,25 +333,29 @@ def refused(comm, exc: Exception) -> NoReturn:
     raise exc
 
 
-class refusing:  # noqa: N801 - used as a statement: ``with refusing(comm):``
-    """``with refusing(comm):`` -- a ``TypeError`` or ``ValueError``
-    leaving the block is this rank's refusal of the call, before any
-    message: :func:`refused` (``salt``: the call's; the empty call that a
-    refusal makes, salt :data:`REFUSED`, raises its own errors as they are)."""
-
-    __slots__ = ("comm", "salt")
-
-    def __init__(self, comm, salt: str = ""):
-        self.comm, self.salt = comm, salt
-
-    def __enter__(self) -> "refusing":
-        return self
-
-    def __exit__(self, kind, exc, traceback) -> bool:
-        if kind is not None and issubclass(kind, (TypeError, ValueError)) \
-                and self.salt != REFUSED:
-            refused(self.comm, exc)
-        return False
+def left(comm, exc: BaseException) -> NoReturn:
+    """The one handler of an exception that leaves a call of the library on
+    this rank (every entry point's ``except BaseException``; the drop-in
+    ``Comm``, ``Fusion`` and the torch backend's calls too).  Raised as it
+    is: the library's own errors (:data:`~mpi_allreduce.errors.OWN_ERRORS`,
+    each dealt with where raised), a refusal every rank made, and anything
+    on a communicator already broken (a call's guard breaks it for whatever
+    leaves the call once its messages may be in flight).  An interrupt (a
+    ``BaseException`` that is not an ``Exception``: ``KeyboardInterrupt``,
+    ``SystemExit``...) that came before the guard breaks the communicator
+    here (:func:`~mpi_allreduce.context.broken_by`): this rank did not make
+    a call its peers make, and its next call must never meet theirs.  Any
+    other exception is this rank's refusal of the call, whatever its type
+    (:func:`refused`: an empty call of its own first)."""
+    if isinstance(exc, OWN_ERRORS) or refused_everywhere(exc):
+        raise exc
+    context = cached_context(comm)
+    if context is not None and context.broken is not None:
+        raise exc
+    if not isinstance(exc, Exception):
+        broken_by(comm, exc, "a call interrupted before its messages")
+        raise exc
+    refused(comm, exc)
 
 
 def refused_everywhere(exc: BaseException) -> bool:
@@ -375,17 +387,16 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
     not started (``salt``: what else its spec must carry, see CallSpec;
     ``extra``: the keywords it was given, kept with a non-blocking call for
     its repeats)."""
-    with refusing(comm, salt):
-        if persistent and sendbuf is not None and not in_place(sendbuf, recvbuf) \
-                and not names_memory(sendbuf):
-            # (a list or another array-like: made into an array once, here, so
-            # every start would reduce its first contents)
-            raise TypeError(f"a persistent call reads its send buffer at each start: give an "
-                            f"array, a buffer or a message spec, not a {type(sendbuf).__name__}")
-        call = _setup(sendbuf, recvbuf, op, comm, opts, salt)
-        if opts.reproducible and _order_matters(call):
-            raise ValueError("reproducible=True makes a float sum a blocking call: use "
-                             "allreduce(..., reproducible=True)")
+    if persistent and sendbuf is not None and not in_place(sendbuf, recvbuf) \
+            and not names_memory(sendbuf):
+        # (a list or another array-like: made into an array once, here, so
+        # every start would reduce its first contents)
+        raise TypeError(f"a persistent call reads its send buffer at each start: give an "
+                        f"array, a buffer or a message spec, not a {type(sendbuf).__name__}")
+    call = _setup(sendbuf, recvbuf, op, comm, opts, salt)
+    if opts.reproducible and _order_matters(call):
+        raise ValueError("reproducible=True makes a float sum a blocking call: use "
+                         "allreduce(..., reproducible=True)")
     kind = PersistentRequest if persistent else Request
     if comm.Get_size() == 1:
         setup(comm)
@@ -393,9 +404,8 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
         if not persistent:
             request._begin()
         return request
-    with refusing(comm, salt):
-        context = context_for(comm)
-        plan = plan_for(context, call, choice(context, call, call.recv.size))
+    context = context_for(comm)
+    plan = plan_for(context, call, choice(context, call, call.recv.size))
     held = refcounts(call)
     bound = plan.bind(call.send, call.recv, request=True, datatype=call.datatype)
     operation = progress.operation(bound, context, call.recv.nbytes, persistent)
@@ -429,8 +439,8 @@ def _setup(sendbuf, recvbuf, op, comm, opts: Options, salt: str = "") -> Call:
     try:
         call = _validate.validate(sendbuf, recvbuf, op, opts)._replace(salt=salt)
         error = None
-    except (TypeError, ValueError) as exc:
-        if not opts.check or comm.Get_size() == 1:
+    except Exception as exc:  # noqa: BLE001 - any refusal, of any type
+        if not opts.check or comm.Get_size() == 1 or isinstance(exc, OWN_ERRORS):
             raise
         call, error = None, exc
     if opts.check and comm.Get_size() > 1:
@@ -444,7 +454,9 @@ def _setup(sendbuf, recvbuf, op, comm, opts: Options, salt: str = "") -> Call:
             # ranks) is every rank's verdict too
             try:
                 spec, refusal = resolved(context, call), None
-            except (TypeError, ValueError) as exc:
+            except Exception as exc:  # noqa: BLE001 - any refusal, of any type
+                if isinstance(exc, OWN_ERRORS):
+                    raise
                 spec, refusal = None, exc
             agree(comm, spec, refusal, "allreduce", "check-spec")
         except ArgumentMismatch:

@@ -19,11 +19,11 @@ import numpy as np
 from mpi4py import MPI
 
 from . import progress, registry
-from .api import refused, refusing
+from .api import left
 from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
 from .context import CALLS, context_for, refcounts, remember_call
-from .errors import failed
+from .errors import OWN_ERRORS, failed
 from .executor import Plan
 from .ops import check_dtype, dtype_label, resolve_op, spec_label
 from .spec import CallSpec
@@ -50,14 +50,24 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
     algorithm that combines in rank order (``rabenseifner``, ``knomial``).
     ``algorithm``: one of ``registry.HALVES`` (default
     and ``auto``: the ring), ``radix`` for ``knomial``."""
-    extra = (None if counts is None else tuple(counts), algorithm, check, segment_size, radix)
+    try:  # (whatever leaves the call on this rank: api.left)
+        return _reduce_scatter(sendbuf, recvbuf, op, counts, comm, algorithm, check,
+                               segment_size, radix)
+    except BaseException as exc:
+        left(comm, exc)
+
+
+def _reduce_scatter(sendbuf, recvbuf, op, counts, comm, algorithm, check, segment_size,
+                    radix):
+    # (the counts read once: an iterator gives them once)
+    counts = None if counts is None else tuple(counts)
+    extra = (counts, algorithm, check, segment_size, radix)
     if _repeated("reduce_scatter", sendbuf, recvbuf, op, comm, extra):
         return recvbuf
-    with refusing(comm):
-        opts = options("halves", algorithm=algorithm, check=check, segment_size=segment_size,
-                       radix=radix)
-        user = (sendbuf, recvbuf, op, extra)
-        op = resolve_op(op)
+    opts = options("halves", algorithm=algorithm, check=check, segment_size=segment_size,
+                   radix=radix)
+    user = (sendbuf, recvbuf, op, extra)
+    op = resolve_op(op)
     size, rank = comm.Get_size(), comm.Get_rank()
 
     def validate():
@@ -100,12 +110,19 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
     gives ``counts[r]`` elements (``MPI_Allgatherv``).  With
     ``sendbuf=MPI.IN_PLACE`` this rank's block is already in place in
     ``recvbuf``.  ``algorithm`` and ``radix`` as for :func:`reduce_scatter`."""
-    extra = (None if counts is None else tuple(counts), algorithm, check, segment_size, radix)
+    try:  # (whatever leaves the call on this rank: api.left)
+        return _allgather(sendbuf, recvbuf, counts, comm, algorithm, check, segment_size, radix)
+    except BaseException as exc:
+        left(comm, exc)
+
+
+def _allgather(sendbuf, recvbuf, counts, comm, algorithm, check, segment_size, radix):
+    counts = None if counts is None else tuple(counts)  # (read once, see _reduce_scatter)
+    extra = (counts, algorithm, check, segment_size, radix)
     if _repeated("allgather", sendbuf, recvbuf, None, comm, extra):
         return recvbuf
-    with refusing(comm):
-        opts = options("halves", algorithm=algorithm, check=check, segment_size=segment_size,
-                       radix=radix)
+    opts = options("halves", algorithm=algorithm, check=check, segment_size=segment_size,
+                   radix=radix)
     user = (sendbuf, recvbuf, None, extra)
     size, rank = comm.Get_size(), comm.Get_rank()
 
@@ -175,9 +192,9 @@ def _validated(validate, comm, opts: Options, what: str, fingerprint):
     try:
         values, error = validate(), None
         segment = opts.segment(values[1].dtype)
-    except (TypeError, ValueError) as exc:
-        if not checking:
-            refused(comm, exc)
+    except Exception as exc:  # noqa: BLE001 - any refusal, of any type
+        if not checking or isinstance(exc, OWN_ERRORS):
+            raise  # (a refusal: api.left, where the call is left)
         values, error = None, exc
     if checking:
         agree(comm, None if values is None else dict(

@@ -53,7 +53,7 @@ from .context import setup
 from .engine import blocking_collective, duplicate, wait_for_call
 from .backend import backend_for
 from .buffers import message, names_memory
-from .errors import ArgumentMismatch, RequestError
+from .errors import OWN_ERRORS, RequestError
 from .ops import check_dtype, resolve_op
 from .options import keywords_for, options as resolve_options
 
@@ -84,7 +84,9 @@ def _deferred(run) -> Optional[Exception]:
     _DEFERRED.on = True
     try:
         run()
-    except (TypeError, ValueError) as exc:
+    except OWN_ERRORS:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a refusal of any type
         return exc
     finally:
         _DEFERRED.on = False
@@ -232,22 +234,27 @@ class Comm(MPI.Intracomm):
     # --- the calls that run our algorithms ---------------------------------
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM) -> None:  # noqa: N802
         refused = None
-        # _plain(), inline: a repeated call comes this way
-        if type(recvbuf) is _ndarray and (
-                sendbuf is None or sendbuf is _IN_PLACE or type(sendbuf) is _ndarray
-                and sendbuf is not recvbuf and sendbuf.flags.c_contiguous):
-            _DEFERRED.on = True  # (_deferred, inline: a repeated call comes this way)
-            try:
-                if self.options:
-                    api.allreduce(sendbuf, recvbuf, op, comm=self, algorithm=self.algorithm,
-                                  **self.options)
-                else:
-                    api.allreduce(sendbuf, recvbuf, op, comm=self, algorithm=self.algorithm)
-                return
-            except (TypeError, ValueError) as exc:
-                refused = exc
-            finally:
-                _DEFERRED.on = False
+        try:  # (whatever leaves the call on this rank: api.left)
+            # _plain(), inline: a repeated call comes this way
+            if type(recvbuf) is _ndarray and (
+                    sendbuf is None or sendbuf is _IN_PLACE or type(sendbuf) is _ndarray
+                    and sendbuf is not recvbuf and sendbuf.flags.c_contiguous):
+                _DEFERRED.on = True  # (_deferred, inline: a repeated call comes this way)
+                try:
+                    if self.options:
+                        api.allreduce(sendbuf, recvbuf, op, comm=self, algorithm=self.algorithm,
+                                      **self.options)
+                    else:
+                        api.allreduce(sendbuf, recvbuf, op, comm=self, algorithm=self.algorithm)
+                    return
+                except OWN_ERRORS:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a refusal of any type
+                    refused = exc
+                finally:
+                    _DEFERRED.on = False
+        except BaseException as exc:
+            api.left(self, exc)
         self._allreduce(sendbuf, recvbuf, op, refused)
 
     def _allreduce(self, sendbuf, recvbuf, op, refused) -> None:
@@ -343,8 +350,8 @@ class Comm(MPI.Intracomm):
         rank either."""
         try:
             return start()
-        except (TypeError, ValueError) as exc:
-            api.refused(self, exc)
+        except BaseException as exc:  # (a refusal of any type; an interrupt)
+            api.left(self, exc)
 
     def _their_request(self, name: str, start, persistent: bool = False):
         """mpi4py's own non-blocking (or, ``persistent``, persistent) call,
@@ -381,14 +388,15 @@ class Comm(MPI.Intracomm):
         (what it refused is not about how they are read: an op it does not
         reduce, say), and so does check mode's verdict, which every rank
         got."""
-        if isinstance(refused, ArgumentMismatch):
-            raise refused
-        routed = self._route(kind, sendbuf, recvbuf, op, counts)
-        if routed is None:
-            return theirs()
-        if refused is not None and routed.recv is recvbuf and routed.send is sendbuf:
-            api.refused(self, refused)  # (final now: the refusal's empty call, then it)
-        return ours(routed.send, routed.recv, routed.counts)
+        try:  # (whatever leaves the call on this rank: api.left)
+            routed = self._route(kind, sendbuf, recvbuf, op, counts)
+            if routed is None:
+                return theirs()
+            if refused is not None and routed.recv is recvbuf and routed.send is sendbuf:
+                raise refused  # (final now: api.left makes the refusal's empty call)
+            return ours(routed.send, routed.recv, routed.counts)
+        except BaseException as exc:
+            api.left(self, exc)
 
     def _route(self, kind: str, sendbuf, recvbuf, op, counts) -> Optional[_Routed]:
         """The buffers for the library, where it takes them as mpi4py reads

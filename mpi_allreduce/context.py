@@ -619,6 +619,26 @@ def context_for(comm: MPI.Intracomm) -> Context:
     return context
 
 
+def broken_by(comm, cause: BaseException, what: str) -> None:
+    """``cause`` (an interrupt) left a call on ``comm`` on this rank before
+    its messages, where its peers may be inside it: the communicator is
+    broken for the library on this rank (:meth:`Context.breaks`), its
+    context made for that where it has none yet -- no set-up, no MPI call:
+    the set-up its peers are in stalls and is reported, as they would be
+    with any broken communicator's rank."""
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL or comm.Get_size() == 1:
+        return
+    context = cached_context(comm)
+    if context is None:
+        context = comm.Get_attr(_KEYVAL)
+        if context is None:
+            context = Context(comm)
+            comm.Set_attr(_KEYVAL, context)
+        context.ids.add(comm.handle)
+        _LIVE[comm.handle] = context
+    context.breaks(cause, what)
+
+
 def cached_context(comm) -> Optional[Context]:
     """The context of ``comm`` if it has one already (no MPI call)."""
     try:

@@ -75,6 +75,12 @@ class TagsExhausted(RuntimeError):
     Refused rather than let the two calls match each other's messages."""
 
 
+#: the library's own errors, each dealt with where it is raised: check mode's
+#: verdict (every rank raises it), a broken or stalled communicator, a
+#: second thread's call, a request used out of turn, a tag still held
+OWN_ERRORS = (ArgumentMismatch, Broken, ConcurrentCall, RequestError, TagsExhausted)
+
+
 def failed(comm: MPI.Comm, exc: BaseException, what: str) -> None:
     """An error inside ``what`` after this rank's messages started: the
     other ranks may be waiting for messages this rank will never send.

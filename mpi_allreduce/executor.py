@@ -37,6 +37,8 @@ to its end.
 from __future__ import annotations
 
 import functools
+import sys
+from collections import OrderedDict
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -69,7 +71,12 @@ def mpi_tags() -> TagLayout:
     return tag_layout(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))
 
 
-@functools.lru_cache(maxsize=None)
+#: dtypes remembered by wire_type (a program that makes a new structured
+#: dtype per call must not grow the process without bound)
+MAX_TYPES = 256
+
+
+@functools.lru_cache(maxsize=MAX_TYPES)
 def wire_type(dtype: np.dtype) -> MPI.Datatype:
     """The MPI datatype messages of ``dtype`` travel as: the matching
     predefined type, or raw bytes where the MPI has none (float16, say, or
@@ -84,18 +91,47 @@ def wire_type(dtype: np.dtype) -> MPI.Datatype:
     return mpitype if usable else MPI.BYTE
 
 
-@functools.lru_cache(maxsize=None)
+#: the committed MPI datatypes of structured dtypes (see element_type), the
+#: most recently used last, at most MAX_TYPES; and those let go that something
+#: (a kept call's bound messages) still held, freed once nothing does
+_ELEMENT_TYPES: "OrderedDict[np.dtype, MPI.Datatype]" = OrderedDict()
+_RETIRED: list = []
+
+
 def element_type(dtype: np.dtype) -> MPI.Datatype:
     """The MPI datatype of one element of ``dtype`` (predefined where there
-    is one; pair and other structured types built and committed once)."""
+    is one; pair and other structured types built and committed once, and
+    freed when they are among the least recently used of more than
+    :data:`MAX_TYPES` and nothing holds them)."""
+    made = _ELEMENT_TYPES.get(dtype)
+    if made is not None:
+        _ELEMENT_TYPES.move_to_end(dtype)
+        return made
     mpitype = wire_type(dtype)
     if mpitype != MPI.BYTE or np.dtype(dtype).itemsize == 1:
         return mpitype
     from mpi4py.util import dtlib
     try:
-        return dtlib.from_numpy_dtype(np.dtype(dtype)).Commit()
+        made = dtlib.from_numpy_dtype(np.dtype(dtype)).Commit()
     except (ValueError, TypeError, KeyError):  # no MPI equivalent: the element's bytes
-        return MPI.BYTE.Create_contiguous(np.dtype(dtype).itemsize).Commit()
+        made = MPI.BYTE.Create_contiguous(np.dtype(dtype).itemsize).Commit()
+    _ELEMENT_TYPES[dtype] = made
+    if len(_ELEMENT_TYPES) > MAX_TYPES:
+        _RETIRED.append(_ELEMENT_TYPES.popitem(last=False)[1])
+        _free_retired()
+    return made
+
+
+def _free_retired() -> None:
+    """Free the let-go datatypes that nothing holds any more."""
+    held = []
+    while _RETIRED:
+        datatype = _RETIRED.pop()
+        if sys.getrefcount(datatype) > 2:  # (this name and getrefcount's argument)
+            held.append(datatype)
+        elif not MPI.Is_finalized():
+            datatype.Free()
+    _RETIRED.extend(held)
 
 
 #: scratch arrays a plan keeps for its next non-blocking calls

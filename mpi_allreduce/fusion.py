@@ -63,7 +63,7 @@ from collections import OrderedDict
 
 from mpi4py import MPI
 
-from .api import _request, empty_call, iallreduce, refused_everywhere
+from .api import _request, empty_call, iallreduce, left, refused_everywhere
 from .backend import as_array, backend_for
 from .buffers import names_memory
 from .context import cached_context
@@ -234,13 +234,21 @@ class Fusion:
     def add(self, array) -> None:
         """Queue ``array`` (reduced in place; do not touch it until
         :meth:`wait`).  Starts the bucket it fills."""
-        if not names_memory(array):
-            raise TypeError(f"fused arrays are reduced in place: give an array or a buffer, not "
-                            f"a {type(array).__name__} (it would be copied, and the result lost)")
-        array = as_array(array)
-        if not backend_for(array).is_writeable(array):
-            raise ValueError("fused arrays are reduced in place: this one is read-only")
-        key = (dtype_label(array.dtype), backend_for(array))
+        try:
+            if not names_memory(array):
+                raise TypeError(f"fused arrays are reduced in place: give an array or a buffer, "
+                                f"not a {type(array).__name__} (it would be copied, and the "
+                                "result lost)")
+            array = as_array(array)
+            if not backend_for(array).is_writeable(array):
+                raise ValueError("fused arrays are reduced in place: this one is read-only")
+            key = (dtype_label(array.dtype), backend_for(array))
+        except Exception as exc:  # noqa: BLE001 - a refusal, of any type
+            # (a refusal of the library's kind, api.left: where only this
+            # rank refuses an array, its peers' bucket with it stalls with
+            # this rank's empty call, reported, instead of meeting its next
+            # bucket; an interrupt here has not added, and passes)
+            left(self.comm, exc)
         bucket = self._open.get(key)
         launched = self._launched
         try:

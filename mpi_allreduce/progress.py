@@ -50,7 +50,7 @@ from typing import Optional
 
 from mpi4py import MPI
 
-from .context import _CLOSING, reap
+from .context import _CLOSING, cached_context, reap
 from .engine import (_ENGINE, _PRUNE, ABANDONED, THREAD_MIN_BYTES,  # noqa: F401
                      MPIOperation, Operation, _Started, _run_all, abandon, mpi_threads,
                      thread_progress)
@@ -71,8 +71,12 @@ def mpi_request(requests, what: str, comm, statuses=None, cancel=False,
                 on_stall=None) -> "Request":
     """A :class:`Request` over MPI requests the caller posted on ``comm``
     (see :class:`~mpi_allreduce.engine.MPIOperation`): its ``wait()`` and ``test()`` are the
-    engine's, as for the library's own calls."""
-    request = Request(MPIOperation(requests, what, comm, statuses, cancel, on_stall), None)
+    engine's, as for the library's own calls.  Left by a stall, an interrupt or
+    an error, it breaks the library's context of ``comm`` as the library's own
+    calls do: ranks whose calls took different ways (MPI's here, the library's
+    there) may have left messages on the library's communicator too."""
+    request = Request(MPIOperation(requests, what, comm, statuses, cancel, on_stall,
+                                   cached_context(comm)), None)
     request._state = "active"
     _ENGINE.start_caller(request._op)
     return request

@@ -76,12 +76,11 @@ from mpi4py import MPI
 from torch.futures import Future
 
 from . import collectives
-from .api import allreduce, empty_call, iallreduce, refused, refused_everywhere
+from .api import allreduce, empty_call, iallreduce, left
 from .backend import device_view, has_device_arrays, on_stream
-from .context import release, setup
+from .context import cached_context, release, setup
 from .engine import ENGINE, duplicate, mpi_threads, wait_for, wait_for_call
-from .errors import (ArgumentMismatch, Broken, ConcurrentCall, RequestError, Stalled,
-                     TagsExhausted)
+from .errors import ArgumentMismatch, Broken, Stalled
 from .ops import tagged
 from .options import keywords_for, options as resolve_options
 from .progress import mpi_request
@@ -717,31 +716,24 @@ def _contiguous(tensor: torch.Tensor) -> tuple:
     return work, functools.partial(tensor.copy_, work)
 
 
-#: what the library raises of its own, each handled where it is raised (a
-#: refusal it made, a stall, a broken communicator, check mode's verdict)
-_LIBRARY_ERRORS = (ArgumentMismatch, Broken, ConcurrentCall, RequestError, TagsExhausted)
-
-
 def _refusing(method):
-    """One of our calls (the library's all-reduce and its halves): an
-    exception that leaves it on this rank from the backend's own work
-    before or between the library's calls -- an op it does not support, a
-    sparse tensor or one on another device, lists that do not match,
-    torch's own checks -- is this rank's refusal of the call
-    (:func:`~mpi_allreduce.api.refused`): an empty call of its own first, so
-    that where only this rank refuses, its peers' call stalls with it
-    (reported on every rank) instead of meeting this rank's next call.  The
-    library's own errors, and refusals it made already, pass as they are."""
+    """One of our calls (the library's all-reduce and its halves): whatever
+    leaves it on this rank is dealt with as whatever leaves a call of the
+    library (:func:`~mpi_allreduce.api.left`) -- an exception from the
+    backend's own work before or between the library's calls (an op it
+    does not support, a sparse tensor or one on another device, lists
+    that do not match, torch's own checks) is this rank's refusal of the
+    call (an empty call of its own first, so that where only this rank
+    refuses, its peers' call stalls with it, reported on every rank,
+    instead of meeting this rank's next call), an interrupt there breaks
+    the group's communicator; the library's own errors, and refusals it
+    made already, pass as they are."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
-        except _LIBRARY_ERRORS:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any exception: the peers are in a call
-            if refused_everywhere(exc):
-                raise
-            refused(self.comm, exc)
+        except BaseException as exc:
+            left(self.comm, exc)
     return call
 
 
@@ -789,7 +781,9 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                 f"(rank {comm.Get_rank()} here)")
 
     def _stalled(self, report: str) -> None:
-        """A call on the group stalled: every later MPI call on it is refused."""
+        """A call on the group stalled: every later MPI call on it is refused
+        (and the library's calls on its communicator: the request's stall
+        broke the library's context of it, see ``progress.mpi_request``)."""
         self._broken = Stalled("an earlier call on this group stalled, its messages are in "
                                "disarray: " + report)
 
@@ -824,8 +818,8 @@ class MPIAllreduceGroup(dist.ProcessGroup):
             mine[3] = _traffic(receives[0], me, receives[1], 0)
         rows = np.empty((size, 4), np.uint64)
         what = self._what(f"{kind} (its shape agreed)")
-        try:
-            wait_for([comm.Iallgather(mine, rows)], what)
+        try:  # (left by a stall or an interrupt, the library's context of comm breaks too)
+            wait_for([comm.Iallgather(mine, rows)], what, cached_context(comm))
         except Stalled as exc:
             self._stalled(str(exc))
             raise
@@ -861,6 +855,15 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         return work
 
     # --- ours ------------------------------------------------------------------------------
+    def _one_count(self, kind: str, tensors) -> None:
+        """A call of ours given several tensors makes one library call for
+        each: the ranks first agree on how many (:meth:`_agreed`), or a rank
+        given fewer than its peers would meet their next call with its own
+        (where one rank gives one tensor and its peers more, the one rank's
+        call and the others' agreement stall, reported on every rank)."""
+        if len(tensors) > 1:
+            self._agreed(kind, (len(tensors),))
+
     def _no_tensors(self, kind: str):
         """A call of ours given no tensors: an empty call of its own
         (``api.empty_call``), never none at all."""
@@ -877,6 +880,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         if not tensors:
             return self._no_tensors("all_reduce")
         op, factor = _reduction(opts)
+        self._one_count("all_reduce", tensors)
         if factor is not None:
             for tensor in tensors:
                 tensor.mul_(factor)
@@ -929,6 +933,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     @_on_device(ours=True)
     def reduce_scatter(self, outputs, inputs, opts=None):
         op, factor = _reduction(opts)
+        self._one_count("reduce_scatter", outputs)
         for output, parts in zip(outputs, inputs):
             whole = _array(_scaled(torch.cat([p.reshape(-1) for p in parts]), factor))
             _in_place(output, lambda t: collectives.reduce_scatter(
@@ -948,6 +953,9 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     @_refusing
     @_on_device(ours=True)
     def allgather(self, outputs, inputs, opts=None):
+        if len(outputs) != len(inputs):
+            raise ValueError(f"all_gather: {len(outputs)} output lists for {len(inputs)} inputs")
+        self._one_count("all_gather", inputs)
         for output_list, tensor in zip(outputs, inputs):
             counts = [o.numel() for o in output_list]
             whole = torch.empty(sum(counts), dtype=tensor.dtype, device=tensor.device)
@@ -993,6 +1001,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         if not inputs:
             return self._no_tensors("all_gather_into_tensor_coalesced")
+        self._one_count("all_gather_into_tensor_coalesced", inputs)
         for output, tensor in zip(outputs, inputs):
             self.all_gather_single(output, tensor, opts)
         return _Done(outputs)
@@ -1001,6 +1010,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         if not inputs:
             return self._no_tensors("reduce_scatter_tensor_coalesced")
+        self._one_count("reduce_scatter_tensor_coalesced", inputs)
         for output, tensor in zip(outputs, inputs):
             self.reduce_scatter_single(output, tensor, opts)
         return _Done(outputs)
@@ -1044,6 +1054,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         op, factor = _reduction(opts)
         _dense(tensors)
+        self._one_count("reduce", tensors)
         for tensor in tensors:
             work = (tensor.clone() if factor is None else tensor * factor).contiguous()
             allreduce(MPI.IN_PLACE, _array(work), op, comm=self.comm, **_OPTIONS)

@@ -315,9 +315,9 @@ def test_mismatched_calls_stall_and_raise_never_return_wrong(raising_watchdog, w
 
 
 #: each kind of call, given a receive buffer and options: (call, exact result)
-def _refusable(kind, comm, recv, **options):
+def _refusable(kind, comm, recv, sendbuf=None, **options):
     p, r = comm.Get_size(), comm.Get_rank()
-    x = np.arange(4.0 * p) + r
+    x = np.arange(4.0 * p) + r if sendbuf is None else sendbuf
     whole = np.arange(4.0 * p) * p + p * (p - 1) / 2
     if kind == "allreduce":
         return lambda: mar.allreduce(x, recv, comm=comm, **options), whole
@@ -329,11 +329,25 @@ def _refusable(kind, comm, recv, **options):
         return (lambda: mar.reduce_scatter(x, recv[:4], comm=comm, **options),
                 whole[4 * r:4 * r + 4])
     gathered = np.repeat(np.arange(p, dtype=float), 4)
-    return (lambda: mar.allgather(np.full(4, float(r)), recv, comm=comm, **options), gathered)
+    block = np.full(4, float(r)) if sendbuf is None else sendbuf
+    return (lambda: mar.allgather(block, recv, comm=comm, **options), gathered)
+
+
+class _Unexportable:
+    """A CPU array through DLPack whose export fails with BufferError (as a
+    torch tensor that requires grad does): a refusal of no TypeError or
+    ValueError."""
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, **_):
+        raise BufferError("this array cannot be exported")
 
 
 REFUSALS = {
     "read-only recvbuf": lambda recv: (recv.setflags(write=False), {})[1],
+    "send buffer whose export raises BufferError": lambda recv: {"sendbuf": _Unexportable()},
     "unknown algorithm": lambda recv: {"algorithm": "no-such-algorithm"},
     # (refused where the plan is made, against the communicator's size)
     "torus row that does not divide the ranks": lambda recv: {
@@ -346,8 +360,9 @@ REFUSALS = {
                                   "allgather"])
 def test_a_call_refused_on_one_rank_stalls_never_shifts_the_next(raising_watchdog, kind,
                                                                   refusal):
-    """Rank 0 gives bad input (a read-only receive buffer, an unknown
-    algorithm) and goes on; its peers make the call right.  A refusal is no
+    """Rank 0 gives bad input (a read-only receive buffer, a send buffer
+    that cannot be exported, an unknown algorithm) and goes on; its peers
+    make the call right.  A refusal is no
     short cut: rank 0's refused call is an empty call of its own, which
     stalls with the peers' real call (reported on every rank) -- never
     rank 0's next call meeting its peers' refused one (before: wrong sums on
@@ -370,10 +385,10 @@ def test_a_call_refused_on_one_rank_stalls_never_shifts_the_next(raising_watchdo
         try:
             call()
             outcomes.append("returned")
-        except (TypeError, ValueError) as exc:
-            outcomes.append(f"refused: {type(exc).__name__}")
         except mar.Stalled:
             outcomes.append("Stalled")
+        except (TypeError, ValueError, BufferError) as exc:
+            outcomes.append(f"refused: {type(exc).__name__}")
         try:  # the next call, the same on every rank
             again, want = _refusable(kind, comm, np.zeros(4 * p))
             out = again()

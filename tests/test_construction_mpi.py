@@ -1028,3 +1028,114 @@ def test_check_mode_refuses_an_option_every_rank_refuses_on_every_rank(fresh):
     with pytest.raises(mar.ArgumentMismatch, match="row"):
         mar.allreduce(x, comm=fresh, check=True, algorithm="torus", row_size=p + 1)
     np.testing.assert_array_equal(mar.allreduce(x, comm=fresh, check=True), x * p)
+
+
+#: where an interrupt lands before a call's first message: (module, name) of
+#: a function on every kind's path there (api for the all-reduces, Comm and
+#: Fusion through them; collectives for the halves)
+BEFORE_MESSAGES = {
+    "before its set-up": {"api": "_setup", "collectives": "_validated"},
+    "after its set-up": {"api": "refcounts", "collectives": "refcounts"},
+}
+
+
+@pytest.mark.parametrize("where", list(BEFORE_MESSAGES))
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_an_interrupt_before_a_calls_messages_breaks_the_communicator(interrupt_watchdog,
+                                                                      monkeypatch, kind, where):
+    """An interrupt lands on rank 0 in a call before its first message
+    (``where``: before the communicator's set-up, in the first call on it,
+    or once it is set up), and rank 0 calls again: the communicator is
+    broken there (its later call raises Broken at once), the peers stall,
+    and nobody gets a wrong result (before: only the call's guard broke it,
+    so rank 0 skipped a call its peers made and its next call met theirs:
+    wrong sums on both)."""
+    from mpi_allreduce import api, collectives
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank has no peer to leave waiting")
+    comm = world.Dup()
+    rank = comm.Get_rank()
+    if where == "after its set-up":
+        mar.setup(comm)
+    armed = [rank == 0]
+    for module in (api, collectives):
+        name = BEFORE_MESSAGES[where][module.__name__.rsplit(".", 1)[1]]
+        real = getattr(module, name)
+
+        def interrupted(*args, real=real, name=name, **kwargs):
+            if armed[0]:
+                armed[0] = False
+                raise KeyboardInterrupt(f"lands in {name}")
+            return real(*args, **kwargs)
+        monkeypatch.setattr(module, name, interrupted)
+    data = np.arange(COUNT, dtype=np.float64) + rank
+    call, count = KINDS[kind]
+    outcomes = [_outcome(lambda: call(data[:count].copy(), "sum", comm), _exact(kind, comm))
+                for _ in range(2)]
+    monkeypatch.undo()
+    _judge(outcomes, world)
+    comm.Free()
+
+
+def _counts_by_mpi4py(comm, x, out, rank, p):
+    # (rank 0 gives no receive counts: the drop-in exchanges them as mpi4py
+    # does, an MPI_Iallgather on the caller's communicator, where its peers,
+    # which give them, make the library's reduce-scatter)
+    comm.Reduce_scatter(x, out, None if rank == 0 else [2] * p)
+
+
+#: drop-in calls that rank 0 spells so that it takes mpi4py's way (or
+#: mpi4py refuses it) where its peers take the library's
+DIFFERENT_WAYS = {
+    "Reduce_scatter without counts": _counts_by_mpi4py,
+    "Allreduce of a byte-swapped array": lambda comm, x, out, rank, p: comm.Allreduce(
+        x.astype(">f8") if rank == 0 else x, np.zeros(x.size)),
+}
+
+
+@pytest.mark.parametrize("case", list(DIFFERENT_WAYS))
+def test_a_drop_in_call_one_rank_takes_another_way_never_shifts_the_next(raising_watchdog,
+                                                                         case):
+    """Rank 0's drop-in call goes mpi4py's way (or mpi4py refuses it: a
+    BufferError, no TypeError) where its peers' goes the library's: the
+    calls stall on every rank, and rank 0's next call, the same as its
+    peers', never meets the peers' stalled one (before: a stall of the
+    mpi4py way's own MPI request left the library's communicator usable,
+    and rank 0's next call read the peers' stale messages: a wrong sum)."""
+    from mpi_allreduce.engine import ABANDONED
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank takes its own way alone")
+    base = world.Dup()
+    comm, rank, p = mar.Comm(base), base.Get_rank(), base.Get_size()
+    before = len(ABANDONED)
+    outcomes = []
+    for step in range(2):
+        x, out = np.arange(2.0 * p) + rank + 10 * step, np.zeros(2)
+        try:
+            if step == 0:
+                DIFFERENT_WAYS[case](comm, x, out, rank, p)
+                outcomes.append("returned")
+            else:
+                comm.Reduce_scatter(x, out, [2] * p)
+                want = (np.arange(2.0 * p) * p + p * (p - 1) / 2 + 10 * p)[2 * rank:2 * rank + 2]
+                outcomes.append("exact" if np.array_equal(out, want) else "WRONG")
+        except (mar.Broken, BufferError) as exc:  # (Stalled is a Broken)
+            outcomes.append(type(exc).__name__)
+    everyone = world.allgather(outcomes)
+    assert not any("WRONG" in o for o in everyone), everyone
+    assert all(o[0] == "Stalled" for o in everyone), everyone
+    if case.startswith("Reduce_scatter"):  # (rank 0's MPI_Iallgather is still posted on base)
+        if rank:
+            MPI.Intracomm.Iallgather(base, np.array([2], np.int64),
+                                     np.empty(p, np.int64)).Wait()
+        else:
+            for request in ABANDONED[before:]:
+                if isinstance(request, MPI.Request):
+                    request.Wait()
+            del ABANDONED[before:]
+    world.Barrier()
+    base.Free()

@@ -228,6 +228,77 @@ def test_an_empty_half_on_one_rank_stalls_never_shifts_the_next(fresh, watchdog,
     assert any(s for s, _ in everyone), everyone
 
 
+@pytest.mark.parametrize("what", ["reduce_scatter", "allgather"])
+def test_counts_one_rank_gives_as_no_list_stall_never_shift_the_next(fresh, watchdog, what):
+    """Rank 0 gives ``counts`` as a number (refused: counts are a list, one
+    a rank) where its peers give a list: its refusal is no short cut, the
+    calls stall on every rank and the next one, the same everywhere, is
+    exact or stalls (before: the number was read outside the refusal's
+    handling, so rank 0 raised alone and its next call met its peers'
+    refused one, a wrong result on both).  Counts given as an iterator are
+    read once: the call is exact."""
+    _need(fresh)
+    p, r = fresh.Get_size(), fresh.Get_rank()
+
+    def half(counts, step):
+        if what == "reduce_scatter":
+            return mar.reduce_scatter(np.arange(2.0 * p) + r + step, None, "sum", counts,
+                                      comm=fresh)
+        return mar.allgather(np.full(2, float(r + step)), None, counts, comm=fresh)
+
+    def exact(step):
+        if what == "reduce_scatter":
+            return (np.arange(2.0 * p) * p + p * (p - 1) / 2 + p * step)[2 * r:2 * r + 2]
+        return np.repeat(np.arange(p, dtype=float) + step, 2)
+    np.testing.assert_array_equal(half(iter([2] * p), 0).ravel(), exact(0))
+    watchdog(0.5)
+    outcomes = []
+    for step in (1, 2):
+        try:
+            out = half(2 if r == 0 and step == 1 else [2] * p, step)
+            outcomes.append("exact" if np.array_equal(out.ravel(), exact(step)) else "WRONG")
+        except mar.Broken as exc:  # (Stalled is a Broken)
+            outcomes.append(type(exc).__name__)
+        except (TypeError, ValueError) as exc:
+            outcomes.append(f"refused alone: {exc}")
+    everyone = MPI.COMM_WORLD.allgather(outcomes)
+    assert not any("WRONG" in o for o in everyone), everyone
+    assert all(o[0] == "Stalled" for o in everyone), everyone
+
+
+def test_an_array_one_rank_refuses_to_a_fusion_stalls_never_shifts_the_next(fresh, watchdog):
+    """Rank 0 adds a read-only array to a Fusion (refused) and goes on; its
+    peers add it writeable: rank 0's refusal is an empty call of its own,
+    which stalls with its peers' bucket (reported on every rank), never
+    its next bucket meeting theirs (before: a wrong sum on both)."""
+    from mpi_allreduce.fusion import Fusion
+
+    _need(fresh)
+    p, r = fresh.Get_size(), fresh.Get_rank()
+    watchdog(0.5)
+    fusion = Fusion(fresh, bucket_bytes=16)
+    a, b = np.full(4, 1.0 + r), np.full(4, 100.0 + r)
+    if r == 0:
+        a.setflags(write=False)
+    outcomes = []
+    for array in (a, b):
+        try:
+            fusion.add(array)
+            outcomes.append("added")
+        except mar.Broken as exc:  # (Stalled is a Broken)
+            outcomes.append(type(exc).__name__)
+        except ValueError:
+            outcomes.append("refused alone")
+    try:
+        fusion.wait()
+        outcomes.append("exact" if (b == sum(100.0 + q for q in range(p))).all() else "WRONG")
+    except mar.Broken as exc:
+        outcomes.append(type(exc).__name__)
+    everyone = MPI.COMM_WORLD.allgather(outcomes)
+    assert not any("WRONG" in o or "alone" in o for o in everyone), everyone
+    assert everyone[0][0] == "Stalled" and all("Stalled" in o for o in everyone), everyone
+
+
 #: what ranks may name differently for the halves' messages (radix 2 and 3
 #: are one radix at 2 ranks, where k-nomial lowers it to p)
 HALVES_OPTIONS = {

@@ -233,3 +233,25 @@ def test_checked_dtype_op_pairs_stay_bounded_however_many_dtypes_a_program_makes
         assert len(ops._VALID_PAIRS) <= ops.MAX_VALID_PAIRS
     with pytest.raises(TypeError):
         ops.check_dtype(np.dtype([(f"v{n}", "f8"), ("i", "i4")]), ops.resolve_op("sum"))
+
+
+def test_structured_dtypes_committed_types_stay_bounded_and_held_ones_are_kept():
+    """A new structured dtype per call: at most ``MAX_TYPES`` committed MPI
+    datatypes are remembered (wire types too); one let go while something
+    still holds it (a kept call's messages) is freed only once nothing does."""
+    from mpi4py import MPI
+
+    from mpi_allreduce import executor
+
+    def dtype(n):
+        return np.dtype([(f"value{n}", "f8"), (f"index{n}", "i8")])
+    held = executor.element_type(dtype(-1))
+    for n in range(3 * executor.MAX_TYPES):
+        executor.element_type(dtype(n))
+        assert len(executor._ELEMENT_TYPES) <= executor.MAX_TYPES
+        assert executor.wire_type.cache_info().currsize <= executor.MAX_TYPES
+    assert any(t is held for t in executor._RETIRED)
+    assert held.Get_size() == 16 and held != MPI.DATATYPE_NULL  # (still usable)
+    del held
+    executor.element_type(dtype(10 ** 6))  # (an eviction frees what nothing holds)
+    assert executor._RETIRED == []

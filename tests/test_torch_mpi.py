@@ -1201,6 +1201,73 @@ def test_a_call_the_backend_refuses_on_one_rank_stalls_never_shifts_the_next(doo
     assert [o[0] for o in everyone] == ["Stalled"] * p, everyone
 
 
+def _several(group, p: int, n: int) -> dict:
+    """Calls of ours given ``n`` tensors: one library call for each."""
+    def all_gather_coalesced():
+        with warnings.catch_warnings():  # (torch calls it deprecated)
+            warnings.simplefilter("ignore")
+            dist.all_gather_coalesced([[torch.empty(2) for _ in range(n)] for _ in range(p)],
+                                      [torch.ones(2) for _ in range(n)], group=group)
+
+    def all_gather_into_tensor_coalesced():
+        with dist._coalescing_manager(group=group):
+            for _ in range(n):
+                dist.all_gather_into_tensor(torch.empty(2 * p), torch.ones(2), group=group)
+
+    def reduce_scatter_tensor_coalesced():
+        with dist._coalescing_manager(group=group):
+            for _ in range(n):
+                dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * p), group=group)
+    return {"all_gather_coalesced": all_gather_coalesced,
+            "all_gather_into_tensor_coalesced": all_gather_into_tensor_coalesced,
+            "reduce_scatter_tensor_coalesced": reduce_scatter_tensor_coalesced}
+
+
+@pytest.mark.parametrize("case", ["all_gather_coalesced", "all_gather_into_tensor_coalesced",
+                                  "reduce_scatter_tensor_coalesced"])
+def test_calls_given_different_numbers_of_tensors_stall_never_shift_the_next(doomed, case):
+    """Rank 0 gives two tensors where its peers give one (each a library
+    call of its own): the ranks first agree on how many, so the calls stall
+    on every rank and the next all-reduce is exact or stalls (before: rank
+    0's second call met its peers' next one, a wrong result on both)."""
+    import mpi_allreduce as mar
+
+    p, r = doomed.p, doomed.r
+    outcomes = []
+    try:
+        _several(doomed.group, p, 2 if r == 0 else 1)[case]()
+        outcomes.append("returned")
+    except mar.Broken as exc:  # (Stalled is a Broken)
+        outcomes.append(type(exc).__name__)
+    t = torch.full((3,), float(r + 1))
+    try:
+        dist.all_reduce(t, group=doomed.group)
+        outcomes.append("right" if (t == p * (p + 1) / 2).all() else "WRONG")
+    except mar.Broken as exc:
+        outcomes.append(type(exc).__name__)
+    everyone = doomed.everyone(outcomes)
+    assert not any("WRONG" in o for o in everyone), everyone
+    assert [o[0] for o in everyone] == ["Stalled"] * p, everyone
+
+
+@pytest.mark.parametrize("case", ["all_gather_coalesced", "all_gather_into_tensor_coalesced",
+                                  "reduce_scatter_tensor_coalesced"])
+def test_calls_given_numbers_of_tensors_that_differ_raise_on_every_rank(group, case):
+    """Every rank gives several tensors, rank 0 more than its peers: every
+    rank raises ArgumentMismatch before a library call, and the group stays
+    usable."""
+    import mpi_allreduce as mar
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p == 1:
+        pytest.skip("one rank cannot disagree")
+    with pytest.raises(mar.ArgumentMismatch):
+        _several(None, p, 3 if r == 0 else 2)[case]()
+    t = torch.full((3,), float(r + 1))
+    dist.all_reduce(t)
+    assert (t == p * (p + 1) / 2).all()
+
+
 @pytest.mark.parametrize("case", _REFUSED)
 def test_a_call_every_rank_refuses_raises_everywhere_and_the_next_is_exact(group, case):
     """Every rank's backend refuses the call: every rank raises its refusal
