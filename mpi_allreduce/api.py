@@ -303,6 +303,15 @@ def empty_call(comm: MPI.Intracomm, what: str) -> None:
 REFUSED = "refused"
 
 
+def _refusals_call(comm) -> None:
+    """The empty call a refusal makes (salt :data:`REFUSED`): a blocking
+    one, whose tag comes from its spec -- a call refused for want of tags
+    (``TagsExhausted``) could take none for a non-blocking one."""
+    call = _setup(MPI.IN_PLACE, np.empty(0, np.int32), "sum", comm, options("allreduce"),
+                  REFUSED)
+    runner(context_for(comm), call)()
+
+
 def refused(comm, exc: Exception) -> NoReturn:
     """Raise ``exc``, the refusal of a call on this rank before any message
     (its arguments or its options): on a communicator of several ranks,
@@ -323,7 +332,7 @@ def refused(comm, exc: Exception) -> NoReturn:
     if context is not None and context.broken is not None:
         raise exc  # (it makes no call again: no later call can meet a peer's)
     try:
-        empty_call(comm, REFUSED)
+        _refusals_call(comm)
     except Stalled as stall:
         raise Stalled(f"{stall} -- this rank refused the call ({type(exc).__name__}: {exc}), "
                       "its peers made it") from exc

@@ -94,7 +94,7 @@ def _reduce_scatter(sendbuf, recvbuf, op, counts, comm, algorithm, check, segmen
     send, recv, blocks, datatype = _validated(
         validate, comm, opts, "reduce_scatter",
         lambda v: {"counts": v[2], "dtype": dtype_label(v[1].dtype),
-                   "op": spec_label(op, v[1].dtype, v[3])})
+                   "op": spec_label(op, v[1].dtype, v[3], sum(v[2]))})
     return _run(comm, "reduce_scatter", send, recv, blocks, op, opts, datatype, user)
 
 
@@ -239,7 +239,7 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, opts: Options, datatype
     context = context_for(comm)
     # in place or not is each rank's own affair: in the cache key, not the spec
     spec = CallSpec(what, opts.algorithm, context.size, sum(blocks), dtype_label(dtype),
-                    spec_label(op, dtype, datatype), segment,
+                    spec_label(op, dtype, datatype, sum(blocks)), segment,
                     algorithm_options(opts.algorithm, opts, context.size),
                     blocks=blocks)
     key = (spec, op.identity, backend, send is None)

@@ -49,7 +49,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import api, collectives, progress
-from .context import setup
+from .context import broken_by, setup
 from .engine import blocking_collective, duplicate, wait_for_call
 from .backend import backend_for
 from .buffers import message, names_memory
@@ -162,8 +162,13 @@ class _TheirPersistent:
     def Start(self) -> None:  # noqa: N802
         if self._started is not None:
             raise RequestError("start() of a persistent request already active: wait() first")
-        self._prequest.Start()
-        self._started = progress.mpi_request([self._prequest], self._what, self._comm)
+        setup(self._comm)  # (on a communicator the library broke, it raises as every call does)
+        try:
+            self._prequest.Start()
+            self._started = progress.mpi_request([self._prequest], self._what, self._comm)
+        except BaseException as exc:  # (started on this rank, or not: its peers cannot tell)
+            broken_by(self._comm, exc, self._what)
+            raise
 
     def Wait(self, status=None) -> bool:  # noqa: N802
         if self._started is not None:
@@ -186,6 +191,15 @@ class _TheirPersistent:
 
     def wait(self):
         self.Wait()
+
+    def __enter__(self) -> "_TheirPersistent":
+        return self
+
+    def __exit__(self, *exc) -> None:  # (as the library's own PersistentRequest)
+        if self._started is not None and exc[0] is None:
+            self.Wait()
+        if self._started is None and self._prequest != MPI.REQUEST_NULL:
+            self.Free()
 
 
 class Comm(MPI.Intracomm):

@@ -224,7 +224,12 @@ class Context:
         return _unpickled(everything, sizes)
 
     def refusal(self) -> Broken:
-        """The error a call on a broken communicator raises (a fresh one each time)."""
+        """The error a call on a broken communicator raises (a fresh one each
+        time; one whose set-up never ran on this rank, say from another
+        thread's interrupt as it began, is broken too)."""
+        if self.broken is None:
+            return Broken("the set-up of this communicator did not complete on this rank: the "
+                          "library will not use it (free it and go on with a new one)")
         return type(self.broken)(*self.broken.args)
 
     def table(self, tuning) -> DecisionTable:
@@ -295,7 +300,10 @@ class Context:
             self._slot_of[mine] = slot
             return tag
         except TagsExhausted:
-            raise  # (every rank holds the same calls: every rank refuses this one)
+            # (not counted: a refusal, api.left -- where only this rank holds
+            # more, its peers' call stalls with the refusal's empty call)
+            made[persistent] = number
+            raise
         except BaseException as exc:
             # an interrupt here: this rank counted a call its peers may not
             # have, so its later calls' tags would be theirs shifted by one
@@ -606,8 +614,8 @@ def context_for(comm: MPI.Intracomm) -> Context:
         context = comm.Get_attr(_KEYVAL)
         if context is None:
             context = Context(comm)
-            comm.Set_attr(_KEYVAL, context)
-            try:
+            try:  # (attached in the try: an interrupt as it is attached breaks it too)
+                comm.Set_attr(_KEYVAL, context)
                 context.set_up(comm)
             except BaseException as exc:
                 context.breaks(exc, "its set-up")
@@ -654,9 +662,14 @@ def setup(comm: MPI.Intracomm) -> None:
     from one thread before threads start calls on their own communicators
     (concurrent first uses on several communicators can deadlock in the MPI
     library's communicator creation), or to keep that cost out of a timed
-    first call.  A communicator of one rank needs none."""
+    first call.  A communicator of one rank needs none.  On a communicator
+    the library broke on this rank (see :meth:`Context.breaks`) it raises
+    that error, as every call does: what is made on it after set-up (the
+    drop-in ``Comm``'s calls handed to mpi4py) must not be made either."""
     if comm.Get_size() > 1:
-        context_for(comm)
+        context = context_for(comm)
+        if context.broken is not None:
+            raise context.refusal()
 
 
 def release(comm: MPI.Intracomm) -> None:

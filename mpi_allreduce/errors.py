@@ -77,8 +77,10 @@ class TagsExhausted(RuntimeError):
 
 #: the library's own errors, each dealt with where it is raised: check mode's
 #: verdict (every rank raises it), a broken or stalled communicator, a
-#: second thread's call, a request used out of turn, a tag still held
-OWN_ERRORS = (ArgumentMismatch, Broken, ConcurrentCall, RequestError, TagsExhausted)
+#: second thread's call, a request used out of turn.  (TagsExhausted is
+#: not among them: it is this rank's refusal of a call, which may be its
+#: alone -- frees and waits are each rank's own -- see api.left.)
+OWN_ERRORS = (ArgumentMismatch, Broken, ConcurrentCall, RequestError)
 
 
 def failed(comm: MPI.Comm, exc: BaseException, what: str) -> None:

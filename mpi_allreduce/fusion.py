@@ -68,7 +68,7 @@ from .backend import as_array, backend_for
 from .buffers import names_memory
 from .context import cached_context
 from .errors import RequestError
-from .ops import dtype_label
+from .ops import check_dtype, dtype_label, resolve_op
 from .options import Options, options
 
 __all__ = ["Fusion", "bucket_bounds", "DEFAULT_BUCKET_BYTES"]
@@ -234,7 +234,7 @@ class Fusion:
     def add(self, array) -> None:
         """Queue ``array`` (reduced in place; do not touch it until
         :meth:`wait`).  Starts the bucket it fills."""
-        try:
+        try:  # (whatever leaves the add before it queues the array: api.left)
             if not names_memory(array):
                 raise TypeError(f"fused arrays are reduced in place: give an array or a buffer, "
                                 f"not a {type(array).__name__} (it would be copied, and the "
@@ -242,12 +242,16 @@ class Fusion:
             array = as_array(array)
             if not backend_for(array).is_writeable(array):
                 raise ValueError("fused arrays are reduced in place: this one is read-only")
+            op = resolve_op(self.op)  # (refused here, never as its bucket starts)
+            check_dtype(array.dtype, op)
+            if backend_for(array).device and not op.device:
+                raise TypeError(f"op {op.name!r} runs on host memory only")
             key = (dtype_label(array.dtype), backend_for(array))
-        except Exception as exc:  # noqa: BLE001 - a refusal, of any type
-            # (a refusal of the library's kind, api.left: where only this
-            # rank refuses an array, its peers' bucket with it stalls with
-            # this rank's empty call, reported, instead of meeting its next
-            # bucket; an interrupt here has not added, and passes)
+        except BaseException as exc:
+            # (a refusal of the library's kind: where only this rank refuses
+            # an array, its peers' bucket with it stalls with this rank's
+            # empty call, reported, instead of meeting its next bucket; an
+            # interrupt breaks the communicator)
             left(self.comm, exc)
         bucket = self._open.get(key)
         launched = self._launched
@@ -262,17 +266,17 @@ class Fusion:
             if bucket.nbytes >= self.bucket_bytes:
                 self._start(key)
         except BaseException as exc:
-            # (an interrupt, say: an add that raises has not added, so a retry
-            # adds the array once -- taken back from a bucket not yet started;
-            # where it launched a bucket, that bucket's messages may be in
-            # flight and its arrays are no longer queued: the communicator is
-            # broken, as by any call an exception leaves)
+            # an add that raises has not added (the array taken back from a
+            # bucket not yet started), but where it launched a bucket, that
+            # bucket's messages may be in flight; and an interrupt may come
+            # as well where a rank goes on without the array as where it adds
+            # it again -- its peers' buckets cannot tell: the communicator is
+            # broken, as by any call an exception leaves
             if self._launched == launched and self._open.get(key) is bucket:
                 if bucket.arrays and bucket.arrays[-1] is array:
                     bucket.arrays.pop()
                 bucket.nbytes = sum(a.nbytes for a in bucket.arrays)
-            else:
-                self._breaks(exc, "Fusion.add")
+            self._breaks(exc, "Fusion.add")
             raise
 
     def _breaks(self, exc: BaseException, what: str) -> None:

@@ -280,17 +280,18 @@ def resolve_op(op) -> Op:
     raise TypeError(f"op must be an MPI.Op, a string or a callable, got {type(op).__name__}")
 
 
-def spec_label(op: Op, dtype, datatype=None) -> str:
+def spec_label(op: Op, dtype, datatype=None, count: Optional[int] = None) -> str:
     """The op's identity in a call's spec (and in check mode's agreement):
     :attr:`Op.stable`; for a user op its caller did not name also what it
     computes on this dtype (:func:`_behaviour`).  Two user ops that share a
     name -- two lambdas, or ``MPI.Op.Create`` ops, whose handles say nothing
     across ranks -- but reduce differently then give their calls different
     fingerprints, so ranks that disagree about the op stall and are
-    reported instead of combining two reductions."""
+    reported instead of combining two reductions.  ``count``: the call's
+    elements (see :func:`_behaviour`)."""
     if not op.probed:
         return op.stable
-    return f"{op.stable}/{_behaviour(op, np.dtype(dtype), datatype)}"
+    return f"{op.stable}/{_behaviour(op, np.dtype(dtype), datatype, count)}"
 
 
 #: lengths of the vectors a user op is tried on, the next where it raises on
@@ -298,17 +299,25 @@ def spec_label(op: Op, dtype, datatype=None) -> str:
 _PROBES = (4, 12, 60)
 
 
-def _behaviour(op: Op, dtype: np.dtype, datatype=None) -> str:
+def _behaviour(op: Op, dtype: np.dtype, datatype=None, count: Optional[int] = None) -> str:
     """A digest of ``a OP b`` for two fixed vectors of ``dtype`` (their
     bytes a fixed pattern, booleans 0 or 1; of the bytes that carry values,
     :func:`value_bytes`): the op is called on host memory each time a call
     of a new shape is planned, with the element datatype its reductions
     use.  An op that raises on every probe is ``unprobed`` (alike on every
-    rank that has it: it is then told apart by its name alone)."""
-    if op.function is None and datatype is None:
-        from .executor import element_type
-        datatype = element_type(dtype)
-    for length in _PROBES:
+    rank that has it: it is then told apart by its name alone).  An
+    ``MPI.Op`` is tried on one vector only, as long as the call's
+    (``count``; at most the longest probe): mpi4py ends the job where the
+    Python function behind one raises, so it is never given a length its
+    call does not give it (an op on records of the call's length, say)."""
+    lengths = _PROBES
+    if op.function is None:
+        if count is not None:
+            lengths = (min(count, _PROBES[-1]),) if count else ()
+        if datatype is None:
+            from .executor import element_type
+            datatype = element_type(dtype)
+    for length in lengths:
         n = dtype.itemsize * length
         first = np.array([(37 * i + 11) % 251 for i in range(n)], dtype=np.uint8)
         second = np.array([(53 * i + 29) % 241 for i in range(n)], dtype=np.uint8)

@@ -59,7 +59,7 @@ def spec_of(context: Context, call: Call, name: str) -> CallSpec:
     else:
         options = algorithm_options(name, call.options, context.size)
     return CallSpec("allreduce", name, context.size, count, dtype_label(dtype),
-                    spec_label(call.op, dtype, call.datatype), call.segment_size, options,
+                    spec_label(call.op, dtype, call.datatype, count), call.segment_size, options,
                     salt=call.salt)
 
 

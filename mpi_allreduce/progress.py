@@ -347,13 +347,21 @@ class PersistentRequest(Request):
                                    "(wait() for it first)")
             raise RequestError("start() on a freed request")
         op = self._op
-        if op is not None and op.round is not None:  # the one-round fast path: _begin, inline
-            self._round = op.round  # (dropped by a callback's start: add_done_callback)
-            self._start()
-            op.started()
-            self._state, self._error = "active", None
-            return
-        self._begin()
+        try:
+            if op is not None and op.round is not None:  # the one-round fast path: _begin, inline
+                self._round = op.round  # (dropped by a callback's start: add_done_callback)
+                self._start()
+                op.started()
+                self._state, self._error = "active", None
+                return
+            self._begin()
+        except BaseException as exc:
+            # (an interrupt as the start begins or ends, outside its guard:
+            # this rank may have started the call or not, its peers cannot
+            # tell -- a later start would meet their next one)
+            if op is not None and op.context is not None:
+                op.context.breaks(exc, "the start of a " + op.kind)
+            raise
 
     def Start(self) -> None:  # noqa: N802
         self.start()

@@ -76,11 +76,11 @@ from mpi4py import MPI
 from torch.futures import Future
 
 from . import collectives
-from .api import allreduce, empty_call, iallreduce, left
+from .api import allreduce, empty_call, iallreduce, left, refused_everywhere
 from .backend import device_view, has_device_arrays, on_stream
-from .context import cached_context, release, setup
+from .context import broken_by, cached_context, release, setup
 from .engine import ENGINE, duplicate, mpi_threads, wait_for, wait_for_call
-from .errors import ArgumentMismatch, Broken, Stalled
+from .errors import OWN_ERRORS, ArgumentMismatch, Broken, Stalled
 from .ops import tagged
 from .options import keywords_for, options as resolve_options
 from .progress import mpi_request
@@ -749,14 +749,27 @@ def _prepared(run) -> tuple:
         return None, exc
 
 
-def _unless_broken(method):
-    """MPI's calls on a group where one stalled raise the stall again, before
-    posting anything: their messages could meet the stalled call's."""
+def _mpi_side(method):
+    """One of MPI's calls on the group (broadcast, gather, scatter,
+    all-to-all, send/recv, barrier).  On a group where one stalled or was
+    left by an exception, or whose communicator the library broke, it
+    raises that again before posting anything: its messages could meet the
+    earlier call's.  And whatever leaves it on this rank, but its agreed
+    verdict (:meth:`MPIAllreduceGroup._agreed`: every rank raised it) and
+    the library's own errors, breaks the group and the library's
+    communicator there: an interrupt between the agreement and the post,
+    say, leaves this rank one collective behind its peers."""
+    name = method.__name__
+
     @functools.wraps(method)
     def checked(self, *args, **kwargs):
-        if self._broken is not None:
-            raise type(self._broken)(str(self._broken))
-        return method(self, *args, **kwargs)
+        self._refuse_if_broken()
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException as exc:
+            if not (isinstance(exc, OWN_ERRORS) or refused_everywhere(exc)):
+                self._breaks(exc, name)
+            raise
     return checked
 
 
@@ -779,6 +792,21 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         comm = self.comm
         return (f"{kind} on the {BACKEND} backend's group of {comm.Get_size()} ranks "
                 f"(rank {comm.Get_rank()} here)")
+
+    def _refuse_if_broken(self) -> None:
+        """Raise as a call on a broken group (or communicator) does."""
+        if self._broken is not None:
+            raise type(self._broken)(str(self._broken))
+        context = cached_context(self.comm)
+        if context is not None and context.broken is not None:
+            raise context.refusal()
+
+    def _breaks(self, exc: BaseException, what: str) -> None:
+        """``exc`` left an MPI-side call on this rank: the group, and the
+        library's communicator, are broken here."""
+        self._broken = Broken(f"an earlier call on this group ({what}) was left by "
+                              f"{type(exc).__name__}: {exc}; its messages are in disarray")
+        broken_by(self.comm, exc, self._what(what))
 
     def _stalled(self, report: str) -> None:
         """A call on the group stalled: every later MPI call on it is refused
@@ -807,6 +835,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         size = comm.Get_size()
         if size == 1:
             if error is not None:
+                error.refused_everywhere = True
                 raise error
             return
         me = comm.Get_rank()
@@ -827,23 +856,27 @@ class MPIAllreduceGroup(dist.ProcessGroup):
             self._broken = Broken(f"an earlier call on this group ({what}) was left by "
                                   f"{type(exc).__name__}: {exc}; its messages are in disarray")
             raise
-        if error is not None:
-            raise error
-        refused = [r for r in range(size) if rows[r, 1]]
-        if refused:
-            raise ArgumentMismatch(f"{kind}: rank(s) {refused} of this group refused their "
-                                   "arguments; no rank sent anything")
-        other = [r for r in range(size) if rows[r, 0] != rows[0, 0]]
-        if other:
-            raise ArgumentMismatch(
-                f"{kind}: the ranks disagree about the call (the root, the tensors' dtypes "
-                f"or sizes): rank(s) {other} differ from rank 0; this rank has {shape}; "
-                "no rank sent anything")
-        if rows[:, 2].sum(dtype=np.uint64) != rows[:, 3].sum(dtype=np.uint64):
-            raise ArgumentMismatch(
-                f"{kind}: what the ranks send each other does not match what they expect to "
-                "receive (split sizes or tensor sizes that differ by pair); no rank sent "
-                "anything")
+        try:  # (the verdict, the same on every rank: it breaks nothing, see _mpi_side)
+            if error is not None:
+                raise error
+            refused = [r for r in range(size) if rows[r, 1]]
+            if refused:
+                raise ArgumentMismatch(f"{kind}: rank(s) {refused} of this group refused their "
+                                       "arguments; no rank sent anything")
+            other = [r for r in range(size) if rows[r, 0] != rows[0, 0]]
+            if other:
+                raise ArgumentMismatch(
+                    f"{kind}: the ranks disagree about the call (the root, the tensors' dtypes "
+                    f"or sizes): rank(s) {other} differ from rank 0; this rank has {shape}; "
+                    "no rank sent anything")
+            if rows[:, 2].sum(dtype=np.uint64) != rows[:, 3].sum(dtype=np.uint64):
+                raise ArgumentMismatch(
+                    f"{kind}: what the ranks send each other does not match what they expect to "
+                    "receive (split sizes or tensor sizes that differ by pair); no rank sent "
+                    "anything")
+        except Exception as verdict:
+            verdict.refused_everywhere = True
+            raise
 
     def _started(self, kind: str, requests, result, opts, after=(),
                  status=None) -> "dist.Work":
@@ -1033,7 +1066,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
 
     # --- MPI's (bytes: every dtype travels as it is) ------------------------------------
     @_on_device(ours=False)
-    @_unless_broken
+    @_mpi_side
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         parts, error = _prepared(lambda: [(_bytes(_array(work)), back)
@@ -1063,7 +1096,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         return _Done(tensors)
 
     @_on_device(ours=False)
-    @_unless_broken
+    @_mpi_side
     def gather(self, outputs, inputs, opts=None):
         root = opts.rootRank if opts is not None else 0
         is_root = self.comm.Get_rank() == root
@@ -1084,7 +1117,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         return self._started("gather", [request], outputs, opts, [unpack])
 
     @_on_device(ours=False)
-    @_unless_broken
+    @_mpi_side
     def scatter(self, outputs, inputs, opts=None):
         root = opts.rootRank if opts is not None else 0
         is_root = self.comm.Get_rank() == root
@@ -1106,7 +1139,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                              [back] if back is not None else [])
 
     @_on_device(ours=False)
-    @_unless_broken
+    @_mpi_side
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
                       opts=None):
         size = self.comm.Get_size()
@@ -1132,7 +1165,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                              [back] if back is not None else [])
 
     @_on_device(ours=False)
-    @_unless_broken
+    @_mpi_side
     def alltoall(self, outputs, inputs, opts=None):
         size = self.comm.Get_size()
         error = None
@@ -1164,14 +1197,14 @@ class MPIAllreduceGroup(dist.ProcessGroup):
         return self._started("all_to_all", [request], outputs, opts, [unpack])
 
     @_on_device(ours=False)
-    @_unless_broken
+    @_mpi_side
     def send(self, tensors, dst, tag=0):
         requests = [self.comm.Isend(_bytes(_array(_contiguous(t)[0])), dst, tag=tag)
                     for t in tensors]
         return self._started("send", requests, tensors, None)
 
     @_on_device(ours=False)
-    @_unless_broken
+    @_mpi_side
     def recv(self, tensors, src, tag=0, status=None):
         requests, after = [], []
         for tensor in tensors:
@@ -1189,7 +1222,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
             raise ValueError(f"recv from any source takes one tensor, got {len(tensors)}")
         return self.recv(tensors, MPI.ANY_SOURCE, tag, MPI.Status())
 
-    @_unless_broken
+    @_mpi_side
     def barrier(self, opts=None):
         # (agreed as MPI's other collectives are: a barrier on one rank where
         # its peers broadcast is told apart, not matched with theirs)

@@ -113,7 +113,7 @@ def arguments(call: Optional[Call]):
     return {
         "count": int(call.recv.size),
         "dtype": dtype_label(call.recv.dtype),
-        "op": spec_label(call.op, call.recv.dtype, call.datatype),
+        "op": spec_label(call.op, call.recv.dtype, call.datatype, int(call.recv.size)),
         "algorithm": call.algorithm,
         "segment_size": call.segment_size,
         "ranks_per_node": call.ranks_per_node,

@@ -1038,6 +1038,59 @@ def test_an_interrupt_in_an_all_reduce_breaks_its_group_never_a_wrong_result(
     _judge(_interrupted_by_a_timer(call, exact, r), MPI.COMM_WORLD)
 
 
+def test_an_interrupt_in_a_broadcasts_wait_breaks_its_group_never_a_wrong_result(
+        group, interrupt_watchdog, monkeypatch):
+    """Ctrl-C lands on rank 0 as it waits in a broadcast (MPI's call, its
+    shape agreed) for a root that posts late; rank 0 raises the
+    KeyboardInterrupt, then Broken when it broadcasts again, and the
+    library's all-reduce on the group raises too (before: an interrupt
+    there left the group usable, and the retried broadcast met the root's
+    next one, a wrong result); the root never gets a wrong one."""
+    import signal
+    import threading
+
+    import numpy as np
+
+    import mpi_allreduce as mar
+    from mpi_allreduce import torch as backend
+
+    from .test_construction_mpi import _judge, _outcome
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p == 1:
+        pytest.skip("one rank has no peer to leave waiting")
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals land on the main thread")
+    sub = dist.new_group(list(range(p)))  # (left unusable)
+    root, real = p - 1, backend.MPIAllreduceGroup._agreed
+    if r == root:
+        def late(self, *args, **kwargs):  # (the root posts its broadcast 1 s late)
+            real(self, *args, **kwargs)
+            time.sleep(1.0)
+        monkeypatch.setattr(backend.MPIAllreduceGroup, "_agreed", late)
+
+    def call():
+        t = torch.full((4,), float(r))
+        dist.broadcast(t, src=root, group=sub)
+        return t.numpy()
+    outcomes = []
+    for attempt in range(2):
+        previous = signal.getsignal(signal.SIGALRM)
+        if r == 0 and attempt == 0:
+            signal.signal(signal.SIGALRM, signal.default_int_handler)
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            outcomes.append(_outcome(call, np.full(4, float(root))))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    monkeypatch.undo()
+    if r == 0:
+        with pytest.raises(mar.Broken):
+            dist.all_reduce(torch.ones(2), group=sub)
+    _judge(outcomes, MPI.COMM_WORLD)
+
+
 def _shape_cases(p: int, r: int) -> dict:
     """MPI-side collectives whose ranks disagree about the shape (rank 1
     differs; rank 0 is the root): each a function that makes the call and
