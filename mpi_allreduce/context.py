@@ -663,7 +663,7 @@ def setup(comm: MPI.Intracomm) -> None:
     (concurrent first uses on several communicators can deadlock in the MPI
     library's communicator creation), or to keep that cost out of a timed
     first call.  A communicator of one rank needs none.  On a communicator
-    the library broke on this rank (see :meth:`Context.breaks`) it raises
+    the library broke on this rank (see ``Context.breaks``) it raises
     that error, as every call does: what is made on it after set-up (the
     drop-in ``Comm``'s calls handed to mpi4py) must not be made either."""
     if comm.Get_size() > 1:

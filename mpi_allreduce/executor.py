@@ -102,7 +102,7 @@ def element_type(dtype: np.dtype) -> MPI.Datatype:
     """The MPI datatype of one element of ``dtype`` (predefined where there
     is one; pair and other structured types built and committed once, and
     freed when they are among the least recently used of more than
-    :data:`MAX_TYPES` and nothing holds them)."""
+    ``MAX_TYPES`` and nothing holds them)."""
     made = _ELEMENT_TYPES.get(dtype)
     if made is not None:
         _ELEMENT_TYPES.move_to_end(dtype)
