@@ -315,29 +315,37 @@ def _refusals_call(comm) -> None:
 def refused(comm, exc: Exception) -> NoReturn:
     """Raise ``exc``, the refusal of a call on this rank before any message
     (its arguments or its options): on a communicator of several ranks,
-    after an empty call of its own (:func:`empty_call`, salt
-    :data:`REFUSED`) -- a refusal is no short cut either.  Where every rank
+    after an empty call of its own (a blocking one, salt :data:`REFUSED`)
+    -- a refusal is no short cut either.  Where every rank
     refuses the call (the same bad input everywhere) their empty calls meet
     and every rank raises its own error; where only some ranks do, their
     empty calls stall with their peers' real call (reported; the
     :class:`~mpi_allreduce.errors.Stalled` raised here says why, its cause
     the refusal) instead of their next call meeting the peers' refused one
     (before: a wrong result on both).  ``check=True``'s verdict, which every
-    rank reached together, is raised at once."""
+    rank reached together, is raised at once.  An interrupt before the
+    empty call's guard breaks the communicator (as :func:`left` does)."""
     if isinstance(exc, ArgumentMismatch) or not isinstance(comm, MPI.Intracomm) \
             or comm == MPI.COMM_NULL or comm.Get_size() == 1 \
             or getattr(_DEFERRED, "on", False):
         raise exc
-    context = cached_context(comm)
-    if context is not None and context.broken is not None:
-        raise exc  # (it makes no call again: no later call can meet a peer's)
     try:
+        context = cached_context(comm)
+        if context is not None and context.broken is not None:
+            raise exc  # (it makes no call again: no later call can meet a peer's)
         _refusals_call(comm)
     except Stalled as stall:
+        if stall is exc:
+            raise
         raise Stalled(f"{stall} -- this rank refused the call ({type(exc).__name__}: {exc}), "
                       "its peers made it") from exc
     except Exception as other:  # (check mode's verdict on the empty calls, say)
+        if other is exc:
+            raise
         raise other from exc
+    except BaseException as interrupt:  # (before the empty call's guard: see left)
+        broken_by(comm, interrupt, "a refused call, interrupted before its empty call")
+        raise
     exc.refused_everywhere = True  # (see refused_everywhere)
     raise exc
 

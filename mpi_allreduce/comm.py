@@ -43,7 +43,7 @@ stall (reported) instead of meeting.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, NoReturn, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -75,6 +75,14 @@ def _plain(sendbuf, recvbuf) -> bool:
     return type(recvbuf) is _ndarray and (
         sendbuf is None or sendbuf is _IN_PLACE
         or type(sendbuf) is _ndarray and sendbuf is not recvbuf and sendbuf.flags.c_contiguous)
+
+
+def _left(comm, exc: BaseException) -> NoReturn:
+    """:func:`~mpi_allreduce.api.left` for the drop-in's calls: this
+    thread's refusals are final again first (an interrupt may have left
+    :func:`_deferred` before it said so)."""
+    _DEFERRED.on = False
+    api.left(comm, exc)
 
 
 def _deferred(run) -> Optional[Exception]:
@@ -267,9 +275,9 @@ class Comm(MPI.Intracomm):
                     refused = exc
                 finally:
                     _DEFERRED.on = False
+            self._allreduce(sendbuf, recvbuf, op, refused)
         except BaseException as exc:
-            api.left(self, exc)
-        self._allreduce(sendbuf, recvbuf, op, refused)
+            _left(self, exc)
 
     def _allreduce(self, sendbuf, recvbuf, op, refused) -> None:
         # (apart from Allreduce: its closures would cost every call of it)
@@ -298,48 +306,58 @@ class Comm(MPI.Intracomm):
                                   MPI.INFO_NULL if info is None else info)), persistent=True))
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM) -> None:  # noqa: N802
-        refused = None
-        if _plain(sendbuf, recvbuf):
-            refused = _deferred(lambda: collectives.reduce_scatter(
-                sendbuf, recvbuf, op, comm=self, **self._halves_options()))
-            if refused is None:
-                return
-        self._call("reduce_scatter_block", sendbuf, recvbuf, op, None, refused,
-                   lambda send, recv, _: collectives.reduce_scatter(
-                       send, recv, op, comm=self, **self._halves_options()),
-                   lambda: self._theirs("Reduce_scatter_block",
-                                        lambda: MPI.Intracomm.Ireduce_scatter_block(
-                                            self, sendbuf, recvbuf, op)))
+        try:  # (whatever leaves the call on this rank: _left)
+            refused = None
+            if _plain(sendbuf, recvbuf):
+                refused = _deferred(lambda: collectives.reduce_scatter(
+                    sendbuf, recvbuf, op, comm=self, **self._halves_options()))
+                if refused is None:
+                    return
+            self._call("reduce_scatter_block", sendbuf, recvbuf, op, None, refused,
+                       lambda send, recv, _: collectives.reduce_scatter(
+                           send, recv, op, comm=self, **self._halves_options()),
+                       lambda: self._theirs("Reduce_scatter_block",
+                                            lambda: MPI.Intracomm.Ireduce_scatter_block(
+                                                self, sendbuf, recvbuf, op)))
+        except BaseException as exc:
+            _left(self, exc)
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM) -> None:  # noqa: N802
-        refused = None
-        if _plain(sendbuf, recvbuf) and (recvcounts is not None or sendbuf is not None
-                                         and sendbuf is not _IN_PLACE):
-            if recvcounts is None:
-                # every rank's block is the size of its receive buffer (as mpi4py does)
-                recvcounts = self._counts(recvbuf.size)
-            refused = _deferred(lambda: collectives.reduce_scatter(
-                sendbuf, recvbuf, op, recvcounts, comm=self, **self._halves_options()))
-            if refused is None:
-                return
-        self._call("reduce_scatter", sendbuf, recvbuf, op, recvcounts, refused,
-                   lambda send, recv, counts: collectives.reduce_scatter(
-                       send, recv, op, counts, comm=self, **self._halves_options()),
-                   lambda: self._theirs("Reduce_scatter", lambda: MPI.Intracomm.Ireduce_scatter(
-                       self, sendbuf, recvbuf, recvcounts, op)))
+        try:  # (whatever leaves the call on this rank: _left)
+            refused = None
+            if _plain(sendbuf, recvbuf) and (recvcounts is not None or sendbuf is not None
+                                             and sendbuf is not _IN_PLACE):
+                if recvcounts is None:
+                    # every rank's block is the size of its receive buffer (as mpi4py does)
+                    recvcounts = self._counts(recvbuf.size)
+                refused = _deferred(lambda: collectives.reduce_scatter(
+                    sendbuf, recvbuf, op, recvcounts, comm=self, **self._halves_options()))
+                if refused is None:
+                    return
+            self._call("reduce_scatter", sendbuf, recvbuf, op, recvcounts, refused,
+                       lambda send, recv, counts: collectives.reduce_scatter(
+                           send, recv, op, counts, comm=self, **self._halves_options()),
+                       lambda: self._theirs("Reduce_scatter",
+                                            lambda: MPI.Intracomm.Ireduce_scatter(
+                                                self, sendbuf, recvbuf, recvcounts, op)))
+        except BaseException as exc:
+            _left(self, exc)
 
     def Allgather(self, sendbuf, recvbuf) -> None:  # noqa: N802
-        refused = None
-        if _plain(sendbuf, recvbuf):
-            refused = _deferred(lambda: collectives.allgather(
-                sendbuf, recvbuf, comm=self, **self._halves_options()))
-            if refused is None:
-                return
-        self._call("allgather", sendbuf, recvbuf, None, None, refused,
-                   lambda send, recv, _: collectives.allgather(
-                       send, recv, comm=self, **self._halves_options()),
-                   lambda: self._theirs("Allgather", lambda: MPI.Intracomm.Iallgather(
-                       self, sendbuf, recvbuf)))
+        try:  # (whatever leaves the call on this rank: _left)
+            refused = None
+            if _plain(sendbuf, recvbuf):
+                refused = _deferred(lambda: collectives.allgather(
+                    sendbuf, recvbuf, comm=self, **self._halves_options()))
+                if refused is None:
+                    return
+            self._call("allgather", sendbuf, recvbuf, None, None, refused,
+                       lambda send, recv, _: collectives.allgather(
+                           send, recv, comm=self, **self._halves_options()),
+                       lambda: self._theirs("Allgather", lambda: MPI.Intracomm.Iallgather(
+                           self, sendbuf, recvbuf)))
+        except BaseException as exc:
+            _left(self, exc)
 
     def _theirs(self, name: str, start) -> None:
         """mpi4py's own call, in its non-blocking form (``start`` posts it:
@@ -365,7 +383,7 @@ class Comm(MPI.Intracomm):
         try:
             return start()
         except BaseException as exc:  # (a refusal of any type; an interrupt)
-            api.left(self, exc)
+            _left(self, exc)
 
     def _their_request(self, name: str, start, persistent: bool = False):
         """mpi4py's own non-blocking (or, ``persistent``, persistent) call,
@@ -410,7 +428,7 @@ class Comm(MPI.Intracomm):
                 raise refused  # (final now: api.left makes the refusal's empty call)
             return ours(routed.send, routed.recv, routed.counts)
         except BaseException as exc:
-            api.left(self, exc)
+            _left(self, exc)
 
     def _route(self, kind: str, sendbuf, recvbuf, op, counts) -> Optional[_Routed]:
         """The buffers for the library, where it takes them as mpi4py reads

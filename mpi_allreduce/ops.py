@@ -307,20 +307,22 @@ def _behaviour(op: Op, dtype: np.dtype, datatype=None, count: Optional[int] = No
     use.  An op that raises on every probe is ``unprobed`` (alike on every
     rank that has it: it is then told apart by its name alone).  An
     ``MPI.Op`` is tried on one vector only, as long as the call's
-    (``count``; at most the longest probe): mpi4py ends the job where the
-    Python function behind one raises, so it is never given a length its
-    call does not give it (an op on records of the call's length, say)."""
+    (``count``, once per new shape, as the call's plan is made): mpi4py
+    ends the job where the Python function behind one raises, so it is
+    never given a length its call does not give it (an op on records of
+    the call's length, say)."""
     lengths = _PROBES
     if op.function is None:
         if count is not None:
-            lengths = (min(count, _PROBES[-1]),) if count else ()
+            lengths = (count,) if count else ()
         if datatype is None:
             from .executor import element_type
             datatype = element_type(dtype)
     for length in lengths:
         n = dtype.itemsize * length
-        first = np.array([(37 * i + 11) % 251 for i in range(n)], dtype=np.uint8)
-        second = np.array([(53 * i + 29) % 241 for i in range(n)], dtype=np.uint8)
+        i = np.arange(n, dtype=np.int64)
+        first = ((37 * i + 11) % 251).astype(np.uint8)
+        second = ((53 * i + 29) % 241).astype(np.uint8)
         if dtype.kind == "b":  # (0 or 1, unequal where or and and differ)
             first = (first >> 1) & 1
             second = (second >> 2) & 1

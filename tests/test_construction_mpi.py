@@ -1154,3 +1154,63 @@ def test_a_drop_in_call_one_rank_takes_another_way_never_shifts_the_next(raising
             del ABANDONED[before:]
     world.Barrier()
     base.Free()
+
+
+def _refused_on_rank_0(kind, comm, x, recv):
+    if kind == "allreduce":
+        return mar.allreduce(x, recv, comm=comm)
+    if kind == "reduce_scatter":
+        return mar.reduce_scatter(x, recv[:x.size // comm.Get_size()], comm=comm)
+    wrapped = mar.Comm(comm)
+    if kind == "Comm.Allreduce":
+        wrapped.Allreduce(x, recv)
+        return recv
+    wrapped.Reduce_scatter_block(x, recv[:x.size // comm.Get_size()])
+    return recv[:x.size // comm.Get_size()]
+
+
+#: (kind of call, where the interrupt lands as rank 0 refuses it): the
+#: refusal's empty call, and the drop-in's way from its deferred refusal to
+#: the refusal made final
+IN_A_REFUSAL = [("allreduce", "api", "_refusals_call"),
+                ("reduce_scatter", "api", "_refusals_call"),
+                ("Comm.Allreduce", "Comm", "_call"),
+                ("Comm.Reduce_scatter_block", "Comm", "_call")]
+
+
+@pytest.mark.parametrize("kind, owner, name", IN_A_REFUSAL)
+def test_an_interrupt_as_a_rank_refuses_a_call_breaks_the_communicator(
+        interrupt_watchdog, monkeypatch, kind, owner, name):
+    """Rank 0 refuses its call (a read-only receive buffer) and an interrupt
+    lands before the refusal's empty call; rank 0 calls again: the
+    communicator is broken there (Broken at once), the peers' call stalls,
+    nobody gets a wrong result (before: rank 0 left with no empty call and
+    nothing broken, and its next call met its peers' refused one)."""
+    from mpi_allreduce import api
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank has no peer to leave waiting")
+    comm = world.Dup()
+    mar.setup(comm)
+    rank, p = comm.Get_rank(), comm.Get_size()
+    module = {"api": api, "Comm": mar.Comm}[owner]
+    real, armed = getattr(module, name), [rank == 0]
+
+    def interrupted(*args, **kwargs):
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt(f"lands in {name}")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(module, name, interrupted)
+    outcomes = []
+    for attempt in range(2):
+        x, recv = np.arange(4.0 * p) + rank + attempt, np.zeros(4 * p)
+        if rank == 0 and attempt == 0:
+            recv.setflags(write=False)
+        whole = np.arange(4.0 * p) * p + p * (p - 1) / 2 + p * attempt
+        exact = whole if "scatter" not in kind else whole[4 * rank:4 * rank + 4]
+        outcomes.append(_outcome(lambda: _refused_on_rank_0(kind, comm, x, recv), exact))
+    monkeypatch.undo()
+    _judge(outcomes, world)
+    comm.Free()

@@ -613,16 +613,16 @@ def test_an_mpi_op_that_takes_only_its_calls_length_is_never_tried_on_another(fr
     valid input that mpi4py's own Allreduce takes)."""
     from mpi4py import MPI
 
-    def records_of_eight(a, b, datatype):
+    def records_of_100(a, b, datatype):
         x, y = np.frombuffer(a, np.float64), np.frombuffer(b, np.float64)
-        if x.size != 8:
-            raise ValueError(f"this op reduces records of 8 doubles, got {x.size}")
+        if x.size != 100:
+            raise ValueError(f"this op reduces records of 100 doubles, got {x.size}")
         y += x
-    op = MPI.Op.Create(records_of_eight, commute=True)
+    op = MPI.Op.Create(records_of_100, commute=True)
     try:
         p, r = fresh.Get_size(), fresh.Get_rank()
-        out = mar.allreduce(np.full(8, 1.0 + r), None, op, comm=fresh,
+        out = mar.allreduce(np.full(100, 1.0 + r), None, op, comm=fresh,
                             algorithm="recursive_doubling")
-        np.testing.assert_array_equal(out, np.full(8, p * (p + 1) / 2))
+        np.testing.assert_array_equal(out, np.full(100, p * (p + 1) / 2))
     finally:
         op.Free()
