@@ -363,16 +363,24 @@ def left(comm, exc: BaseException) -> NoReturn:
     here (:func:`~mpi_allreduce.context.broken_by`): this rank did not make
     a call its peers make, and its next call must never meet theirs.  Any
     other exception is this rank's refusal of the call, whatever its type
-    (:func:`refused`: an empty call of its own first)."""
-    if isinstance(exc, OWN_ERRORS) or refused_everywhere(exc):
-        raise exc
-    context = cached_context(comm)
-    if context is not None and context.broken is not None:
-        raise exc
-    if not isinstance(exc, Exception):
-        broken_by(comm, exc, "a call interrupted before its messages")
-        raise exc
-    refused(comm, exc)
+    (:func:`refused`: an empty call of its own first).  An interrupt that
+    lands while this runs breaks the communicator too."""
+    try:
+        if isinstance(exc, OWN_ERRORS) or refused_everywhere(exc):
+            raise exc
+        context = cached_context(comm)
+        if context is not None and context.broken is not None:
+            raise exc
+        if not isinstance(exc, Exception):
+            broken_by(comm, exc, "a call interrupted before its messages")
+            raise exc
+        refused(comm, exc)
+    except BaseException as raised:
+        if raised is not exc and not isinstance(raised, Exception):
+            # (an interrupt as this rank's refusal was being handled: it may
+            # have made no empty call, its peers are in the call)
+            broken_by(comm, raised, "a call interrupted as it was refused")
+        raise
 
 
 def refused_everywhere(exc: BaseException) -> bool:

@@ -66,7 +66,7 @@ from mpi4py import MPI
 from .api import _request, empty_call, iallreduce, left, refused_everywhere
 from .backend import as_array, backend_for
 from .buffers import names_memory
-from .context import cached_context
+from .context import broken_by, cached_context
 from .errors import RequestError
 from .ops import check_dtype, dtype_label, resolve_op
 from .options import Options, options
@@ -234,7 +234,8 @@ class Fusion:
     def add(self, array) -> None:
         """Queue ``array`` (reduced in place; do not touch it until
         :meth:`wait`).  Starts the bucket it fills."""
-        try:  # (whatever leaves the add before it queues the array: api.left)
+        launched, key, bucket = self._launched, None, None
+        try:  # (one handler for the whole add: no gap between its parts)
             if not names_memory(array):
                 raise TypeError(f"fused arrays are reduced in place: give an array or a buffer, "
                                 f"not a {type(array).__name__} (it would be copied, and the "
@@ -247,15 +248,7 @@ class Fusion:
             if backend_for(array).device and not op.device:
                 raise TypeError(f"op {op.name!r} runs on host memory only")
             key = (dtype_label(array.dtype), backend_for(array))
-        except BaseException as exc:
-            # (a refusal of the library's kind: where only this rank refuses
-            # an array, its peers' bucket with it stalls with this rank's
-            # empty call, reported, instead of meeting its next bucket; an
-            # interrupt breaks the communicator)
-            left(self.comm, exc)
-        bucket = self._open.get(key)
-        launched = self._launched
-        try:
+            bucket = self._open.get(key)
             if bucket is not None and bucket.nbytes + array.nbytes > self.bucket_bytes:
                 self._start(key)
                 bucket = None
@@ -266,13 +259,20 @@ class Fusion:
             if bucket.nbytes >= self.bucket_bytes:
                 self._start(key)
         except BaseException as exc:
-            # an add that raises has not added (the array taken back from a
+            if key is None and isinstance(exc, Exception):
+                # this rank's refusal of the array, before anything was
+                # queued (api.left: where only this rank refuses it, its
+                # peers' bucket with it stalls with this rank's empty call,
+                # reported, instead of meeting its next bucket)
+                left(self.comm, exc)
+            # otherwise the add has not added (the array taken back from a
             # bucket not yet started), but where it launched a bucket, that
             # bucket's messages may be in flight; and an interrupt may come
             # as well where a rank goes on without the array as where it adds
             # it again -- its peers' buckets cannot tell: the communicator is
             # broken, as by any call an exception leaves
-            if self._launched == launched and self._open.get(key) is bucket:
+            if bucket is not None and self._launched == launched \
+                    and self._open.get(key) is bucket:
                 if bucket.arrays and bucket.arrays[-1] is array:
                     bucket.arrays.pop()
                 bucket.nbytes = sum(a.nbytes for a in bucket.arrays)
@@ -286,11 +286,8 @@ class Fusion:
         (``Context.breaks``: its later calls raise, its peers stall and are
         reported).  Not for a refusal every rank made (``api.refused``: their
         empty calls met, the communicator is as it was)."""
-        if refused_everywhere(exc):
-            return
-        context = cached_context(self.comm)
-        if context is not None:
-            context.breaks(exc, what)
+        if not refused_everywhere(exc):
+            broken_by(self.comm, exc, what)  # (one with no context yet gets one, broken)
 
     def _counted(self) -> tuple:
         """What this rank has counted on the communicator (calls started,

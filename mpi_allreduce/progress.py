@@ -558,12 +558,13 @@ def guarded(context, what: tuple, run, on_thread=None):
             body = on_thread  # (ident is 0 until the thread starts)
         if not acquire(False):
             raise context.concurrent()
-        held = True
+        held, began = True, False
         try:
             if context.broken is not None:
                 raise context.refusal()
             context.what = what
             context.count += 1
+            began = True
             value = body()
             context.what = None
             held = False
@@ -575,7 +576,9 @@ def guarded(context, what: tuple, run, on_thread=None):
             context.what = None
             if held:
                 release()
-            context.breaks(exc, kind, body)
+            # (what ran the call is kept only where it ran: a call refused
+            # on a broken communicator sent nothing, and keeps nothing)
+            context.breaks(exc, kind, body if began else None)
             raise
         return value
     return guarded_run

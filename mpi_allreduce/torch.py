@@ -737,6 +737,13 @@ def _refusing(method):
     return call
 
 
+def _pairs(kind: str, outputs, inputs) -> None:
+    """Refuse outputs and inputs that do not pair up (one output for each
+    input; ``zip`` would drop the rest, a result never written)."""
+    if len(outputs) != len(inputs):
+        raise ValueError(f"{kind}: {len(outputs)} outputs for {len(inputs)} inputs")
+
+
 def _prepared(run) -> tuple:
     """(``run()``, None), or (None, its exception): a rank's own refusal of
     its tensors in an MPI-side collective (sparse, on a device it does not
@@ -966,6 +973,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     @_on_device(ours=True)
     def reduce_scatter(self, outputs, inputs, opts=None):
         op, factor = _reduction(opts)
+        _pairs("reduce_scatter", outputs, inputs)
         self._one_count("reduce_scatter", outputs)
         for output, parts in zip(outputs, inputs):
             whole = _array(_scaled(torch.cat([p.reshape(-1) for p in parts]), factor))
@@ -986,8 +994,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     @_refusing
     @_on_device(ours=True)
     def allgather(self, outputs, inputs, opts=None):
-        if len(outputs) != len(inputs):
-            raise ValueError(f"all_gather: {len(outputs)} output lists for {len(inputs)} inputs")
+        _pairs("all_gather", outputs, inputs)
         self._one_count("all_gather", inputs)
         for output_list, tensor in zip(outputs, inputs):
             counts = [o.numel() for o in output_list]
@@ -1034,6 +1041,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         if not inputs:
             return self._no_tensors("all_gather_into_tensor_coalesced")
+        _pairs("all_gather_into_tensor_coalesced", outputs, inputs)
         self._one_count("all_gather_into_tensor_coalesced", inputs)
         for output, tensor in zip(outputs, inputs):
             self.all_gather_single(output, tensor, opts)
@@ -1043,6 +1051,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         if not inputs:
             return self._no_tensors("reduce_scatter_tensor_coalesced")
+        _pairs("reduce_scatter_tensor_coalesced", outputs, inputs)
         self._one_count("reduce_scatter_tensor_coalesced", inputs)
         for output, tensor in zip(outputs, inputs):
             self.reduce_scatter_single(output, tensor, opts)
