@@ -441,7 +441,9 @@ class Fusion:
             for key in list(self._open):
                 self._start(key)
         except BaseException as exc:
-            if self._launched != launched:  # (a bucket left the queue: see add)
+            # (a bucket left the queue, see add; or an interrupt, after which
+            # this rank may go on with the step as its peers cannot tell)
+            if self._launched != launched or not isinstance(exc, Exception):
                 self._breaks(exc, "Fusion.flush")
             raise
 
@@ -449,8 +451,8 @@ class Fusion:
         """Finish every bucket and write the results into the arrays (on a
         communicator a call broke, raise as every call on it does, even
         with nothing left to finish: the last wait's results were lost)."""
-        self._refuse_if_broken()
         try:
+            self._refuse_if_broken()
             self.flush()
             started, self._started = self._started, []
             self._seen.clear()
@@ -515,11 +517,15 @@ class Fusion:
         runs between the buckets here, so each is finished once the next
         has started: buckets in flight side by side would only share the
         memory and the progress (docs/results.md: fusion)."""
-        self._serial = True
-        try:
+        try:  # (an interrupt between its parts breaks the communicator, as inside them)
+            self._serial = True
             for array in arrays:
                 self.add(array)
             self.wait()
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._breaks(exc, "Fusion.allreduce")
+            raise
         finally:
             self._serial = False
 

@@ -770,8 +770,8 @@ def _mpi_side(method):
 
     @functools.wraps(method)
     def checked(self, *args, **kwargs):
-        self._refuse_if_broken()
         try:
+            self._refuse_if_broken()
             return method(self, *args, **kwargs)
         except BaseException as exc:
             if not (isinstance(exc, OWN_ERRORS) or refused_everywhere(exc)):
@@ -845,6 +845,7 @@ class MPIAllreduceGroup(dist.ProcessGroup):
                 error.refused_everywhere = True
                 raise error
             return
+        self._refuse_if_broken()  # (nothing is posted on a broken group)
         me = comm.Get_rank()
         mine = np.zeros(4, np.uint64)
         mine[0] = _digest((kind,) + shape)

@@ -1251,3 +1251,39 @@ def test_calls_refused_on_a_broken_communicator_keep_nothing(kind):
     # (a few are the kept calls' of the last calls, dropped at the next ones)
     assert sum(ref() is not None for ref in refs) <= 25, sum(ref() is not None for ref in refs)
     world.Barrier()
+
+
+def test_an_interrupt_between_the_parts_of_a_fusions_allreduce_breaks_the_communicator(
+        interrupt_watchdog, monkeypatch):
+    """``Fusion.allreduce`` interrupted on rank 0 as it adds its first array
+    (before any add of its own ran); rank 0 calls it again: Broken at once,
+    the peers stall, nobody gets a wrong sum (before: rank 0 skipped the
+    step and its next one met the peers' first: wrong on both ranks)."""
+    from mpi_allreduce.fusion import Fusion
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank has no peer to leave waiting")
+    comm = world.Dup()
+    mar.setup(comm)
+    rank, p = comm.Get_rank(), comm.Get_size()
+    fusion = Fusion(comm, bucket_bytes=16)  # (each array a bucket of its own, started at once)
+    real, armed = Fusion.add, [rank == 0]
+
+    def add(self, array):
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt("lands as Fusion.allreduce adds")
+        return real(self, array)
+    monkeypatch.setattr(Fusion, "add", add)
+
+    def step(k):
+        arrays = [np.full(4, 1.0 + rank + 10 * k), np.full(4, 100.0 + rank + 10 * k)]
+        fusion.allreduce(arrays)
+        return np.concatenate(arrays)
+    outcomes = [_outcome(lambda k=k: step(k), np.concatenate(
+        [np.full(4, sum(1.0 + q + 10 * k for q in range(p))),
+         np.full(4, sum(100.0 + q + 10 * k for q in range(p)))])) for k in range(2)]
+    monkeypatch.undo()
+    _judge(outcomes, world)
+    comm.Free()

@@ -1091,6 +1091,42 @@ def test_an_interrupt_in_a_broadcasts_wait_breaks_its_group_never_a_wrong_result
     _judge(outcomes, MPI.COMM_WORLD)
 
 
+def test_an_interrupt_as_an_mpi_side_call_checks_its_group_breaks_it(group, interrupt_watchdog,
+                                                                    monkeypatch):
+    """An interrupt lands on rank 0 as a broadcast checks whether its group
+    is broken (before its agreement); rank 0 broadcasts again: Broken at
+    once, the root stalls, nobody gets a wrong value (before: the check ran
+    outside the call's handler, rank 0 skipped a broadcast, and its next
+    one met the root's first)."""
+    import numpy as np
+
+    from mpi_allreduce import torch as backend
+
+    from .test_construction_mpi import _judge, _outcome
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p == 1:
+        pytest.skip("one rank has no peer to leave waiting")
+    sub = dist.new_group(list(range(p)))  # (left unusable)
+    real, armed = backend.MPIAllreduceGroup._refuse_if_broken, [r == 0]
+
+    def check(self):
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt("lands as the broadcast checks its group")
+        return real(self)
+    monkeypatch.setattr(backend.MPIAllreduceGroup, "_refuse_if_broken", check)
+
+    def call(k):
+        t = torch.full((4,), float(r + 10 * k))
+        dist.broadcast(t, src=p - 1, group=sub)
+        return t.numpy()
+    outcomes = [_outcome(lambda k=k: call(k), np.full(4, float(p - 1 + 10 * k)))
+                for k in range(2)]
+    monkeypatch.undo()
+    _judge(outcomes, MPI.COMM_WORLD)
+
+
 def _shape_cases(p: int, r: int) -> dict:
     """MPI-side collectives whose ranks disagree about the shape (rank 1
     differs; rank 0 is the root): each a function that makes the call and
