@@ -121,6 +121,8 @@ def arguments(call: Optional[Call]):
         "radix": call.options.radix,
         "row_size": call.options.row_size,
         "selection": call.selection,
+        # (a reproducible sum is two all-reduces of its own: it shapes the messages)
+        "reproducible": bool(call.options.reproducible),
         "salt": call.salt,
     }
 

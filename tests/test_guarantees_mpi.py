@@ -411,6 +411,7 @@ CHECKED = {
     "segment_size": lambda r: dict(algorithm="ring", segment_size=2 + (r == 0)),
     "inner": lambda r: dict(algorithm="hierarchical", ranks_per_node=1,
                             inner="ring" if r == 0 else "tree"),
+    "reproducible": lambda r: dict(algorithm="ring", reproducible=r == 0),
 }
 
 
