@@ -477,6 +477,23 @@ class _Doomed:
         self.group = dist.new_group(list(range(self.p)))
         watchdog(1)
 
+    def stalled_then_next(self, outcomes: list) -> None:
+        """Every rank makes the same all-reduce after its first call (whose
+        outcome is ``outcomes[0]``): no rank gets a wrong sum, and the first
+        call stalled on every rank."""
+        import mpi_allreduce as mar
+
+        p, r = self.p, self.r
+        t = torch.full((3,), float(r + 1))
+        try:
+            dist.all_reduce(t, group=self.group)
+            outcomes.append("right" if (t == p * (p + 1) / 2).all() else "WRONG")
+        except mar.Broken as exc:  # (Stalled is a Broken)
+            outcomes.append(type(exc).__name__)
+        everyone = self.everyone(outcomes)
+        assert not any("WRONG" in o for o in everyone), everyone
+        assert [o[0] for o in everyone] == ["Stalled"] * p, everyone
+
     def everyone(self, outcome) -> list:
         from .helpers import restore_watchdog
 
@@ -1279,15 +1296,7 @@ def test_a_call_the_backend_refuses_on_one_rank_stalls_never_shifts_the_next(doo
         outcomes.append(type(exc).__name__)
     except (RuntimeError, ValueError) as exc:
         outcomes.append(f"alone: {exc}")
-    t = torch.full((3,), float(r + 1))
-    try:
-        dist.all_reduce(t, group=doomed.group)
-        outcomes.append("right" if (t == p * (p + 1) / 2).all() else "WRONG")
-    except mar.Broken as exc:
-        outcomes.append(type(exc).__name__)
-    everyone = doomed.everyone(outcomes)
-    assert not any("WRONG" in o for o in everyone), everyone
-    assert [o[0] for o in everyone] == ["Stalled"] * p, everyone
+    doomed.stalled_then_next(outcomes)
 
 
 def _several(group, p: int, n: int) -> dict:
@@ -1328,15 +1337,7 @@ def test_calls_given_different_numbers_of_tensors_stall_never_shift_the_next(doo
         outcomes.append("returned")
     except mar.Broken as exc:  # (Stalled is a Broken)
         outcomes.append(type(exc).__name__)
-    t = torch.full((3,), float(r + 1))
-    try:
-        dist.all_reduce(t, group=doomed.group)
-        outcomes.append("right" if (t == p * (p + 1) / 2).all() else "WRONG")
-    except mar.Broken as exc:
-        outcomes.append(type(exc).__name__)
-    everyone = doomed.everyone(outcomes)
-    assert not any("WRONG" in o for o in everyone), everyone
-    assert [o[0] for o in everyone] == ["Stalled"] * p, everyone
+    doomed.stalled_then_next(outcomes)
 
 
 @pytest.mark.parametrize("case", ["all_gather_coalesced", "all_gather_into_tensor_coalesced",
