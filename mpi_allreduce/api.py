@@ -32,29 +32,14 @@ from .ops import dtype_label
 from .planner import choice, plan_for, resolved, runner
 from .progress import PersistentRequest, Request
 from .selection import DecisionTable
-from .options import DEFAULT_SEGMENT_BYTES, NAMES, Options, options
+from .options import DEFAULT_SEGMENT_BYTES, Options, options as resolve
 from .validate import Call, agree, arguments
 
 __all__ = ["allreduce", "iallreduce", "allreduce_init", "setup", "ArgumentMismatch",
            "DEFAULT_SEGMENT_BYTES"]
 
-def allreduce(
-    sendbuf,
-    recvbuf=None,
-    op=MPI.SUM,
-    *,
-    comm: MPI.Intracomm = MPI.COMM_WORLD,
-    algorithm: str = "auto",
-    check: Optional[bool] = None,
-    segment_size: Optional[int] = None,
-    ranks_per_node: Optional[int] = None,
-    inner: Optional[str] = None,
-    radix: Optional[int] = None,
-    row_size: Optional[int] = None,
-    tuning=None,
-    selection: Optional[str] = None,
-    reproducible: Optional[bool] = None,
-):
+def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
+              algorithm: str = "auto", **options):
     """All-reduce ``sendbuf`` over ``comm`` into ``recvbuf`` and return ``recvbuf``.
 
     Parameters
@@ -73,6 +58,15 @@ def allreduce(
         duplicate of it.
     algorithm : str
         ``"auto"`` or one of :data:`~mpi_allreduce.ALGORITHMS`.
+
+    Other Parameters
+    ----------------
+    **options
+        The options below, by keyword; each one left out (or None) takes its
+        environment setting.  Every entry point takes them the same way and
+        resolves them once, in one place
+        (:func:`~mpi_allreduce.options.options`): a name no call takes, or
+        one the algorithm does not use, is a ``TypeError``.
     check : bool, optional
         Exchange a fingerprint of the arguments first and raise
         :class:`ArgumentMismatch` on every rank if the ranks disagree
@@ -122,20 +116,14 @@ def allreduce(
                 and (flags := recvbuf.flags).c_contiguous and (flags.writeable or not kept.host)
                 and (kept.in_place or sendbuf.dtype is kept.dtype
                      and sendbuf.flags.c_contiguous)
-                and (kept.extra is None
-                     and check is segment_size is ranks_per_node is inner is radix is row_size
-                     is tuning is selection is reproducible is None
-                     or kept.extra == (check, segment_size, ranks_per_node, inner, radix,
-                                       row_size, tuning, selection, reproducible))):
+                and (kept.extra == options if options else kept.extra is None)):
             try:
                 kept.run()
             except Exception as exc:  # noqa: BLE001 - after messages started
                 failed(kept.comm, exc, kept.algorithm)
             return recvbuf
 
-        extra = (check, segment_size, ranks_per_node, inner, radix, row_size, tuning, selection,
-                 reproducible)
-        opts = _options("allreduce", algorithm, extra)
+        opts = resolve("allreduce", algorithm=algorithm, **options)
         call = _setup(sendbuf, recvbuf, op, comm, opts)
         exact = opts.reproducible and _order_matters(call)
         # (no short cut for an empty call on several ranks: its messages,
@@ -157,7 +145,7 @@ def allreduce(
             # counted first: arguments already pushed for a call would count too
             ours = [after - before for before, after in zip(held, refcounts(call))]
             remember_call(context, run, sendbuf, recvbuf, op, comm, algorithm, call, ours,
-                          None if extra == (None,) * len(extra) else extra)
+                          options or None)
         try:
             run()
         except Exception as exc:  # noqa: BLE001 - after messages started
@@ -239,11 +227,7 @@ def kernels_for(backend):
 
 
 def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
-               algorithm: str = "auto", check: Optional[bool] = None,
-               segment_size: Optional[int] = None, ranks_per_node: Optional[int] = None,
-               inner: Optional[str] = None, radix: Optional[int] = None,
-               row_size: Optional[int] = None, tuning=None, selection: Optional[str] = None,
-               reproducible: Optional[bool] = None) -> Request:
+               algorithm: str = "auto", **options) -> Request:
     """Start an all-reduce and return at once: a :class:`~.progress.Request`
     whose ``wait()`` returns ``recvbuf`` once the result is there (``test()``
     asks without waiting).  Arguments as :func:`allreduce`, but ``auto``
@@ -254,25 +238,20 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.C
     is complete.  Many calls may be in flight on one communicator; every
     rank starts them in the same order and may wait for them in any order."""
     try:  # (whatever leaves the call on this rank: left)
-        extra = (check, segment_size, ranks_per_node, inner, radix, row_size, tuning,
-                 selection, reproducible)
         kept = CALLS.get((_NONBLOCKING, id(recvbuf)))  # a repeat with the very same objects
-        if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, algorithm, extra):
+        if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, algorithm,
+                                             options or None):
             request = kept.run()
             if request is not None:  # (None: its last call is in flight or not yet waited)
                 return request
-        opts = _options("request", algorithm, extra)
-        return _request(sendbuf, recvbuf, op, comm, opts, persistent=False, extra=extra)
+        opts = resolve("request", algorithm=algorithm, **options)
+        return _request(sendbuf, recvbuf, op, comm, opts, persistent=False, extra=options)
     except BaseException as exc:
         left(comm, exc)
 
 
 def allreduce_init(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
-                   algorithm: str = "auto", check: Optional[bool] = None,
-                   segment_size: Optional[int] = None, ranks_per_node: Optional[int] = None,
-                   inner: Optional[str] = None, radix: Optional[int] = None,
-                   row_size: Optional[int] = None, tuning=None, selection: Optional[str] = None,
-                   reproducible: Optional[bool] = None) -> PersistentRequest:
+                   algorithm: str = "auto", **options) -> PersistentRequest:
     """Set up an all-reduce of these buffers once (MPI-4's
     ``MPI_Allreduce_init``): ``start()`` it, ``wait()`` for it, as often as
     needed, then ``free()`` it.  Each start reduces the buffers' contents at
@@ -280,8 +259,7 @@ def allreduce_init(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = M
     host buffers) MPI persistent requests are made here once; this is the
     fastest way to repeat a call.  Arguments as :func:`iallreduce`."""
     try:  # (whatever leaves the call on this rank: left)
-        opts = _options("request", algorithm, (check, segment_size, ranks_per_node, inner,
-                                               radix, row_size, tuning, selection, reproducible))
+        opts = resolve("request", algorithm=algorithm, **options)
         return _request(sendbuf, recvbuf, op, comm, opts, persistent=True)
     except BaseException as exc:
         left(comm, exc)
@@ -295,7 +273,7 @@ def empty_call(comm: MPI.Intracomm, what: str) -> None:
     instead of meeting their next call with its own."""
     # (of integers: the same on every rank whatever the environment's options
     # say, a reproducible sum's included, which refuses non-blocking float sums)
-    _request(MPI.IN_PLACE, np.empty(0, np.int32), "sum", comm, options("request"),
+    _request(MPI.IN_PLACE, np.empty(0, np.int32), "sum", comm, resolve("request"),
              persistent=False, salt=what).wait()
 
 
@@ -307,7 +285,7 @@ def _refusals_call(comm) -> None:
     """The empty call a refusal makes (salt :data:`REFUSED`): a blocking
     one, whose tag comes from its spec -- a call refused for want of tags
     (``TagsExhausted``) could take none for a non-blocking one."""
-    call = _setup(MPI.IN_PLACE, np.empty(0, np.int32), "sum", comm, options("allreduce"),
+    call = _setup(MPI.IN_PLACE, np.empty(0, np.int32), "sum", comm, resolve("allreduce"),
                   REFUSED)
     runner(context_for(comm), call)()
 
@@ -395,19 +373,12 @@ def refused_everywhere(exc: BaseException) -> bool:
 _DEFERRED = threading.local()
 
 
-def _options(kind: str, algorithm, extra: tuple) -> Options:
-    """The call's :class:`~mpi_allreduce.options.Options` from its
-    algorithm and the other keywords, in the signatures' order
-    (:data:`~mpi_allreduce.options.NAMES`)."""
-    return options(kind, **dict(zip(NAMES, (algorithm,) + extra)))
-
-
 #: the kind of a kept non-blocking call in :data:`~mpi_allreduce.context.CALLS`
 _NONBLOCKING = "iallreduce"
 
 
 def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: str = "",
-             extra: Optional[tuple] = None) -> Request:
+             extra: Optional[dict] = None) -> Request:
     """A non-blocking call, started, or (``persistent``) a persistent one,
     not started (``salt``: what else its spec must carry, see CallSpec;
     ``extra``: the keywords it was given, kept with a non-blocking call for
@@ -445,7 +416,7 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
             # (kept, its scratch stays with the call until the call is dropped)
             operation.kept = remember_call(
                 context, restart, sendbuf, recvbuf, op, comm, opts.algorithm, call, ours,
-                None if extra == (None,) * len(extra) else extra, kind=_NONBLOCKING,
+                extra or None, kind=_NONBLOCKING,
                 release=progress.kept_scratch_back(operation, bound))
         request = Request(operation, call.recv, (bound,))
         request._begin()

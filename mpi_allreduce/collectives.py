@@ -27,7 +27,7 @@ from .errors import OWN_ERRORS, failed
 from .executor import Plan
 from .ops import check_dtype, dtype_label, resolve_op, spec_label
 from .spec import CallSpec
-from .options import Options, options
+from .options import Options, options as resolve
 from .planner import algorithm_options
 from .validate import agree
 
@@ -36,8 +36,7 @@ __all__ = ["reduce_scatter", "allgather"]
 
 def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
                    comm: MPI.Intracomm = MPI.COMM_WORLD, algorithm: Optional[str] = None,
-                   check: Optional[bool] = None, segment_size: Optional[int] = None,
-                   radix: Optional[int] = None):
+                   **options):
     """Reduce ``sendbuf`` over ``comm`` and leave block ``rank`` of the
     result in ``recvbuf``; return ``recvbuf``.
 
@@ -49,23 +48,22 @@ def reduce_scatter(sendbuf, recvbuf=None, op=MPI.SUM, counts=None, *,
     for :func:`~mpi_allreduce.allreduce`; a non-commutative one needs an
     algorithm that combines in rank order (``rabenseifner``, ``knomial``).
     ``algorithm``: one of ``registry.HALVES`` (default
-    and ``auto``: the ring), ``radix`` for ``knomial``."""
+    and ``auto``: the ring); the other options it takes: ``check``,
+    ``segment_size`` (as for :func:`~mpi_allreduce.allreduce`) and ``radix``
+    (for ``knomial``)."""
     try:  # (whatever leaves the call on this rank: api.left)
-        return _reduce_scatter(sendbuf, recvbuf, op, counts, comm, algorithm, check,
-                               segment_size, radix)
+        return _reduce_scatter(sendbuf, recvbuf, op, counts, comm, algorithm, options)
     except BaseException as exc:
         left(comm, exc)
 
 
-def _reduce_scatter(sendbuf, recvbuf, op, counts, comm, algorithm, check, segment_size,
-                    radix):
+def _reduce_scatter(sendbuf, recvbuf, op, counts, comm, algorithm, options: dict):
     # (the counts read once: an iterator gives them once)
     counts = None if counts is None else tuple(counts)
-    extra = (counts, algorithm, check, segment_size, radix)
+    extra = _extra(counts, algorithm, options)
     if _repeated("reduce_scatter", sendbuf, recvbuf, op, comm, extra):
         return recvbuf
-    opts = options("halves", algorithm=algorithm, check=check, segment_size=segment_size,
-                   radix=radix)
+    opts = resolve("halves", algorithm=algorithm, **options)
     user = (sendbuf, recvbuf, op, extra)
     op = resolve_op(op)
     size, rank = comm.Get_size(), comm.Get_rank()
@@ -99,8 +97,7 @@ def _reduce_scatter(sendbuf, recvbuf, op, counts, comm, algorithm, check, segmen
 
 
 def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.COMM_WORLD,
-              algorithm: Optional[str] = None, check: Optional[bool] = None,
-              segment_size: Optional[int] = None, radix: Optional[int] = None):
+              algorithm: Optional[str] = None, **options):
     """Gather every rank's ``sendbuf`` into ``recvbuf`` on every rank, in
     rank order; return ``recvbuf``.
 
@@ -109,20 +106,19 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm: MPI.Intracomm = MPI.C
     ``(comm.size,) + sendbuf.shape``); with ``counts`` (one per rank) rank r
     gives ``counts[r]`` elements (``MPI_Allgatherv``).  With
     ``sendbuf=MPI.IN_PLACE`` this rank's block is already in place in
-    ``recvbuf``.  ``algorithm`` and ``radix`` as for :func:`reduce_scatter`."""
+    ``recvbuf``.  ``algorithm`` and the options as for :func:`reduce_scatter`."""
     try:  # (whatever leaves the call on this rank: api.left)
-        return _allgather(sendbuf, recvbuf, counts, comm, algorithm, check, segment_size, radix)
+        return _allgather(sendbuf, recvbuf, counts, comm, algorithm, options)
     except BaseException as exc:
         left(comm, exc)
 
 
-def _allgather(sendbuf, recvbuf, counts, comm, algorithm, check, segment_size, radix):
+def _allgather(sendbuf, recvbuf, counts, comm, algorithm, options: dict):
     counts = None if counts is None else tuple(counts)  # (read once, see _reduce_scatter)
-    extra = (counts, algorithm, check, segment_size, radix)
+    extra = _extra(counts, algorithm, options)
     if _repeated("allgather", sendbuf, recvbuf, None, comm, extra):
         return recvbuf
-    opts = options("halves", algorithm=algorithm, check=check, segment_size=segment_size,
-                   radix=radix)
+    opts = resolve("halves", algorithm=algorithm, **options)
     user = (sendbuf, recvbuf, None, extra)
     size, rank = comm.Get_size(), comm.Get_rank()
 
@@ -146,6 +142,14 @@ def _allgather(sendbuf, recvbuf, counts, comm, algorithm, check, segment_size, r
 
 
 # --- shared by both ---------------------------------------------------------
+
+def _extra(counts, algorithm, options: dict) -> Optional[tuple]:
+    """What a kept call of these keywords must be given again to be
+    repeated (None: nothing beyond the buffers, the op and the comm)."""
+    if counts is None and algorithm is None and not options:
+        return None
+    return counts, algorithm, options
+
 
 def _counts(counts, size: int, total: int, block: Optional[int], what: str) -> tuple:
     """Every rank's block: ``counts`` checked, or ``total`` cut evenly."""
@@ -203,7 +207,7 @@ def _validated(validate, comm, opts: Options, what: str, fingerprint):
     return values
 
 
-def _repeated(what: str, sendbuf, recvbuf, op, comm, extra: tuple) -> bool:
+def _repeated(what: str, sendbuf, recvbuf, op, comm, extra: Optional[tuple]) -> bool:
     """Whether this is a repeat of a kept call with the very same objects
     (see :class:`~mpi_allreduce.context.Remembered`), which then ran again:
     no validation, spec or plan look-up, as :func:`~mpi_allreduce.allreduce`
@@ -258,7 +262,7 @@ def _run(comm, what: str, send, recv, blocks: tuple, op, opts: Options, datatype
         # kept for repeats with the caller's very objects, as allreduce's are
         sendbuf, recvbuf, user_op, extra = user
         remember_call(context, run, sendbuf, recvbuf, user_op, comm, "ring", call, ours,
-                      None if extra == (None,) * len(extra) else extra, kind=what)
+                      extra, kind=what)
     try:
         run()
     except Exception as exc:  # noqa: BLE001 - after messages started

@@ -486,12 +486,11 @@ class Remembered:
         """Whether a call with these arguments is this kept call again: the
         very same objects, unchanged in what the first call's validation
         read of them (:meth:`unchanged`), the same optional arguments
-        (``extra``; all None when it had none)."""
+        (``extra``: a dict of them, None when it had none)."""
         return (self.send == id(sendbuf) and self.op is op
                 and (self.comm is comm or self.comm == comm)  # (another wrapper of it)
                 and self.algorithm == algorithm and self.unchanged(sendbuf, recvbuf)
-                and (self.extra == extra if self.extra is not None
-                     else extra.count(None) == len(extra)))
+                and self.extra == extra)
 
     def unchanged(self, sendbuf, recvbuf) -> bool:
         """Whether the buffers are still what the bound call was made for:

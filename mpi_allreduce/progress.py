@@ -159,7 +159,7 @@ class Request:
         """Wait until the call is complete; return the result buffer."""
         op = self._op
         round_ = self._round
-        if round_ is not None and _ENGINE.ident == get_ident() and not op.done:
+        if round_ is not None and _ENGINE.ident and _ENGINE.ident == get_ident() and not op.done:
             # on the progress thread (a callback's wait) nothing blocks in
             # MPI: the round's requests become its stage's, waited as any call
             op.pending, op.index, self._round = [_Started(op.live)], round_[4], None
@@ -462,7 +462,8 @@ def starter(op: Operation):
         return op.begin
     what = ("start of a " + op.kind, op.plan)
     if op.round is not None:  # (see Operation.one_round)
-        return guarded(op.context, what, runner(op.round_steps()))
+        steps = op.round_steps()
+        return guarded(op.context, what, runner(steps), steps=steps)
     return guarded(op.context, what, op.begin)
 
 
@@ -536,7 +537,7 @@ def local_operation(backend, send, recv) -> Operation:
     return Operation([Stage(tuple(steps), (), ())], None, 0, Slot(False), False)
 
 
-def guarded(context, what: tuple, run, on_thread=None):
+def guarded(context, what: tuple, run, on_thread=None, steps=None):
     """``run`` as one call on ``context`` (``what``: (kind, plan), what the
     watchdog reports; what ``run`` returns is returned): the one re-entry guard of every call -- another
     thread inside a call on this communicator: ConcurrentCall; a broken
@@ -547,10 +548,22 @@ def guarded(context, what: tuple, run, on_thread=None):
     whole; its inner calls re-enter on the same thread.  On the progress
     thread (a completion callback's blocking call) ``on_thread`` runs
     instead, where given: the call as an operation of the engine, whose
-    wait there never blocks in MPI (see ``_Engine._wait_on_thread``)."""
+    wait there never blocks in MPI (see ``_Engine._wait_on_thread``).
+    ``steps``: ``run``'s compiled steps, where it is one or two of them (a
+    kept call on two ranks: the exchange and the reduction; a persistent
+    call's start), run in the guard's own frame -- the same guard, one
+    Python call fewer on the latency-critical path (``benchmarks/floor.py``)."""
     acquire, release = context.guard.acquire, context.guard.release
     kind = what[0]
     engine, ident = _ENGINE, get_ident
+
+    def left(exc: BaseException, held: bool, body) -> None:
+        context.what = None
+        if held:
+            release()
+        # (what ran the call is kept only where it ran: a call refused on a
+        # broken communicator sent nothing, and keeps nothing)
+        context.breaks(exc, kind, body)
 
     def guarded_run():
         body = run
@@ -573,15 +586,36 @@ def guarded(context, what: tuple, run, on_thread=None):
             # communicator as well -- a retry would meet the peers' next call)
             release()
         except BaseException as exc:
-            context.what = None
-            if held:
-                release()
-            # (what ran the call is kept only where it ran: a call refused
-            # on a broken communicator sent nothing, and keeps nothing)
-            context.breaks(exc, kind, body if began else None)
+            left(exc, held, body if began else None)
             raise
         return value
-    return guarded_run
+
+    if steps is None or len(steps) not in (1, 2):
+        return guarded_run
+    (f0, a0), (f1, a1) = steps if len(steps) == 2 else (steps[0], (None, ()))
+
+    def guarded_steps():  # guarded_run, with ``body()`` written out
+        if on_thread is not None and engine.ident and engine.ident == ident():
+            return guarded_run()
+        if not acquire(False):
+            raise context.concurrent()
+        held, began = True, False
+        try:
+            if context.broken is not None:
+                raise context.refusal()
+            context.what = what
+            context.count += 1
+            began = True
+            f0(*a0)
+            if f1 is not None:
+                f1(*a1)
+            context.what = None
+            held = False
+            release()
+        except BaseException as exc:
+            left(exc, held, run if began else None)
+            raise
+    return guarded_steps
 
 
 def blocking(bound: Bound, context, kind: str):
@@ -608,7 +642,7 @@ def blocking(bound: Bound, context, kind: str):
             raise error
     if seconds > 0 and action == "raise":
         return guarded(context, what, as_operation)
-    return guarded(context, what, bound.run, as_operation)
+    return guarded(context, what, bound.run, as_operation, bound.steps)
 
 
 def waitall(requests) -> list:

@@ -42,6 +42,18 @@ def test_an_unknown_option_is_a_type_error_naming_it(entry):
         ENTRY_POINTS[entry](bogus=1)
 
 
+@pytest.mark.parametrize("half", [mar.reduce_scatter, mar.allgather])
+def test_the_halves_take_the_options_as_the_all_reduces_do(half):
+    """The same keywords, resolved by the same function: an unknown name,
+    or one the halves cannot use, a TypeError naming it."""
+    with pytest.raises(TypeError, match="bogus"):
+        half(np.ones(3), comm=SELF, bogus=1)
+    with pytest.raises(TypeError, match="no selection option here"):
+        half(np.ones(3), comm=SELF, selection="live")
+    got = half(np.ones(3), comm=SELF, segment_size=1, check=None)
+    np.testing.assert_array_equal(got.reshape(-1), np.ones(3))
+
+
 BAD_VALUES = [("segment_size", 0), ("segment_size", 2.5), ("segment_size", True),
               ("algorithm", "fastest"), ("selection", "random"), ("tuning", 42),
               ("inner", "nonesuch"), ("ranks_per_node", -1)]
