@@ -26,7 +26,7 @@ from . import progress, validate as _validate
 from .buffers import in_place, names_memory
 from .config import KERNELS_ENV, environment
 from .context import (CALLS, broken_by, cached_context, context_for, refcounts, remember_call,
-                      setup)
+                      setup, typed)
 from .errors import OWN_ERRORS, ArgumentMismatch, Stalled, failed
 from .ops import dtype_label
 from .planner import choice, plan_for, resolved, runner
@@ -116,7 +116,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.CO
                 and (flags := recvbuf.flags).c_contiguous and (flags.writeable or not kept.host)
                 and (kept.in_place or sendbuf.dtype is kept.dtype
                      and sendbuf.flags.c_contiguous)
-                and (kept.extra == options if options else kept.extra is None)):
+                and (kept.extra == typed(options) if options else kept.extra is None)):
             try:
                 kept.run()
             except Exception as exc:  # noqa: BLE001 - after messages started
@@ -145,7 +145,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.CO
             # counted first: arguments already pushed for a call would count too
             ours = [after - before for before, after in zip(held, refcounts(call))]
             remember_call(context, run, sendbuf, recvbuf, op, comm, algorithm, call, ours,
-                          options or None)
+                          typed(options))
         try:
             run()
         except Exception as exc:  # noqa: BLE001 - after messages started
@@ -240,7 +240,7 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm: MPI.Intracomm = MPI.C
     try:  # (whatever leaves the call on this rank: left)
         kept = CALLS.get((_NONBLOCKING, id(recvbuf)))  # a repeat with the very same objects
         if kept is not None and kept.repeats(sendbuf, recvbuf, op, comm, algorithm,
-                                             options or None):
+                                             typed(options)):
             request = kept.run()
             if request is not None:  # (None: its last call is in flight or not yet waited)
                 return request
@@ -416,7 +416,7 @@ def _request(sendbuf, recvbuf, op, comm, opts: Options, persistent: bool, salt: 
             # (kept, its scratch stays with the call until the call is dropped)
             operation.kept = remember_call(
                 context, restart, sendbuf, recvbuf, op, comm, opts.algorithm, call, ours,
-                extra or None, kind=_NONBLOCKING,
+                typed(extra), kind=_NONBLOCKING,
                 release=progress.kept_scratch_back(operation, bound))
         request = Request(operation, call.recv, (bound,))
         request._begin()

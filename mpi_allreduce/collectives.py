@@ -22,7 +22,7 @@ from . import progress, registry
 from .api import left
 from .backend import backend_for
 from .buffers import arrays_and_datatype, messages
-from .context import CALLS, context_for, refcounts, remember_call
+from .context import CALLS, context_for, refcounts, remember_call, typed
 from .errors import OWN_ERRORS, failed
 from .executor import Plan
 from .ops import check_dtype, dtype_label, resolve_op, spec_label
@@ -145,10 +145,12 @@ def _allgather(sendbuf, recvbuf, counts, comm, algorithm, options: dict):
 
 def _extra(counts, algorithm, options: dict) -> Optional[tuple]:
     """What a kept call of these keywords must be given again to be
-    repeated (None: nothing beyond the buffers, the op and the comm)."""
+    repeated (None: nothing beyond the buffers, the op and the comm), each
+    value with its type (see :func:`~mpi_allreduce.context.typed`)."""
     if counts is None and algorithm is None and not options:
         return None
-    return counts, algorithm, options
+    return (None if counts is None else tuple((type(c), c) for c in counts), algorithm,
+            typed(options))
 
 
 def _counts(counts, size: int, total: int, block: Optional[int], what: str) -> tuple:

@@ -41,7 +41,7 @@ from .selection import BUILT_IN_TABLE, DecisionTable, tuning_table
 from .topology import emulated_nodes, where
 from .watchdog import WATCH
 
-__all__ = ["Context", "context_for", "release", "setup", "remember_call", "MAX_PLANS",
+__all__ = ["Context", "context_for", "release", "setup", "remember_call", "typed", "MAX_PLANS",
            "MAX_CALLS", "exchange_objects"]
 
 #: plans kept per communicator (the least recently used go first)
@@ -517,6 +517,16 @@ class Remembered:
         return False
 
 
+def typed(keywords: Optional[dict]) -> Optional[dict]:
+    """A call's keywords as a kept call keeps and compares them (None for
+    none): each value with its type, so that a value equal to a kept one
+    but of another type (``0`` for ``False``, ``512.0`` for ``512``, which a
+    first call refuses) makes a new call, validated as a first one is."""
+    if not keywords:
+        return None
+    return {name: (type(value), value) for name, value in keywords.items()}
+
+
 def refcounts(call) -> list:
     return [sys.getrefcount(b) for b in (call.recv, call.send) if b is not None]
 
@@ -549,8 +559,11 @@ def remember_call(context: Context, run, sendbuf, recvbuf, op, comm, algorithm,
         return False
     # (the options as they are now: a tuning dict changed in place later
     # makes the next call a new one, never a repeat of this one)
+    try:
+        kept.extra = None if extra is None else copy.deepcopy(extra)
+    except Exception:  # noqa: BLE001 - a value that cannot be copied (a path
+        return False  # object holding a lock, say): each call is a first one
     kept.run, kept.op, kept.comm, kept.algorithm = run, op, comm, algorithm
-    kept.extra = None if extra is None else copy.deepcopy(extra)
     kept.release = release
     kept.dtype, kept.in_place, kept.send = recvbuf.dtype, call.send is None, id(sendbuf)
     kept.host = isinstance(recvbuf, np.ndarray)  # (a device array has no writeable flag)

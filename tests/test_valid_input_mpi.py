@@ -18,12 +18,18 @@ mpi4py does and keeps nothing per wrapper.
   and counts, typecodes, strided and Fortran-ordered arrays; what this
   library takes is run by it, and a repeated call keeps its fast path;
 * ``mar.Comm(comm)`` made anew for every call, 20,000 times: the
-  library's tables of communicators and calls stay as they were.
+  library's tables of communicators and calls stay as they were;
+* a kept call's keywords: a value equal to the kept one but refused by a
+  first call is refused in a repeat too; one that cannot be copied is
+  taken by every call.
 """
 
 from __future__ import annotations
 
 import gc
+import json
+import os
+import threading
 import weakref
 
 import numpy as np
@@ -626,3 +632,67 @@ def test_an_mpi_op_that_takes_only_its_calls_length_is_never_tried_on_another(fr
         np.testing.assert_array_equal(out, np.full(100, p * (p + 1) / 2))
     finally:
         op.Free()
+
+
+#: each kind of call a repeat of which is a kept call's, given keywords
+_REPEATED = {
+    "allreduce": lambda send, recv, comm, **k: mar.allreduce(send, recv, comm=comm, **k),
+    "iallreduce": lambda send, recv, comm, **k: mar.iallreduce(send, recv, comm=comm,
+                                                               **k).wait(),
+    "reduce_scatter": lambda send, recv, comm, **k: mar.reduce_scatter(send, recv, comm=comm,
+                                                                       **k),
+}
+
+
+@pytest.mark.parametrize("kind", list(_REPEATED))
+@pytest.mark.parametrize("given,refused", [({"segment_size": 4}, {"segment_size": 4.0}),
+                                           ({"check": False}, {"check": 0})],
+                         ids=["segment_size 4.0", "check 0"])
+def test_a_value_equal_to_a_kept_calls_but_refused_is_refused_in_a_repeat(fresh, kind, given,
+                                                                          refused):
+    """A kept call's keywords are compared with their types: a value that
+    equals the kept one but that a first call refuses (``4.0`` for a
+    segment of ``4`` elements, ``0`` for ``False``) is refused in a repeat
+    too, on every rank, and the communicator still works (before: the
+    repeat took it, as ``4.0 == 4``)."""
+    p, r = fresh.Get_size(), fresh.Get_rank()
+    send = np.arange(4.0 * p) + r
+    recv = np.zeros(4 * p if kind != "reduce_scatter" else 4)
+    want = np.arange(4.0 * p) * p + p * (p - 1) / 2
+    if kind == "reduce_scatter":
+        want = want[4 * r:4 * r + 4]
+    call = _REPEATED[kind]
+    for _ in range(2):  # (the second: the kept call's repeat)
+        np.testing.assert_array_equal(call(send, recv, fresh, **given), want)
+    with pytest.raises((TypeError, ValueError), match=next(iter(refused))):
+        call(send, recv, fresh, **refused)
+    np.testing.assert_array_equal(call(send, recv, fresh, **given), want)
+
+
+class _LockedPath(os.PathLike):
+    """A path (``tuning=`` takes any ``os.PathLike``) that cannot be copied."""
+
+    def __init__(self, path: str):
+        self.path, self.lock = path, threading.Lock()
+
+    def __fspath__(self) -> str:
+        return self.path
+
+
+@pytest.mark.parametrize("kind", ["allreduce", "iallreduce"])
+def test_keywords_that_cannot_be_copied_are_taken_every_call(fresh, kind, tmp_path_factory):
+    """A kept call keeps a copy of its keywords (one changed in place later
+    makes a new call); a value that cannot be copied -- a path object that
+    holds a lock -- is valid input all the same: every call takes it, none
+    is kept (before: every call was refused, and a non-blocking one broke
+    the communicator, its tag already claimed)."""
+    path = str(tmp_path_factory.mktemp("tables") / "ring.json")
+    with open(path, "w") as f:
+        json.dump({"rules": [{"comm_size": 1, "table": [{"max_bytes": None,
+                                                         "algorithm": "ring"}]}]}, f)
+    p, r = fresh.Get_size(), fresh.Get_rank()
+    send, recv = np.full(10, r + 1.0), np.zeros(10)
+    tuning = _LockedPath(path)
+    for _ in range(3):
+        np.testing.assert_array_equal(_REPEATED[kind](send, recv, fresh, tuning=tuning),
+                                      np.full(10, p * (p + 1) / 2))
