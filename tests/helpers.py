@@ -66,6 +66,22 @@ def restore_watchdog(monkeypatch) -> None:
     config.refresh()
 
 
+def interrupt_once(monkeypatch, owner, name: str, armed: list, message: str = "") -> None:
+    """Replace ``owner.name`` (a function of a module, or a method of a
+    class) by one that, while ``armed[0]`` is true, disarms it and raises
+    KeyboardInterrupt -- an interrupt landing there once -- and otherwise
+    calls the original (``armed``: a one-element list, which several
+    replacements may share, set by the test to arm it later)."""
+    real = getattr(owner, name)
+
+    def interrupted(*args, **kwargs):
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt(message or f"lands in {name}")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(owner, name, interrupted)
+
+
 def raise_mode(monkeypatch, seconds: float):
     """The watchdog in raise mode with ``seconds``, undone afterwards: the
     body of a fixture (``yield from raise_mode(monkeypatch, 0.5)``)."""

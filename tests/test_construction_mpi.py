@@ -23,7 +23,7 @@ import mpi_allreduce as mar
 from mpi_allreduce import config
 from mpi_allreduce.context import context_for
 
-from .helpers import raise_mode, restore_watchdog
+from .helpers import interrupt_once, raise_mode, restore_watchdog
 from .test_bad_input_mpi import raising_watchdog  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.mpi
@@ -711,15 +711,8 @@ def test_an_interrupt_between_a_calls_tag_and_its_start_breaks_the_communicator(
     module, name = {"one_round": (engine.Operation, "one_round"),
                     "persistent_requests": (progress, "persistent_requests"),
                     "remember_call": (api, "remember_call")}[where]
-    real = getattr(module, name)
-
-    def interrupted(*args, **kwargs):
-        if armed[0]:
-            armed[0] = False
-            raise KeyboardInterrupt(f"lands in {name}")
-        return real(*args, **kwargs)
     if rank == 0:
-        monkeypatch.setattr(module, name, interrupted)
+        interrupt_once(monkeypatch, module, name, armed)
 
     def start(x):
         if where == "persistent_requests":
@@ -1072,17 +1065,10 @@ def test_an_interrupt_before_a_calls_messages_breaks_the_communicator(interrupt_
     rank = comm.Get_rank()
     if where == "after its set-up":
         mar.setup(comm)
-    armed = [rank == 0]
+    armed = [rank == 0]  # (one interrupt, in whichever module's function comes first)
     for module in (api, collectives):
-        name = BEFORE_MESSAGES[where][module.__name__.rsplit(".", 1)[1]]
-        real = getattr(module, name)
-
-        def interrupted(*args, real=real, name=name, **kwargs):
-            if armed[0]:
-                armed[0] = False
-                raise KeyboardInterrupt(f"lands in {name}")
-            return real(*args, **kwargs)
-        monkeypatch.setattr(module, name, interrupted)
+        interrupt_once(monkeypatch, module,
+                       BEFORE_MESSAGES[where][module.__name__.rsplit(".", 1)[1]], armed)
     data = np.arange(COUNT, dtype=np.float64) + rank
     call, count = KINDS[kind]
     outcomes = [_outcome(lambda: call(data[:count].copy(), "sum", comm), _exact(kind, comm))
@@ -1197,15 +1183,7 @@ def test_an_interrupt_as_a_rank_refuses_a_call_breaks_the_communicator(
     comm = world.Dup()
     mar.setup(comm)
     rank, p = comm.Get_rank(), comm.Get_size()
-    module = {"api": api, "Comm": mar.Comm}[owner]
-    real, armed = getattr(module, name), [rank == 0]
-
-    def interrupted(*args, **kwargs):
-        if armed[0]:
-            armed[0] = False
-            raise KeyboardInterrupt(f"lands in {name}")
-        return real(*args, **kwargs)
-    monkeypatch.setattr(module, name, interrupted)
+    interrupt_once(monkeypatch, {"api": api, "Comm": mar.Comm}[owner], name, [rank == 0])
     outcomes = []
     for attempt in range(2):
         x, recv = np.arange(4.0 * p) + rank + attempt, np.zeros(4 * p)
@@ -1269,14 +1247,7 @@ def test_an_interrupt_between_the_parts_of_a_fusions_allreduce_breaks_the_commun
     mar.setup(comm)
     rank, p = comm.Get_rank(), comm.Get_size()
     fusion = Fusion(comm, bucket_bytes=16)  # (each array a bucket of its own, started at once)
-    real, armed = Fusion.add, [rank == 0]
-
-    def add(self, array):
-        if armed[0]:
-            armed[0] = False
-            raise KeyboardInterrupt("lands as Fusion.allreduce adds")
-        return real(self, array)
-    monkeypatch.setattr(Fusion, "add", add)
+    interrupt_once(monkeypatch, Fusion, "add", [rank == 0], "lands as Fusion.allreduce adds")
 
     def step(k):
         arrays = [np.full(4, 1.0 + rank + 10 * k), np.full(4, 100.0 + rank + 10 * k)]
