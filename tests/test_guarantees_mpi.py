@@ -1211,10 +1211,11 @@ def test_calls_waited_by_another_thread_do_not_pile_up_in_their_starters_list(fr
 def test_a_rank_whose_peers_are_late_leaves_its_core_in_raise_mode(fresh, watchdog):
     """The raise mode polls; past its first millisecond the wait sleeps
     between polls (``engine.SPIN_SECONDS``, ``NAP_SECONDS``): rank 0, whose
-    peers come 0.5 s late, spends under a tenth of that wait on the CPU (a
-    spinning wait spent all of it that a core gave it, and on an
-    oversubscribed node took that core from the late peers) and gets the
-    sum.  Judged after every rank's numbers are gathered."""
+    peers come 0.5 s late, spends under a quarter of that wait on the CPU
+    (a spinning wait spent all of it that a core gave it, and on an
+    oversubscribed node took that core from the late peers; the naps' own
+    wake-ups, beside other processes, once took an eighth under MPICH) and
+    gets the sum.  Judged after every rank's numbers are gathered."""
     _need(fresh)
     watchdog(30)
     p, r = fresh.Get_size(), fresh.Get_rank()
@@ -1227,7 +1228,7 @@ def test_a_rank_whose_peers_are_late_leaves_its_core_in_raise_mode(fresh, watchd
     seen = MPI.COMM_WORLD.allgather((wall, cpu, out.tolist()))
     assert all(got == [p * (p + 1) / 2] * 4 for _, _, got in seen), seen
     wall, cpu, _ = seen[0]
-    assert wall > 0.3 and cpu < 0.1 * wall, \
+    assert wall > 0.3 and cpu < 0.25 * wall, \
         f"rank 0 waited {wall:.3f} s, {cpu:.3f} s of it on the CPU"
 
 
