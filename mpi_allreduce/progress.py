@@ -557,18 +557,16 @@ def guarded(context, what: tuple, run, on_thread=None, steps=None):
     kind = what[0]
     engine, ident = _ENGINE, get_ident
 
-    def left(exc: BaseException, held: bool, body) -> None:
-        context.what = None
-        if held:
-            release()
-        # (what ran the call is kept only where it ran: a call refused on a
-        # broken communicator sent nothing, and keeps nothing)
-        context.breaks(exc, kind, body)
+    if steps is not None and len(steps) in (1, 2):
+        (f0, a0), (f1, a1) = steps if len(steps) == 2 else (steps[0], (None, ()))
+    else:  # (the call, one step of its own)
+        (f0, a0), (f1, a1) = (run, ()), (None, ())
 
     def guarded_run():
-        body = run
+        body, first, args, second = run, f0, a0, f1
         if on_thread is not None and engine.ident and engine.ident == ident():
-            body = on_thread  # (ident is 0 until the thread starts)
+            # (ident is 0 until the thread starts)
+            body, first, args, second = on_thread, on_thread, (), None
         if not acquire(False):
             raise context.concurrent()
         held, began = True, False
@@ -578,7 +576,9 @@ def guarded(context, what: tuple, run, on_thread=None, steps=None):
             context.what = what
             context.count += 1
             began = True
-            value = body()
+            value = first(*args)
+            if second is not None:
+                second(*a1)
             context.what = None
             held = False
             # (an interrupt is raised as a call returns, this one too: inside
@@ -586,36 +586,15 @@ def guarded(context, what: tuple, run, on_thread=None, steps=None):
             # communicator as well -- a retry would meet the peers' next call)
             release()
         except BaseException as exc:
-            left(exc, held, body if began else None)
+            context.what = None
+            if held:
+                release()
+            # (what ran the call is kept only where it ran: a call refused
+            # on a broken communicator sent nothing, and keeps nothing)
+            context.breaks(exc, kind, body if began else None)
             raise
         return value
-
-    if steps is None or len(steps) not in (1, 2):
-        return guarded_run
-    (f0, a0), (f1, a1) = steps if len(steps) == 2 else (steps[0], (None, ()))
-
-    def guarded_steps():  # guarded_run, with ``body()`` written out
-        if on_thread is not None and engine.ident and engine.ident == ident():
-            return guarded_run()
-        if not acquire(False):
-            raise context.concurrent()
-        held, began = True, False
-        try:
-            if context.broken is not None:
-                raise context.refusal()
-            context.what = what
-            context.count += 1
-            began = True
-            f0(*a0)
-            if f1 is not None:
-                f1(*a1)
-            context.what = None
-            held = False
-            release()
-        except BaseException as exc:
-            left(exc, held, run if began else None)
-            raise
-    return guarded_steps
+    return guarded_run
 
 
 def blocking(bound: Bound, context, kind: str):

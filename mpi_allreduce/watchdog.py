@@ -167,7 +167,7 @@ def _thread_in(item) -> str:
     names = {t.ident: t.name for t in threading.enumerate()}
     for ident, frame in sys._current_frames().items():
         while frame is not None:
-            if frame.f_code.co_name in ("guarded_run", "guarded_steps", "deadline_run") and \
+            if frame.f_code.co_name in ("guarded_run", "deadline_run") and \
                     frame.f_locals.get("context") is item:
                 return names.get(ident, str(ident))
             frame = frame.f_back
