@@ -454,7 +454,7 @@ def test_an_interrupt_inside_a_step_breaks_the_communicator(
     if rank == 0:
         monkeypatch.setattr(module, attribute, interrupted)
     # (patient on rank 0, which must reach its interrupt on a loaded machine)
-    set_watchdog(monkeypatch, 30 if rank == 0 else 2)
+    set_watchdog(monkeypatch, 30 if rank == 0 else 1)
     fusion = Fusion(fresh, op="sum", bucket_bytes=64)  # (two arrays of 4 float64 a bucket)
 
     def retried(call, *args):

@@ -5,8 +5,9 @@ Every mpiexec has a time limit.
 Which world sizes.  Most MPI tests take the ``comm`` fixture
 (tests/conftest.py) and run on communicators of the world: a duplicate of
 it, the world reversed, its even ranks and the world minus its last rank.
-The launches at world sizes 1, 3, 5 and 8 run those of them that add a size
-or a rank order (``SUBCOMM_KINDS_AT`` in tests/conftest.py):
+The launches at world sizes 1, 3, 5 (tests/test_launch_np5.py) and 8 run
+those of them that add a size or a rank order (``SUBCOMM_KINDS_AT`` in
+tests/conftest.py):
 
     world size 1:  1
     world size 3:  3, 3 reversed, 2 strided, 2
@@ -55,6 +56,11 @@ ROOT = Path(__file__).resolve().parent.parent
 #: core from), so it runs last, once the serial session's other files,
 #: which run beside these launches, are more likely over
 LAUNCHES = [(8, "comm"), (3, ""), (5, "comm"), (1, ""), (2, "world")]
+#: the launches another file runs (tests/test_launch_np5.py): a file stays in
+#: one process of the serial session, and this file's launches one after
+#: another were its longest path (15 minutes) while the other process stood
+#: idle for its last 2 or 3; the 5-rank launch (about 100 s) goes there
+ELSEWHERE = [(5, "comm")]
 #: seconds for one mpiexec of the MPI test files (a hang guard: 8 ranks on 2 cores,
 #: beside the serial tests, took 848 s here)
 SUITE_TIMEOUT = 1200
@@ -106,11 +112,21 @@ def peer_tests():
     return path
 
 
-@pytest.mark.parametrize("size,only", LAUNCHES,
-                         ids=[f"np{n}" + (f"-{only}-only" if only else "") for n, only in LAUNCHES])
+def launches(which: list):
+    """``which`` launches as the parameters of a test of them."""
+    return pytest.mark.parametrize(
+        "size,only", which, ids=[f"np{n}" + (f"-{only}-only" if only else "") for n, only in which])
+
+
+@launches([launch for launch in LAUNCHES if launch not in ELSEWHERE])
 def test_mpi_suite(size, only, peer_tests, record_property):
     """All MPI tests (or only those on COMM_WORLD, or only those on the
     ``comm`` fixture) pass on every rank at this world size."""
+    run_suite(size, only, record_property)
+
+
+def run_suite(size: int, only: str, record_property) -> None:
+    """One launch of the MPI tests, its slowest tests recorded for the summary."""
     args = [sys.executable, "-m", "pytest", "--with-mpi", "-m", "mpi", "-q", "--color=no",
             "-p", "no:cacheprovider", str(ROOT / "tests")]
     env = {"MPI_ALLREDUCE_UNDER_MPIEXEC": "1"}
