@@ -223,6 +223,15 @@ def pytest_configure(config):
 
         launch.announce = announce
         return
+    from mpi_allreduce import config as settings
+
+    if settings.WATCHDOG_ENV not in os.environ:
+        # a call that stalls (a rank that refused it, its peers in it) is
+        # reported by the library, with its reason, before the test's time
+        # limit aborts the job with the ranks' stacks alone (the default, 600
+        # s, is longer than that limit)
+        os.environ[settings.WATCHDOG_ENV] = str(0.8 * TEST_TIMEOUT)
+        settings.refresh()
     if getattr(config.option, "durations", None):
         from mpi4py import MPI
 
