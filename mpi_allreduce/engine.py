@@ -38,6 +38,7 @@ from mpi4py import MPI
 from .backend import Slot, message_calls, started
 from .config import environment
 from .errors import Broken, Stalled
+from .threads import start_daemon
 from .watchdog import WATCH, describe, report, settings
 
 __all__ = ["Operation", "MPIOperation", "ENGINE", "wait_for", "wait_for_call",
@@ -554,6 +555,7 @@ class _Engine:
         self.running = False  # the thread runs callbacks (see _run)
         self.served = 0  # turns taken inside waits on the thread (see _run)
         self._starting = threading.Lock()
+        self._exit_registered = False
 
     # --- caller progress ----------------------------------------------------
     @property
@@ -800,9 +802,11 @@ class _Engine:
         """``item`` onto the thread's list ``name`` (the thread started
         first), the thread woken to take it.  (The list is looked up under
         the lock: the thread replaces it there.)"""
-        if self.thread is None:
+        thread = self.thread
+        if thread is None or not thread.is_alive():
             with self._starting:  # (two threads' first hand-overs start one thread)
-                if self.thread is None:
+                thread = self.thread
+                if thread is None or not thread.is_alive():
                     self._start_thread()
         with self.cond:
             getattr(self, name).append(item)
@@ -820,11 +824,17 @@ class _Engine:
         self.wake_comm.Isend([bytearray(0), MPI.BYTE], 0, _WAKE_TAG).Free()
 
     def _start_thread(self) -> None:
-        self.wake_comm = MPI.COMM_SELF.Dup()
-        self.thread = threading.Thread(target=self._run, name="mpi_allreduce-progress",
-                                       daemon=True)
-        self.thread.start()
-        atexit.register(self.stop)
+        """Start the thread (under ``_starting``): ``self.thread`` once it
+        runs (:func:`~mpi_allreduce.threads.start_daemon`: an interrupt as it
+        starts leaves none that never ran to take every later call; the
+        next hand-over starts one)."""
+        if self.wake_comm is None:
+            self.wake_comm = MPI.COMM_SELF.Dup()
+        if not self._exit_registered:
+            atexit.register(self.stop)
+            self._exit_registered = True
+        start_daemon(self._run, "mpi_allreduce-progress",
+                     functools.partial(setattr, self, "thread"))
 
     def _turn(self) -> list:
         """Under ``cond``: advance the thread's calls without blocking, let

@@ -342,6 +342,11 @@ class PersistentRequest(Request):
     def start(self) -> None:
         """Start the call (the buffers' current contents are reduced)."""
         if self._state != "complete":
+            op = self._op
+            if op is not None and op.context is not None and op.context.broken is not None:
+                # (a start interrupted on its way, say, left it active: its
+                # communicator is broken, which is what a start says first)
+                raise op.context.refusal()
             if self._state == "active":
                 raise RequestError("start() on a persistent request that is still active "
                                    "(wait() for it first)")

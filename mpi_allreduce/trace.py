@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Optional
 
 from .config import on_refresh
+from .threads import start_daemon
 
 __all__ = ["Tracer", "tracer", "instrument", "flush", "collect", "write", "TraceError",
            "CHUNK_EVENTS", "FLUSH_SECONDS"]
@@ -261,6 +262,8 @@ class Tracer:
 #: change of the setting)
 _TRACERS: list = []
 _START = threading.Lock()
+#: the writer thread, once it runs (threads.start_daemon)
+_WRITER: list = []
 
 
 def _keep(t: Tracer) -> None:
@@ -269,9 +272,9 @@ def _keep(t: Tracer) -> None:
     with _START:
         if not _TRACERS:
             atexit.register(_close_all)
-            threading.Thread(target=_write_now_and_then, daemon=True,
-                             name="mpi_allreduce-trace").start()
         _TRACERS.append(t)
+        if not _WRITER:
+            start_daemon(_write_now_and_then, "mpi_allreduce-trace", _WRITER.append)
 
 
 def _write_now_and_then() -> None:

@@ -32,6 +32,7 @@ flight) is given up there once it is late by twice the limit.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -42,6 +43,7 @@ from mpi4py import MPI
 
 from . import trace
 from .config import environment
+from .threads import start_daemon
 
 __all__ = ["WATCH", "Cell", "describe", "report", "settings"]
 
@@ -113,10 +115,9 @@ class _Watch:
         ``snapshot()``) while it lives; the monitor starts with the first."""
         with self._lock:
             self.items.add(item)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._monitor, daemon=True,
-                                                name="mpi_allreduce-watchdog")
-                self._thread.start()
+            if self._thread is None:  # (kept once it runs: threads.start_daemon)
+                start_daemon(self._monitor, "mpi_allreduce-watchdog",
+                             functools.partial(setattr, self, "_thread"))
 
     def _monitor(self) -> None:
         seen: dict = {}  # id(item) -> (snapshot, since, reported)

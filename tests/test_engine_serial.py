@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from mpi_allreduce import engine
 
 
@@ -18,7 +20,7 @@ def test_two_threads_handing_over_at_once_start_one_progress_thread(monkeypatch)
     def start():  # (a start that takes a while: the window two threads could share)
         started.append(threading.get_ident())
         time.sleep(0.05)
-        fresh.thread = object()
+        fresh.thread = threading.main_thread()  # (one that runs)
     monkeypatch.setattr(fresh, "_start_thread", start)
     go = threading.Barrier(4)
 
@@ -31,6 +33,46 @@ def test_two_threads_handing_over_at_once_start_one_progress_thread(monkeypatch)
     for t in threads:
         t.join()
     assert len(started) == 1 and len(fresh.later) == 4
+
+
+@pytest.mark.parametrize("lands", ["before its launch", "after its launch"])
+def test_an_interrupt_as_a_thread_starts_keeps_it_only_if_it_runs(monkeypatch, lands):
+    """An interrupt inside ``Thread.start``: before the thread was launched
+    nothing is kept (the next caller starts one); after, the running thread
+    is kept (a second must not start); the interrupt is raised either way.
+    The engine's progress thread, the watchdog's monitor and the trace
+    writer all start this way."""
+    from mpi_allreduce.threads import start_daemon
+
+    real = threading.Thread.start
+
+    def interrupted(thread):
+        if lands == "after its launch":
+            real(thread)
+        raise KeyboardInterrupt(lands)
+    monkeypatch.setattr(threading.Thread, "start", interrupted)
+    stop, kept = threading.Event(), []
+    with pytest.raises(KeyboardInterrupt, match=lands):
+        start_daemon(stop.wait, "interrupted", kept.append)
+    monkeypatch.undo()
+    stop.set()
+    if lands == "before its launch":
+        assert kept == []
+    else:
+        assert len(kept) == 1 and kept[0].name == "interrupted" and kept[0].ident is not None
+        kept[0].join(5)
+
+
+def test_a_progress_thread_that_never_ran_is_started_by_the_next_hand_over(monkeypatch):
+    """The engine hands calls over only to a thread that runs: one recorded
+    but not alive (an interrupt as it started, in a library of old) is
+    started again by the next hand-over."""
+    fresh = engine._Engine()
+    fresh.thread = threading.Thread(target=lambda: None)  # (never started)
+    started = []
+    monkeypatch.setattr(fresh, "_start_thread", lambda: started.append(1))
+    fresh._hand("later", lambda: None)
+    assert started == [1] and len(fresh.later) == 1
 
 
 def test_a_callback_run_at_once_has_its_exception_printed_not_raised(monkeypatch):

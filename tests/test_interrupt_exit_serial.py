@@ -123,3 +123,85 @@ def test_a_collective_left_inside_mpi_ends_its_process_without_finalize(tmp_path
     assert "rank 0: Stalled" in out and "rank 1: ends" in out, out[-3000:]
     assert "leaving without MPI_Finalize: an earlier MPI_Comm_split" in out, out[-3000:]
     assert result.returncode != 0 and "Segmentation fault" not in out, out[-3000:]
+
+
+#: rank 1: an interrupt as the library starts its progress thread (the first
+#: call of the process handed to it: a persistent or non-blocking call of
+#: many rounds on ``first``), then the start again; then both ranks make the
+#: same kind of call on two other communicators, set up before
+THREAD_START = """\
+import os
+import sys
+import threading
+
+os.environ["MPI_ALLREDUCE_WATCHDOG"] = "2"
+os.environ["MPI_ALLREDUCE_WATCHDOG_ACTION"] = "raise"
+
+import numpy as np
+from mpi4py import MPI
+
+import mpi_allreduce as mar
+
+kind = sys.argv[1]
+world = MPI.COMM_WORLD
+rank = world.Get_rank()
+first, second, third = world.Dup(), world.Dup(), world.Dup()
+for comm in (first, second, third):
+    mar.setup(comm)
+start = threading.Thread.start
+
+
+def interrupted(thread):
+    threading.Thread.start = start  # (once)
+    raise KeyboardInterrupt("lands as the thread starts")
+
+
+if rank == 1:
+    threading.Thread.start = interrupted
+
+
+def call(comm, value):
+    send, recv = np.full(100_000, float(value)), np.empty(100_000)
+    options = dict(comm=comm, algorithm="ring", segment_size=1000)
+    if kind == "persistent":
+        request = mar.allreduce_init(send, recv, **options)
+    else:
+        request = None
+    for attempt in range(2):
+        try:
+            if request is None:
+                mar.iallreduce(send, recv, **options).wait()
+            else:
+                request.start()
+                request.wait()
+            return "exact" if (recv == 2.0 * value).all() else "WRONG"
+        except mar.Broken as exc:
+            return type(exc).__name__
+        except KeyboardInterrupt:
+            outcomes.append("interrupted")
+    return "interrupted twice"
+
+
+outcomes = []
+outcomes.append(call(first, 1))
+world.Barrier()
+outcomes += [call(second, 2), call(third, 3)]
+print(f"rank {rank}: {outcomes}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("kind", ["persistent", "iallreduce"])
+def test_an_interrupt_as_the_progress_thread_starts_breaks_one_communicator(tmp_path, kind):
+    """The progress thread is the process's, not a communicator's: an
+    interrupt as it starts breaks the communicator of the call that started
+    it (its start again raises Broken, its peer stalls) and no other -- the
+    next call handed over starts the thread (before: a thread that never ran
+    was kept, every later non-blocking or persistent call of the process
+    waited for it, and the watchdog reported them; a persistent call's start
+    again raised RequestError, "still active")."""
+    script = tmp_path / "thread_start.py"
+    script.write_text(THREAD_START)
+    result = run_mpi(2, [sys.executable, str(script), kind], timeout=90, cwd=str(ROOT))
+    out = result.stdout
+    assert "rank 1: ['interrupted', 'Broken', 'exact', 'exact']" in out, out[-3000:]
+    assert "rank 0: ['Stalled', 'exact', 'exact']" in out, out[-3000:]
