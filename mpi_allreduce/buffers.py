@@ -54,7 +54,10 @@ def messages(sendbuf, recvbuf, user_op: bool = False) -> tuple:
     :class:`Message`, or None when omitted).  A receive buffer must name
     memory the result is written into (:func:`names_memory`): a list would
     be copied, and the result lost with the copy (mpi4py refuses it too)."""
-    if recvbuf is not None and not in_place(recvbuf, None) and not names_memory(recvbuf):
+    if in_place(recvbuf, None):  # (MPI.IN_PLACE, or an object equal to it)
+        raise ValueError("recvbuf is MPI.IN_PLACE: MPI.IN_PLACE goes in sendbuf, and the "
+                         "receive buffer holds this rank's data")
+    if recvbuf is not None and not names_memory(recvbuf):
         raise TypeError(f"recvbuf must be an array or a buffer the result can be written "
                         f"into, not a {type(recvbuf).__name__} (it would be copied, and the "
                         "result lost)")

@@ -66,6 +66,8 @@ BAD = {
                             lambda: (np.ones(4), np.empty(8)[::2], "sum")),
     "readonly_recv": (ValueError, "recvbuf is read-only", lambda: (np.ones(4), readonly(4), "sum")),
     "in_place_without_recv": (ValueError, "no recvbuf", lambda: (MPI.IN_PLACE, None, "sum")),
+    "in_place_as_recv": (ValueError, "MPI.IN_PLACE goes in sendbuf",
+                         lambda: (np.ones(4), MPI.IN_PLACE, "sum")),
     "overlapping_buffers": (ValueError, "overlap", lambda: (_overlap()[0], _overlap()[1], "sum")),
     "byte_swapped": (TypeError, "native byte order",
                      lambda: (np.ones(4, dtype=">i4" if np.little_endian else "<i4"), None, "sum")),
