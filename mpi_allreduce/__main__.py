@@ -85,6 +85,29 @@ def _shape_options(args, name: str) -> dict:
     return keywords_for({k: v for k, v in given.items() if v is not None}, "allreduce", name)
 
 
+#: the command line's options that some algorithms take, and their keywords
+_ALGORITHM_OPTIONS = {"--ranks-per-node": "ranks_per_node", "--inner": "inner",
+                      "--radix": "radix", "--row-size": "row_size"}
+
+
+def _check_taken(args, error, algorithms, placing: bool = False) -> None:
+    """An option of some algorithms (--radix, --inner, ...) given where none
+    of the algorithms run takes it is refused: it would be ignored, and the
+    run would not be the one asked for (``placing``: --ranks-per-node also
+    places ranks on a network's nodes, as simulate's does)."""
+    from .options import algorithms_taking
+    from .registry import ALGORITHMS
+
+    names = ALGORITHMS if algorithms is None or "all" in algorithms else algorithms
+    for flag, name in _ALGORITHM_OPTIONS.items():
+        if getattr(args, name, None) is None or (placing and name == "ranks_per_node"):
+            continue
+        users = algorithms_taking(name)
+        if not set(users) & set(names):
+            error(f"{flag} is an option of {' and '.join(users)}; none of the algorithms "
+                  f"run ({', '.join(names)}) takes it")
+
+
 def _check_row_size(args, error, ranks: int, algorithms) -> None:
     """--row-size must divide the ranks the torus runs on (where it runs)."""
     from .registry import ALGORITHMS
@@ -423,6 +446,7 @@ def _check_bench(args, error) -> None:
     _check_dtype_op(args, error)
     _check_vendor(args, error)
     _check_held(args, error, "-d/--dtype", [args.dtype])
+    _check_taken(args, error, args.algorithms)
     _check_row_size(args, error, MPI.COMM_WORLD.Get_size(), args.algorithms)
     if args.json and args.json == args.csv:
         error(f"--json and --csv both name {args.json!r}")
@@ -442,10 +466,30 @@ def _check_verify(args, error) -> None:
     from .backend import held_on
     from .ops import SUPPORTED_DTYPES
 
+    _check_taken(args, error, args.algorithms)
     _check_row_size(args, error, MPI.COMM_WORLD.Get_size(), args.algorithms)
     if args.dtypes is None:  # (every dtype the device's arrays hold)
         args.dtypes = held_on(args.device, SUPPORTED_DTYPES)
     _check_held(args, error, "-d/--dtypes", args.dtypes)
+    _check_pairs(args, error)
+
+
+def _check_pairs(args, error) -> None:
+    """-d and -o of verify: some op defined for some dtype (pairs that are
+    not are left out; none at all would verify no reduction)."""
+    import numpy as np
+
+    from .ops import check_dtype, resolve_op
+
+    for dtype in args.dtypes:
+        for op in args.ops:
+            try:
+                check_dtype(np.dtype(dtype), resolve_op(op))
+                return
+            except TypeError:
+                continue
+    error(f"-d/--dtypes {','.join(args.dtypes)} with -o/--ops {','.join(args.ops)}: no op "
+          "is defined for any of the dtypes")
 
 
 def _check_simulate(args, error) -> None:
@@ -453,6 +497,7 @@ def _check_simulate(args, error) -> None:
     _check_dtype_op(args, error)
     if "all" in args.algorithms and len(args.algorithms) > 1:
         error("-a/--algorithms: 'all' stands alone, or name the algorithms")
+    _check_taken(args, error, args.algorithms, placing=True)
     if not args.predict:
         _check_row_size(args, error, args.size, args.algorithms)
     if args.placement != "block":
@@ -584,6 +629,7 @@ def _check_draw(args, error) -> None:
     if importlib.util.find_spec("matplotlib") is None:
         error(NO_MATPLOTLIB)
     _check_default_output(args, error, _default_drawing)
+    _check_taken(args, error, [args.algorithm])
     _check_row_size(args, error, args.size, [args.algorithm])
     _check_drawn_memory(args, error)
 

@@ -27,8 +27,8 @@ import numpy as np
 from . import registry, selection as _selection
 from .config import environment
 
-__all__ = ["Options", "options", "keywords_for", "NAMES", "APPLIES", "SELECTIONS",
-           "DEFAULT_SEGMENT_BYTES"]
+__all__ = ["Options", "options", "keywords_for", "algorithms_taking", "NAMES", "APPLIES",
+           "SELECTIONS", "DEFAULT_SEGMENT_BYTES"]
 
 #: default segment: the most one message carries when its data is to be
 #: reduced, and so the scratch of every algorithm
@@ -110,6 +110,11 @@ _ALGORITHMS_OF = {"inner": ("hierarchical",), "ranks_per_node": ("hierarchical",
                   **{name: tuple(a for a in registry.ALGORITHMS
                                  if name in getattr(registry.get(a), "OPTIONS", ()))
                      for name in ("radix", "row_size")}}
+
+def algorithms_taking(name: str) -> tuple:
+    """The algorithms that take option ``name`` (None: every algorithm)."""
+    return _ALGORITHMS_OF.get(name)
+
 
 #: values of an option that ask for nothing a kind of call could miss
 _NEUTRAL = {"algorithm": ("auto", "ring"), "reproducible": (False,), "selection": ("table",)}

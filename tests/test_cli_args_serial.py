@@ -137,6 +137,16 @@ BAD = [
     ("draw --radix 0", ["draw", "-a", "knomial", "-p", "9", "--radix", "0"], "--radix"),
     ("draw --row-size not dividing -p", ["draw", "-a", "torus", "-p", "6", "--row-size", "4"],
      "--row-size"),
+    # an option of algorithms none of those run takes (it would be ignored)
+    ("simulate --row-size of no torus", ["simulate", "-p", "7", "-a", "ring", "--row-size", "2"],
+     "--row-size"),
+    ("bench --inner of no hierarchical", ["bench", "-a", "ring,auto", "--inner", "ring"],
+     "--inner"),
+    ("verify --radix of no radix-k", ["verify", "-a", "ring", "--radix", "3"], "--radix"),
+    ("draw --ranks-per-node of no hierarchical", ["draw", "-a", "ring", "-p", "4",
+                                                  "--ranks-per-node", "2"], "--ranks-per-node"),
+    ("verify -d and -o of no pair", ["verify", "-d", "float64,float32", "-o", "band,bor"],
+     "-d/--dtypes"),
     ("draw -o not a drawing", ["draw", "-a", "ring", "-p", "4", "-o", "{tmp}/r.txt"],
      "-o/--output"),
     ("draw -o under a file", ["draw", "-a", "ring", "-p", "4", "-o", "{file}/r.png"],
@@ -246,7 +256,6 @@ GOOD = [
                                "--inner", "rabenseifner"]),
     ("simulate radix and rows", ["simulate", "-p", "12", "-a", "knomial,torus,ring",
                                  "--radix", "3", "--row-size", "4"]),
-    ("simulate rows of no torus", ["simulate", "-p", "7", "-a", "ring", "--row-size", "2"]),
     ("verify radix and rows", ["verify", "-a", "knomial,torus", "--radix", "5",
                                "--row-size", "1"]),
     ("draw the torus", ["draw", "-a", "torus", "-p", "6", "--row-size", "3", "-o",
@@ -635,11 +644,12 @@ def test_good_arguments_parse(args, places):
 
 
 def test_parsed_values():
-    args = parse_args(["bench", "-m", "8:64K", "-f", "4", "-a", "ring,auto,ring", "-d", "f4",
-                       "-o", "MAX", "--segment-bytes", "256K", "--ranks-per-node", "2", "-c"])
+    args = parse_args(["bench", "-m", "8:64K", "-f", "4", "-a", "ring,hierarchical,auto,ring",
+                       "-d", "f4", "-o", "MAX", "--segment-bytes", "256K", "--ranks-per-node",
+                       "2", "-c"])
     assert args.message_sizes == (8, 64 << 10) and args.stepfactor == 4.0
     assert args.check is True and args.minbytes == 8 and args.maxbytes == 64 << 20
-    assert args.algorithms == ["ring", "auto"]  # each once
+    assert args.algorithms == ["ring", "hierarchical", "auto"]  # each once
     assert (args.dtype, args.op, args.segment_bytes, args.ranks_per_node) == \
         ("float32", "max", 256 << 10, 2)
     args = parse_args(["tune", "-b", "1.5K", "-e", "16MB"])
