@@ -481,10 +481,10 @@ def _check_pairs(args, error) -> None:
 
     from .ops import check_dtype, resolve_op
 
-    for dtype in args.dtypes:
-        for op in args.ops:
+    for name in args.dtypes:
+        for op_name in args.ops:
             try:
-                check_dtype(np.dtype(dtype), resolve_op(op))
+                check_dtype(np.dtype(name), resolve_op(op_name))
                 return
             except TypeError:
                 continue
