@@ -805,6 +805,9 @@ class _Engine:
         thread = self.thread
         if thread is None or not thread.is_alive():
             with self._starting:  # (two threads' first hand-overs start one thread)
+                if self.stopping:
+                    raise RuntimeError("the library's progress thread has stopped (the "
+                                       "interpreter is exiting): no call can be handed to it")
                 thread = self.thread
                 if thread is None or not thread.is_alive():
                     self._start_thread()
@@ -1019,15 +1022,16 @@ class _Engine:
 
     def stop(self) -> None:
         """End the thread (at exit, before MPI is finalised)."""
-        if self.thread is None or MPI.Is_finalized():
+        with self._starting:  # (no hand-over starts a thread meanwhile)
+            self.stopping = True
+            thread = self.thread
+        if thread is None or MPI.Is_finalized():
             return
         with self.cond:
-            self.stopping = True
             self.cond.notify()
             if self.in_mpi:
                 self._wake()
-        self.thread.join(timeout=10)
-        self.thread = None
+        thread.join(timeout=10)
 
 
 _ENGINE = _Engine()
@@ -1169,12 +1173,13 @@ def wait_for_call(call, what: str, key=None, context=None):
                 _STUCK.pop(key, None)
             request.Complete()
 
-    threading.Thread(target=run, name=f"mpi_allreduce: {what}", daemon=True).start()
+    thread = threading.Thread(target=run, name=f"mpi_allreduce: {what}", daemon=True)
     try:
+        thread.start()  # (inside: an interrupt after its launch leaves it in MPI)
         wait_for([request], what, context)
     except BaseException as exc:
         with _STUCK_LOCK:
-            if key is not None and "returned" not in outcome:
+            if key is not None and thread.ident is not None and "returned" not in outcome:
                 _STUCK[key] = (f"an earlier {what} on this communicator was given up on "
                                f"({type(exc).__name__}) and is still inside MPI on this rank; "
                                "MPI allows one such call at a time")

@@ -112,8 +112,10 @@ _ALGORITHMS_OF = {"inner": ("hierarchical",), "ranks_per_node": ("hierarchical",
                      for name in ("radix", "row_size")}}
 
 def algorithms_taking(name: str) -> tuple:
-    """The algorithms that take option ``name`` (None: every algorithm)."""
-    return _ALGORITHMS_OF.get(name)
+    """The algorithms that take option ``name``, one of those only some
+    algorithms take (``inner``, ``ranks_per_node``, ``radix``, ``row_size``,
+    ``tuning``)."""
+    return _ALGORITHMS_OF[name]
 
 
 #: values of an option that ask for nothing a kind of call could miss

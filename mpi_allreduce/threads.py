@@ -6,14 +6,15 @@ An interrupt (a ``KeyboardInterrupt`` from a signal handler, say) can land
 inside ``Thread.start``.  Kept before it started, a thread that never ran
 would be taken for a running one for the rest of the process: every call
 handed to the progress thread, on any communicator, would wait for it.
-Here an interrupt before the thread was launched keeps nothing (the next
-caller starts one), and one after it was launched keeps the thread that
-runs (lest a second one start); the interrupt is raised either way."""
+Here a thread runs its work only once its starter has kept it: an
+interrupt before the launch keeps nothing (the next caller starts one), one
+after it keeps the thread that runs (lest a second one start), and a thread
+kept that never gets to its work ends, which its keeper sees
+(``is_alive()``); the interrupt is raised either way."""
 
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable
 
 __all__ = ["start_daemon"]
@@ -24,16 +25,30 @@ LAUNCH_SECONDS = 1.0
 
 def start_daemon(target: Callable[[], None], name: str,
                  keep: Callable[[threading.Thread], None]) -> None:
-    """Start a daemon thread ``name`` running ``target``, and hand it to
-    ``keep`` once it runs (see the module's docstring)."""
-    thread = threading.Thread(target=target, name=name, daemon=True)
+    """Start a daemon thread ``name`` that runs ``target`` if, and only if,
+    it was handed to ``keep`` (see the module's docstring).
+
+    The new thread waits for its starter's verdict before ``target``: kept
+    once it runs (where ``is_alive()`` is true until it ends), or not (an
+    interrupt before its launch, or one that kept the starter from seeing
+    it run).  However an interrupt falls, a thread that runs ``target`` has
+    been kept, and one kept that does not run ends at once: its keeper
+    sees it dead (``is_alive()``) and starts another."""
+    ran, verdict = threading.Event(), threading.Event()
+    kept: list = []
+
+    def run() -> None:
+        ran.set()
+        verdict.wait(2 * LAUNCH_SECONDS)
+        if kept:
+            target()
+    thread = threading.Thread(target=run, name=name, daemon=True)
     try:
         thread.start()
     finally:
-        # (the new thread sets its ident first thing: launched, it has one
-        # in a moment; an interrupt in start() may come before or after)
-        deadline = time.monotonic() + LAUNCH_SECONDS
-        while thread.ident is None and time.monotonic() < deadline:
-            time.sleep(0.001)
-        if thread.ident is not None:
-            keep(thread)
+        try:
+            if ran.wait(LAUNCH_SECONDS):
+                keep(thread)
+                kept.append(thread)
+        finally:
+            verdict.set()

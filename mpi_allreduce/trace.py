@@ -262,7 +262,7 @@ class Tracer:
 #: change of the setting)
 _TRACERS: list = []
 _START = threading.Lock()
-#: the writer thread, once it runs (threads.start_daemon)
+#: the writer thread, the last one kept (threads.start_daemon)
 _WRITER: list = []
 
 
@@ -272,9 +272,13 @@ def _keep(t: Tracer) -> None:
     with _START:
         if not _TRACERS:
             atexit.register(_close_all)
+        if not (_WRITER and _WRITER[-1].is_alive()):
+            start_daemon(_write_now_and_then, "mpi_allreduce-trace", _kept_writer)
         _TRACERS.append(t)
-        if not _WRITER:
-            start_daemon(_write_now_and_then, "mpi_allreduce-trace", _WRITER.append)
+
+
+def _kept_writer(thread) -> None:
+    _WRITER[:] = [thread]
 
 
 def _write_now_and_then() -> None:

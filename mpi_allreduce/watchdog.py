@@ -115,7 +115,7 @@ class _Watch:
         ``snapshot()``) while it lives; the monitor starts with the first."""
         with self._lock:
             self.items.add(item)
-            if self._thread is None:  # (kept once it runs: threads.start_daemon)
+            if self._thread is None or not self._thread.is_alive():  # (threads.start_daemon)
                 start_daemon(self._monitor, "mpi_allreduce-watchdog",
                              functools.partial(setattr, self, "_thread"))
 

@@ -227,9 +227,11 @@ def pytest_configure(config):
 
     if settings.WATCHDOG_ENV not in os.environ:
         # a call that stalls (a rank that refused it, its peers in it) is
-        # reported by the library, with its reason, before the test's time
-        # limit aborts the job with the ranks' stacks alone (the default, 600
-        # s, is longer than that limit)
+        # reported by the library's watchdog, which then aborts the job (the
+        # default action: the raise mode would take other paths, and the
+        # tests are of the default ones), before the test's time limit aborts
+        # it with the ranks' stacks alone (the default deadline, 600 s, is
+        # longer than that limit)
         os.environ[settings.WATCHDOG_ENV] = str(0.8 * TEST_TIMEOUT)
         settings.refresh()
     if getattr(config.option, "durations", None):

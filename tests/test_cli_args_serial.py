@@ -256,6 +256,7 @@ GOOD = [
                                "--inner", "rabenseifner"]),
     ("simulate radix and rows", ["simulate", "-p", "12", "-a", "knomial,torus,ring",
                                  "--radix", "3", "--row-size", "4"]),
+    ("verify the pair types' ops", ["verify", "-o", "maxloc,minloc"]),
     ("verify radix and rows", ["verify", "-a", "knomial,torus", "--radix", "5",
                                "--row-size", "1"]),
     ("draw the torus", ["draw", "-a", "torus", "-p", "6", "--row-size", "3", "-o",
