@@ -28,11 +28,14 @@ Routing is minimal and deterministic (no adaptive routing):
   (local) the router holding the global link -> (global) -> (local) the
   other node's router -> node, skipping the hops it does not need;
 * **Dragonfly+** (``plus``): each group a two-level fat tree of leaves
-  (``routers`` of them, nodes on them) and ``spines`` spines holding the
-  global links; inside a group leaf -> spine -> leaf (the spine
-  ``destination leaf mod spines``), across groups leaf -> the spine
-  holding the global link -> (global) -> a spine of the other group ->
-  leaf.
+  (``routers`` of them, nodes on them) and ``spines`` spines, every leaf
+  joined to every spine; spine s of each group holds a global link (a
+  bundle of ``global_width`` cables) to spine s of every other group, so
+  two groups are joined by ``spines`` global links (Dragonfly+ as Shpiner
+  et al. define it, 2017).  A message takes the spine ``destination node
+  mod spines`` (InfiniBand's D-mod-k: the destination's address picks the
+  up-port): inside a group leaf -> spine -> leaf, across groups leaf ->
+  spine s -> (global) -> spine s of the other group -> leaf.
 
 Time.  A message of n bytes between two nodes takes the machine's time
 across nodes (``alpha_inter + n beta_inter``, or its measured curve: two
@@ -272,12 +275,12 @@ def _dragonfly(network: Network, a: int, b: int) -> tuple:
         # leaves are the routers; spines hold the global links
         if ga == gb:
             if ra != rb:
-                spine = f"g{ga}s{rb % network.spines}"
+                spine = f"g{ga}s{b % network.spines}"
                 links += [("local", router_a, spine), ("local", spine, router_b)]
-        else:
-            out_spine = f"g{ga}s{_holder(ga, gb, network.spines)}"
-            in_spine = f"g{gb}s{_holder(gb, ga, network.spines)}"
-            links += [("local", router_a, out_spine), ("global", f"g{ga}", f"g{gb}"),
+        else:  # (spine s of each group holds a global link to spine s of every other)
+            spine = b % network.spines
+            out_spine, in_spine = f"g{ga}s{spine}", f"g{gb}s{spine}"
+            links += [("local", router_a, out_spine), ("global", out_spine, in_spine),
                       ("local", in_spine, router_b)]
     elif ga == gb:
         if ra != rb:
@@ -295,8 +298,8 @@ def _dragonfly(network: Network, a: int, b: int) -> tuple:
 
 
 def _holder(group: int, other: int, routers: int) -> int:
-    """The router (or spine) of ``group`` that holds its global link to
-    ``other``: the other group's place among its peers, mod ``routers``."""
+    """The router of ``group`` that holds its global link to ``other`` (a
+    Dragonfly's): the other group's place among its peers, mod ``routers``."""
     return (other if other < group else other - 1) % routers
 
 

@@ -75,6 +75,18 @@ def test_fat_tree_and_dragonfly_hops():
     plus = TOPOLOGIES["dragonfly+-3x3x2"]
     assert [link[0] for link in route(plus, 0, 2)] == ["nic", "local", "local", "nic"]
     assert [link[0] for link in route(plus, 0, 6)] == ["nic", "local", "global", "local", "nic"]
+    # Dragonfly+: spine s of a group holds a global link to spine s of every other
+    # group, so two groups are joined by one global link a spine (2 here), a message
+    # taking the spine of its destination node (D-mod-k) -- not all over one link
+    between = {link for a, b in itertools.product(range(6), range(6, 12))
+               for link in route(plus, a, b) if link[0] == "global"}
+    assert between == {("global", "g0s0", "g1s0"), ("global", "g0s1", "g1s1")}
+    for a, b in itertools.product(range(6), range(6, 12)):
+        assert route(plus, a, b)[1:4] == (("local", f"g0r{a // 2}", f"g0s{b % 2}"),
+                                          ("global", f"g0s{b % 2}", f"g1s{b % 2}"),
+                                          ("local", f"g1s{b % 2}", f"g1r{b % 6 // 2}"))
+    # and inside a group, the two nodes of a leaf are reached through both spines
+    assert {route(plus, 0, b)[2][1] for b in (2, 3)} == {"g0s0", "g0s1"}
 
 
 def test_link_speeds_taper_and_width():
