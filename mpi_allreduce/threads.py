@@ -21,6 +21,9 @@ __all__ = ["start_daemon"]
 
 #: how long an interrupted start waits to learn whether its thread was launched
 LAUNCH_SECONDS = 1.0
+#: how long a new thread waits for its starter's verdict (given at once,
+#: unless an interrupt kept the starter from giving it: then it does nothing)
+VERDICT_SECONDS = 60.0
 
 
 def start_daemon(target: Callable[[], None], name: str,
@@ -39,15 +42,19 @@ def start_daemon(target: Callable[[], None], name: str,
 
     def run() -> None:
         ran.set()
-        verdict.wait(2 * LAUNCH_SECONDS)
+        verdict.wait(VERDICT_SECONDS)
         if kept:
             target()
     thread = threading.Thread(target=run, name=name, daemon=True)
+    launched = False
     try:
         thread.start()
+        launched = True
     finally:
         try:
-            if ran.wait(LAUNCH_SECONDS):
+            # (started, it runs however long a loaded machine takes to get
+            # to it; interrupted, it may never have been launched)
+            if ran.wait(None if launched else LAUNCH_SECONDS):
                 keep(thread)
                 kept.append(thread)
         finally:
