@@ -111,6 +111,7 @@ _ALGORITHMS_OF = {"inner": ("hierarchical",), "ranks_per_node": ("hierarchical",
                                  if name in getattr(registry.get(a), "OPTIONS", ()))
                      for name in ("radix", "row_size")}}
 
+
 def algorithms_taking(name: str) -> tuple:
     """The algorithms that take option ``name``, one of those only some
     algorithms take (``inner``, ``ranks_per_node``, ``radix``, ``row_size``,

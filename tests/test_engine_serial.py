@@ -63,10 +63,28 @@ def test_an_interrupt_as_a_thread_starts_keeps_it_only_if_it_runs(monkeypatch, l
         kept[0].join(5)
 
 
+def test_a_thread_its_starter_did_not_keep_never_runs_its_work():
+    """An interrupt as the starter keeps the thread (inside ``keep``): the
+    thread, launched, does not run its work, and ends."""
+    from mpi_allreduce.threads import start_daemon
+
+    worked = threading.Event()
+
+    def keep(thread):
+        raise KeyboardInterrupt("lands as it is kept")
+    with pytest.raises(KeyboardInterrupt):
+        start_daemon(worked.set, "not kept", keep)
+    for thread in threading.enumerate():
+        if thread.name == "not kept":
+            thread.join(5)
+    assert not worked.is_set()
+    assert not any(t.name == "not kept" for t in threading.enumerate())
+
+
 def test_a_progress_thread_that_never_ran_is_started_by_the_next_hand_over(monkeypatch):
     """The engine hands calls over only to a thread that runs: one recorded
-    but not alive (an interrupt as it started, in a library of old) is
-    started again by the next hand-over."""
+    but not alive (one kept whose starter an interrupt stopped before its
+    verdict: it ends at once) is started again by the next hand-over."""
     fresh = engine._Engine()
     fresh.thread = threading.Thread(target=lambda: None)  # (never started)
     started = []
