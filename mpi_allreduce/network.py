@@ -88,8 +88,11 @@ class Network:
     ``router_nodes``, ``global_width``; ``plus`` and ``spines`` for
     Dragonfly+).  ``link_speed`` gives the bandwidth of a class of links
     (``torus``, ``local``, ``global``) as a multiple of the NIC's (the
-    machine's ``beta_inter``): a class it leaves out runs at the NIC's
-    speed, so fitting ``beta_inter`` scales every link alike.  ``nodes``:
+    machine's ``beta_inter``, between two nodes): a class it leaves out runs
+    at the NIC's speed, so fitting ``beta_inter`` scales every link alike.
+    ``nic``, a node's link to the network, worth c gives it ``floor(c)``
+    ports: as many of its messages at once, each at the NIC's speed (a
+    node with two NICs).  ``nodes``:
     the machine's nodes in all (given by the shape except for ``flat``
     and ``fat_tree``)."""
 
@@ -138,10 +141,11 @@ class Network:
         if not self.taper >= 1.0:
             raise ValueError(f"taper is the oversubscription ratio, 1 or more, not {self.taper}")
         for name, speed in self.link_speed:
-            if name not in ("torus", "local", "global") or not (
+            if name not in ("nic", "torus", "local", "global") or not (
                     isinstance(speed, (int, float)) and speed > 0):
-                raise ValueError(f"link_speed: {name!r}: {speed!r}: the classes torus, local, "
-                                 "global, each a multiple of the NIC's bandwidth, above 0")
+                raise ValueError(f"link_speed: {name!r}: {speed!r}: the classes nic, torus, "
+                                 "local, global, each a multiple of the NIC's bandwidth, "
+                                 "above 0")
         if self.hop_latency < 0:
             raise ValueError(f"hop_latency {self.hop_latency}: seconds, 0 or more")
 

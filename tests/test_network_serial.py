@@ -97,12 +97,16 @@ def test_link_speeds_taper_and_width():
     assert fly.beta("global", 1.0) == pytest.approx(0.25)
     assert fly.beta("local", 1.0) == pytest.approx(0.5)
     assert fly.beta("nic", 1.0) == 1.0
+    # a node with two NICs: two of its messages at once, each at one NIC's speed
+    assert Network("flat", link_speed={"nic": 2.0}).lanes("nic", 1.0) == (2, 1.0)
+    assert fly.lanes("nic", 1.0) == (1, 1.0)
 
 
 @pytest.mark.parametrize("bad", [
     {"topology": "hypercube"}, {"topology": "torus"}, {"topology": "torus", "dims": [4, 0]},
     {"topology": "fat_tree", "leaf_nodes": 4, "taper": 0.5},
-    {"topology": "dragonfly", "groups": 0}, {"topology": "flat", "link_speed": {"nic": 1}},
+    {"topology": "dragonfly", "groups": 0}, {"topology": "flat", "link_speed": {"intra": 1}},
+    {"topology": "flat", "link_speed": {"nic": 0}},
     {"topology": "flat", "hop_latency": -1.0}, {"topology": "flat", "colour": "red"}])
 def test_bad_networks_are_refused(bad):
     with pytest.raises((ValueError, TypeError)):
