@@ -85,6 +85,13 @@ def _shape_options(args, name: str) -> dict:
     return keywords_for({k: v for k, v in given.items() if v is not None}, "allreduce", name)
 
 
+def _algorithms_run(algorithms) -> tuple:
+    """The algorithms a command runs, from its -a (None or 'all': every one)."""
+    from .registry import ALGORITHMS
+
+    return tuple(ALGORITHMS if algorithms is None or "all" in algorithms else algorithms)
+
+
 #: the command line's options that some algorithms take, and their keywords
 _ALGORITHM_OPTIONS = {"--ranks-per-node": "ranks_per_node", "--inner": "inner",
                       "--radix": "radix", "--row-size": "row_size"}
@@ -96,9 +103,8 @@ def _check_taken(args, error, algorithms, placing: bool = False) -> None:
     run would not be the one asked for (``placing``: --ranks-per-node also
     places ranks on a network's nodes, as simulate's does)."""
     from .options import algorithms_taking
-    from .registry import ALGORITHMS
 
-    names = ALGORITHMS if algorithms is None or "all" in algorithms else algorithms
+    names = _algorithms_run(algorithms)
     for flag, name in _ALGORITHM_OPTIONS.items():
         if getattr(args, name, None) is None or (placing and name == "ranks_per_node"):
             continue
@@ -110,10 +116,8 @@ def _check_taken(args, error, algorithms, placing: bool = False) -> None:
 
 def _check_row_size(args, error, ranks: int, algorithms) -> None:
     """--row-size must divide the ranks the torus runs on (where it runs)."""
-    from .registry import ALGORITHMS
-
-    names = ALGORITHMS if algorithms is None or "all" in algorithms else algorithms
-    if args.row_size is not None and "torus" in names and ranks % args.row_size:
+    if args.row_size is not None and "torus" in _algorithms_run(algorithms) \
+            and ranks % args.row_size:
         divisors = [d for d in range(1, ranks + 1) if ranks % d == 0]
         error(f"--row-size {args.row_size} does not divide the {ranks} ranks into rows; "
               f"choose one of {', '.join(map(str, divisors))}")
