@@ -115,3 +115,53 @@ def test_a_callback_run_at_once_has_its_exception_printed_not_raised(monkeypatch
     request.add_done_callback(callback)
     assert seen == [ValueError]
     assert request.wait().tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_watchdog_monitor_that_never_ran_is_started_by_the_next_watch(monkeypatch):
+    """The watchdog's monitor, like the progress thread: one recorded but
+    not alive (kept by a starter an interrupt stopped before its verdict)
+    is replaced by the next thing watched, and the new one runs; before,
+    no later stall of the process would have been reported."""
+    from mpi_allreduce import watchdog
+
+    fresh = watchdog._Watch()
+    dead = threading.Thread(target=lambda: None, name="dead monitor")
+    dead.start()
+    dead.join()
+    fresh._thread = dead
+    ran = threading.Event()
+    monkeypatch.setattr(fresh, "_monitor", ran.set)
+    cell = watchdog.Cell("a caller")
+    fresh.watch(cell)
+    assert fresh._thread is not dead and fresh._thread.name == "mpi_allreduce-watchdog"
+    assert ran.wait(5)
+    fresh._thread.join(5)
+    # (one alive is kept: a second watch starts none)
+    alive = threading.Event()
+    monkeypatch.setattr(fresh, "_monitor", alive.wait)
+    fresh._thread = None
+    fresh.watch(cell)
+    first = fresh._thread
+    fresh.watch(watchdog.Cell("another caller"))
+    assert fresh._thread is first and first.is_alive()
+    alive.set()
+    first.join(5)
+
+
+def test_a_trace_writer_that_never_ran_is_started_by_the_next_tracer(monkeypatch):
+    """The trace writer: a recorded writer that is not alive is replaced
+    when the next tracer is kept, so traces are still written as a job
+    runs (a job its watchdog aborts keeps what was written)."""
+    from mpi_allreduce import trace
+
+    dead = threading.Thread(target=lambda: None, name="dead writer")
+    dead.start()
+    dead.join()
+    monkeypatch.setattr(trace, "_WRITER", [dead])
+    monkeypatch.setattr(trace, "_TRACERS", [object()])  # (atexit registered already)
+    ran = threading.Event()
+    monkeypatch.setattr(trace, "_write_now_and_then", ran.set)
+    tracer = object()
+    trace._keep(tracer)
+    assert trace._WRITER[-1] is not dead and trace._WRITER[-1].name == "mpi_allreduce-trace"
+    assert ran.wait(5) and trace._TRACERS[-1] is tracer
