@@ -7,7 +7,11 @@ A buffer argument is anything mpi4py's upper-case calls take:
 * a message spec ``[buf, datatype]``, ``[buf, count, datatype]``,
   ``[buf, count, displ, datatype]`` or ``[buf, (count, displ), datatype]``
   (lists or tuples): the buffer's memory taken as ``count`` elements of
-  the MPI datatype from element ``displ`` on.
+  the MPI datatype from element ``displ`` on.  As in mpi4py, the datatype
+  may be a typecode (``"d"``, ``"f8"``) or left out or ``None`` (``[buf,
+  count]``, ``[buf, (count, displ)]``: the buffer's own element type):
+  :func:`spelt` writes every such spelling as the one spec with an
+  ``MPI.Datatype``, so that one call spelt two ways is one call.
 
 :func:`message` turns one into an array of the element's numpy dtype that
 views the caller's memory (so the result lands there whatever the type),
@@ -25,6 +29,7 @@ buffer of ``MPI.IN_PLACE``, of ``None``, or the receive buffer object itself.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -32,7 +37,8 @@ from mpi4py import MPI
 
 from .backend import as_array, backend_for
 
-__all__ = ["Message", "message", "messages", "arrays_and_datatype", "in_place", "names_memory"]
+__all__ = ["Message", "message", "messages", "arrays_and_datatype", "in_place", "names_memory",
+           "own_datatype", "spelt"]
 
 
 class Message(NamedTuple):
@@ -84,9 +90,92 @@ def message(obj, user_op: bool = False, what: str = "buffer") -> Message:
 
     ``user_op``: the call's op is a user-defined MPI.Op, so an element of a
     derived datatype stays whole (an opaque void element)."""
-    if isinstance(obj, (list, tuple)) and obj and isinstance(obj[-1], MPI.Datatype):
-        return _spec(obj, user_op, what)
+    if isinstance(obj, (list, tuple)):
+        obj = spelt(obj)
+        if obj and isinstance(obj[-1], MPI.Datatype):
+            return _spec(obj, user_op, what)
     return Message(as_array(obj), None)
+
+
+def spelt(spec):
+    """A message spec as ``[buf, datatype]``, ``[buf, count, datatype]`` or
+    ``[buf, count, displ, datatype]`` with an ``MPI.Datatype``, however
+    mpi4py lets it be spelt: the datatype a typecode (``[buf, "d"]``,
+    ``[buf, 4, "f8"]``), or ``None`` or left out, the buffer's own element
+    type then (``[buf, 4]``, ``[buf, (4, 2)]``, ``[buf, 4, None]``).
+    ``spec`` itself where it is none of these, or names a type mpi4py
+    would not find (its call then says so)."""
+    if not isinstance(spec, (list, tuple)) or not 2 <= len(spec) <= 4 or \
+            isinstance(spec[-1], MPI.Datatype):
+        return spec
+    buf, count, displ = spec[0], None, None
+    if len(spec) == 2:
+        typ = spec[1]
+        if isinstance(typ, (list, tuple)):
+            typ, (count, displ) = None, _pair(typ)
+        elif _is_count(typ):
+            typ, count = None, typ
+    elif len(spec) == 3:
+        count, typ = spec[1], spec[2]
+        if isinstance(count, (list, tuple)):
+            count, displ = _pair(count)
+    else:
+        count, displ, typ = spec[1], spec[2], spec[3]
+    if isinstance(typ, str):
+        try:
+            datatype = MPI.Datatype.fromcode(typ)
+        except (KeyError, ValueError):
+            return spec
+    elif typ is None:
+        datatype = own_datatype(buf)
+        if datatype is None:
+            return spec
+    else:
+        return spec
+    if displ is not None:
+        return [buf, count, displ, datatype]
+    return [buf, datatype] if count is None else [buf, count, datatype]
+
+
+def _pair(counted) -> tuple:
+    """``(count, displ)`` of a spec's pair (mpi4py's spelling): two items."""
+    if len(counted) != 2:
+        raise ValueError(f"a message spec's (count, displacement) has two items, got "
+                         f"{len(counted)}")
+    return tuple(counted)
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+#: the prefixes of a buffer's format that name this machine's byte order
+_NATIVE = ("@", "=", "<" if sys.byteorder == "little" else ">")
+
+
+def own_datatype(buf) -> Optional[MPI.Datatype]:
+    """The predefined datatype of ``buf``'s elements, as mpi4py finds it for
+    a spec without one (from the buffer's format); None if none is found."""
+    if _null(buf):
+        return None
+    try:
+        with memoryview(buf) as view:
+            code = view.format
+    except TypeError:
+        dtype = getattr(buf, "dtype", None)  # (a device array: its dtype's code)
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            return None
+        if not dtype.isnative:
+            return None
+        code = dtype.char
+    if code[:1] in _NATIVE:
+        code = code[1:]
+    try:
+        return MPI.Datatype.fromcode(code)
+    except (KeyError, ValueError):
+        return None
 
 
 def names_memory(obj) -> bool:
@@ -95,6 +184,7 @@ def names_memory(obj) -> bool:
     datatype]``) -- not a list of numbers, a scalar or another array-like,
     which :func:`message` would copy into a new array."""
     if isinstance(obj, (list, tuple)):
+        obj = spelt(obj)
         return bool(obj) and isinstance(obj[-1], MPI.Datatype) and (_null(obj[0])
                                                                     or _buffer(obj[0]))
     return _buffer(obj)

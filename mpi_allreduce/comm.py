@@ -18,42 +18,56 @@ communicators with the same options.
 
 Buffers are read as mpi4py reads them.  What this library takes as it is
 -- arrays and buffers (C- or Fortran-contiguous, the latter in memory
-order, as mpi4py takes them), message specs ``[buf, ..., datatype]`` of
-them or of no buffer (``[None, MPI.INT]``: no elements), ``MPI.IN_PLACE``
-or ``None`` -- runs here; anything else goes to the underlying
-communicator's own method, so mpi4py parses it and answers as it does: a
-list or ``None`` as receive buffer, a strided array, send and receive
-datatypes or counts that differ, a typecode or a count without a datatype,
-a datatype with gaps, a receive buffer that cannot be written, the send
-buffer given again as the receive buffer; and ops this library does not
-reduce on the type given (a non-commutative op, for the reduce-scatters).
-Either way no result is lost and the exception, where there is one, is
-mpi4py's.  (This library also takes what some MPIs refuse: a predefined op
-on a contiguous derived datatype.)
+order, as mpi4py takes them), message specs of them or of no buffer
+(``[None, MPI.INT]``: no elements) however mpi4py lets them be spelt (a
+datatype, a typecode, or none: ``[buf, MPI.DOUBLE]``, ``[buf, "d"]``,
+``[buf, 8]`` and ``buf`` are one call, see
+:func:`~mpi_allreduce.buffers.spelt`), ``MPI.IN_PLACE`` or ``None`` --
+runs here; anything else goes to the underlying communicator's own
+method, so mpi4py parses it and answers as it does: a list or ``None`` as
+receive buffer, a strided array, send and receive datatypes or counts
+that differ, a datatype with gaps, a receive buffer that cannot be
+written, the send buffer given again as the receive buffer; and ops this
+library does not reduce on the type given (a non-commutative op, for the
+reduce-scatters).  Either way no result is lost and the exception, where
+there is one, is mpi4py's.  (This library also takes what some MPIs
+refuse: a predefined op on a contiguous derived datatype.)
+
+Which way a call goes is thus a matter of what the call is, not of how
+its buffers are spelt.  A call handed to mpi4py first has its ranks agree
+on it (one watched ``MPI_Iallgather`` on the library's communicator of a
+digest of the kind, op, counts and type signatures, see
+:meth:`Comm._agreed`): ranks that disagree all raise
+:class:`~mpi_allreduce.ArgumentMismatch` before MPI's collective is
+posted, where MPI's own would give them wrong numbers.  The receive
+counts that ``Reduce_scatter`` exchanges when given none are exchanged
+the same way, by the library, watched, whichever way the call then goes
+(mpi4py's own exchange is a blocking ``MPI_Allgather`` no watchdog sees).
 
 The requests of ``Iallreduce`` and ``Allreduce_init`` are this library's
 (:class:`~mpi_allreduce.Request`): they have ``Wait``, ``Test``, ``Start``
 and ``Free`` but are not ``MPI.Request`` objects, so wait for lists of
 them with :func:`mpi_allreduce.waitall`, not ``MPI.Request.Waitall``.  A
 call that went to mpi4py returns the library's request over mpi4py's, so
-that its wait is watched too: ranks that spell one call's buffers
-differently take the two ways, which travel on two communicators and
-stall (reported) instead of meeting.
+that its wait is watched too; ranks whose calls go different ways (they
+are different calls) travel on two communicators and stall (reported)
+instead of meeting.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import NamedTuple, NoReturn, Optional
 
 import numpy as np
 from mpi4py import MPI
 
 from . import api, collectives, progress
-from .context import broken_by, setup
+from .context import broken_by, cached_context, setup
 from .engine import blocking_collective, duplicate, wait_for_call
 from .backend import backend_for
-from .buffers import message, names_memory
-from .errors import OWN_ERRORS, RequestError
+from .buffers import message, names_memory, own_datatype, spelt
+from .errors import OWN_ERRORS, ArgumentMismatch, RequestError
 from .ops import check_dtype, resolve_op
 from .options import keywords_for, options as resolve_options
 
@@ -114,8 +128,9 @@ class _Message(NamedTuple):
 def _message(obj, writable: bool, user_op: bool) -> Optional[_Message]:
     """``obj`` as mpi4py reads it, where this library takes it with the same
     meaning; None where it is mpi4py's to read (or refuse)."""
+    obj = spelt(obj)  # ([buf, "d"], [buf, 8]: [buf, MPI.DOUBLE], [buf, 8, MPI.DOUBLE])
     if not names_memory(obj):
-        return None  # None, a list of numbers, [buf, count], [buf, "d"], an int...
+        return None  # None, a list of numbers, an int...
     try:
         array = message(obj, user_op).array
     except (TypeError, ValueError):
@@ -149,6 +164,73 @@ def _same_type(send: _Message, recv: _Message) -> bool:
         return MPI.Datatype.fromcode(bare.array.dtype.char) == spec.datatype
     except (KeyError, ValueError):
         return False
+
+
+def _their_count(obj) -> Optional[int]:
+    """How many elements of its datatype mpi4py reads in ``obj`` (a receive
+    buffer or spec); None where mpi4py would not read it."""
+    given = _message(obj, False, False)
+    if given is not None:
+        return given.count
+    obj = spelt(obj)
+    if not isinstance(obj, (list, tuple)) or len(obj) < 2 or \
+            not isinstance(obj[-1], MPI.Datatype) or obj[-1] == MPI.DATATYPE_NULL:
+        return None
+    if len(obj) > 2:
+        count = obj[1]
+        return int(count) if isinstance(count, (int, np.integer)) and count >= 0 else None
+    extent = obj[1].Get_extent()[1]  # ([buf, datatype] of a datatype with gaps: as mpi4py counts)
+    try:
+        with memoryview(obj[0]) as view:
+            size = view.nbytes
+    except TypeError:
+        return None
+    return size // extent if extent > 0 and size % extent == 0 else None
+
+
+def _signature(datatype: MPI.Datatype) -> tuple:
+    """A datatype's type signature, as far as a call's ranks must agree on
+    it: its bytes of data and the element types they are made of."""
+    if datatype == MPI.DATATYPE_NULL:
+        return 0, ("null",)  # (mpi4py refuses it)
+    try:
+        from mpi4py.util import dtlib
+        leaves = _leaves(np.dtype(dtlib.to_numpy_dtype(datatype)))
+    except (TypeError, ValueError, KeyError):
+        leaves = ("?",)
+    return datatype.Get_size(), leaves
+
+
+def _leaves(dtype: np.dtype) -> tuple:
+    if dtype.fields:
+        return tuple(sorted({leaf for field in dtype.fields.values()
+                             for leaf in _leaves(field[0])}))
+    if dtype.subdtype is not None:
+        return _leaves(dtype.subdtype[0])
+    return (dtype.str,)
+
+
+def _described(buf) -> object:
+    """One buffer of a call for mpi4py, as its ranks must agree on it: in
+    place, or its count and type signature (as mpi4py reads them)."""
+    if buf is None or buf is _IN_PLACE:
+        return "in place"
+    obj = spelt(buf)
+    if isinstance(obj, (list, tuple)) and obj and isinstance(obj[-1], MPI.Datatype):
+        datatype = obj[-1]
+    else:
+        datatype = own_datatype(obj)
+    if datatype is None:
+        return type(buf).__name__  # (mpi4py refuses it)
+    return _their_count(buf), _signature(datatype)
+
+
+def _op_described(op) -> object:
+    if isinstance(op, MPI.Op):
+        if op.is_predefined:
+            return "predefined", op.py2f()
+        return "user-defined", op.Is_commutative()
+    return repr(op)
 
 
 class _Routed(NamedTuple):
@@ -324,12 +406,12 @@ class Comm(MPI.Intracomm):
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM) -> None:  # noqa: N802
         try:  # (whatever leaves the call on this rank: _left)
+            if recvcounts is None and sendbuf is not None and sendbuf is not _IN_PLACE:
+                # every rank's block is the size of its receive buffer (as mpi4py
+                # has it), exchanged by the library, watched, whichever way the call goes
+                recvcounts = self._counts(_their_count(recvbuf))
             refused = None
-            if _plain(sendbuf, recvbuf) and (recvcounts is not None or sendbuf is not None
-                                             and sendbuf is not _IN_PLACE):
-                if recvcounts is None:
-                    # every rank's block is the size of its receive buffer (as mpi4py does)
-                    recvcounts = self._counts(recvbuf.size)
+            if _plain(sendbuf, recvbuf) and recvcounts is not None:
                 refused = _deferred(lambda: collectives.reduce_scatter(
                     sendbuf, recvbuf, op, recvcounts, comm=self, **self._halves_options()))
                 if refused is None:
@@ -398,13 +480,53 @@ class Comm(MPI.Intracomm):
             return _TheirPersistent(self._started(start), what, self)
         return progress.mpi_request([self._started(start)], what, self)
 
-    def _counts(self, count: int) -> list:
+    def _counts(self, count: Optional[int]) -> Optional[list]:
         """Every rank's receive count (what mpi4py's ``Reduce_scatter``
-        exchanges when given none): a watched ``MPI_Iallgather``."""
-        counts = np.empty(self.Get_size(), dtype=np.int64)
-        self._theirs("Allgather of the receive counts", lambda: MPI.Intracomm.Iallgather(
-            self, np.array([count], dtype=np.int64), counts))
-        return counts.tolist()
+        exchanges when given none; ``count``: this rank's, None where
+        mpi4py would not read its receive buffer), one watched collective
+        of the library (``Context.record``); where some rank has none,
+        every rank raises :class:`~mpi_allreduce.ArgumentMismatch`."""
+        if self.Get_size() == 1:
+            return None if count is None else [count]
+        setup(self)
+        rows = cached_context(self).record(
+            "counts", (-1 if count is None else count,),
+            "the exchange of Reduce_scatter's receive counts (given none)")
+        counts = rows[:, 0]
+        if (counts < 0).any():
+            raise ArgumentMismatch(
+                f"Reduce_scatter without receive counts: rank(s) "
+                f"{[int(r) for r in (counts < 0).nonzero()[0]]} gave a receive buffer whose "
+                "count mpi4py does not read, so no rank reduced anything")
+        return [int(c) for c in counts]
+
+    def _agreed(self, kind: str, sendbuf, recvbuf, op, counts) -> None:
+        """Before a call goes to mpi4py (MPI's own collective, which gives
+        ranks that disagree wrong numbers or a truncation on one rank), its
+        ranks agree on it: a digest of the kind, op, counts and every
+        buffer's count and type signature (:func:`_described`), compared in
+        one watched collective of the library (``Context.record``); where
+        they differ every rank raises
+        :class:`~mpi_allreduce.ArgumentMismatch`, and nothing is sent."""
+        if self.Get_size() == 1:
+            return
+        setup(self)
+        try:
+            counted = None if counts is None else [int(c) for c in counts]
+        except (TypeError, ValueError):
+            counted = repr(counts)  # (mpi4py refuses them, on every rank that gave them)
+        described = repr((kind, _op_described(op), _described(sendbuf), _described(recvbuf),
+                          counted))
+        digest = int.from_bytes(hashlib.blake2b(described.encode(), digest_size=7).digest(),
+                                "little")
+        rows = cached_context(self).record(
+            "mpi4py", (digest,), f"the agreement on an MPI_{kind} of buffers mpi4py reads")
+        other = [r for r in range(rows.shape[0]) if rows[r, 0] != rows[0, 0]]
+        if other:
+            raise ArgumentMismatch(
+                f"{kind} of buffers mpi4py reads: the ranks disagree about the call (its op, "
+                f"counts, datatypes or in-place use): rank(s) {other} differ from rank 0; this "
+                f"rank has {described}; no rank sent anything")
 
     def _halves_options(self) -> dict:
         return keywords_for(self.options, "halves")
@@ -423,6 +545,7 @@ class Comm(MPI.Intracomm):
         try:  # (whatever leaves the call on this rank: api.left)
             routed = self._route(kind, sendbuf, recvbuf, op, counts)
             if routed is None:
+                self._agreed(kind, sendbuf, recvbuf, op, counts)
                 return theirs()
             if refused is not None and routed.recv is recvbuf and routed.send is sendbuf:
                 raise refused  # (final now: api.left makes the refusal's empty call)
@@ -433,11 +556,10 @@ class Comm(MPI.Intracomm):
     def _route(self, kind: str, sendbuf, recvbuf, op, counts) -> Optional[_Routed]:
         """The buffers for the library, where it takes them as mpi4py reads
         them and mpi4py's checks of the call pass; None where mpi4py is to
-        read them (or refuse them).  Only local work, except the exchange
-        of the receive counts that mpi4py makes too (``Reduce_scatter``
-        without them).  Where this is None the library refuses the same
+        read them (or refuse them).  Where this is None the library refuses the same
         buffers before any message, so a refusal of the plain way may be
-        handed to mpi4py."""
+        handed to mpi4py.  Only local work: ``Reduce_scatter``'s counts,
+        where it was given none, were exchanged before."""
         in_place = sendbuf is None or sendbuf is _IN_PLACE
         if sendbuf is recvbuf:
             return None  # mpi4py passes one buffer twice (MPI refuses that)
@@ -473,9 +595,7 @@ class Comm(MPI.Intracomm):
                 return None
         else:  # reduce_scatter
             if counts is None:
-                if send is None:
-                    return None  # in place, mpi4py needs the counts
-                counts = self._counts(recv.count)
+                return None  # in place, mpi4py needs the counts
             try:
                 counts = [int(c) for c in counts]
             except (TypeError, ValueError):

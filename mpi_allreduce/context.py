@@ -583,7 +583,8 @@ _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_context)
 
 #: what each collective the library makes on its communicator after the
 #: set-up is for: the first integer of its first message (see Context.record)
-PURPOSES = {"table": 1, "check": 2, "check-spec": 3, "live": 4, "device": 5}
+PURPOSES = {"table": 1, "check": 2, "check-spec": 3, "live": 4, "device": 5, "counts": 6,
+            "mpi4py": 7}
 
 
 def exchange_objects(comm: MPI.Intracomm, obj, root: Optional[int], what: str,

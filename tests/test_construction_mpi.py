@@ -556,82 +556,130 @@ SPELT = {
 }
 
 
-def _open_mpi_only(call: str) -> None:
-    """mpi4py's own non-blocking and persistent all-reduce through Comm are
-    tried under Open MPI only: under MPICH (2 ranks) these tests passed,
-    and a later test of the module then ended the job without a word (not
-    yet understood)."""
-    if call != "Allreduce" and "Open MPI" not in MPI.Get_library_version():
-        pytest.skip("tried under Open MPI only (see _open_mpi_only)")
+#: mpi4py's spellings of one buffer of 6 doubles (the drop-in takes each as the same)
+SPELLINGS = [lambda y: y, lambda y: [y, "d"], lambda y: [y, 6], lambda y: [y, MPI.DOUBLE],
+             lambda y: [y, (6, 0), "f8"], lambda y: [y, 6, None]]
 
 
 @pytest.mark.parametrize("call", list(SPELT))
-def test_ranks_that_spell_one_call_differently_stall_never_mix(raising_watchdog, call):
-    """The drop-in Comm takes a plain array its own way and a buffer spelt
-    as mpi4py reads it (``[y, "d"]``) mpi4py's way: ranks that spell one
-    call differently take different ways, which travel on different
-    communicators (the set-up comes first on every rank), so they stall and
-    raise -- every rank, the one that took mpi4py's way too, whose request
-    is the library's, waited and watched -- and none gets a result mixed
-    from the two (before: a non-blocking or persistent call handed to
-    mpi4py made no set-up, so its collective met the peers' set-up, and
-    its MPI request was waited in MPI, where no watchdog reports)."""
-    from mpi_allreduce.engine import ABANDONED
+def test_one_call_spelt_differently_on_each_rank_is_one_call(fresh, call):
+    """The drop-in Comm takes every spelling mpi4py has for a buffer --
+    bare, a typecode, a count without a datatype, a datatype -- as the same
+    call, so ranks that spell it differently get the exact sum (before: a
+    typecode or a bare count went to mpi4py's own collective and the rest to
+    the library's, and the ranks stalled where mpi4py gives the sum, or
+    with the default watchdog action the job was aborted)."""
+    comm, rank, p = mar.Comm(fresh), fresh.Get_rank(), fresh.Get_size()
+    x, y = np.arange(6.0) + rank, np.zeros(6)
+    spell = SPELLINGS[rank % len(SPELLINGS)]
+    SPELT[call](comm, spell(x), spell(y))
+    np.testing.assert_array_equal(y, np.arange(6.0) * p + p * (p - 1) / 2)
 
+
+def _vector():
+    """Three doubles two apart: a datatype with gaps, which the library
+    leaves to mpi4py (and MPI)."""
+    return MPI.DOUBLE.Create_vector(3, 1, 2).Commit()
+
+
+@pytest.mark.parametrize("call", list(SPELT))
+def test_ranks_whose_calls_go_different_ways_stall_never_mix(raising_watchdog, call):
+    """Rank 0's call has a datatype with gaps (mpi4py's way, which begins
+    with the ranks' agreement on the call), the others' plain arrays (the
+    library's way): different calls, which travel on different messages of
+    the library's communicator, so every rank stalls and raises, and none
+    gets a result mixed from the two."""
     world = MPI.COMM_WORLD
     if world.Get_size() == 1:
         pytest.skip("one rank takes its own way alone")
-    _open_mpi_only(call)
     base = world.Dup()  # (not set up: the first call on it sets it up)
-    comm, rank, p = mar.Comm(base), base.Get_rank(), base.Get_size()
-    x, y = np.arange(6.0) + rank, np.zeros(6)
-    before = len(ABANDONED)  # (earlier tests' abandoned requests are not this test's)
+    comm, rank = mar.Comm(base), base.Get_rank()
+    x, y = np.arange(5.0) + rank, np.zeros(5)
+    vector = _vector()
     try:
-        SPELT[call](comm, x, [y, "d"] if rank == 0 else y)
-        outcome = "exact" if (y == np.arange(6.0) * p + p * (p - 1) / 2).all() else "WRONG"
+        if rank == 0:
+            SPELT[call](comm, [x, 1, vector], [y, 1, vector])
+        else:
+            SPELT[call](comm, x[::2].copy(), y[:3])
+        outcome = "WRONG"  # (no rank may return)
     except (mar.Broken, MPI.Exception) as exc:
         outcome = type(exc).__name__
-    everyone = world.allgather(outcome)  # (first: a failure on one rank fails all)
-    assert "WRONG" not in everyone, everyone
+    everyone = world.allgather(outcome)
     assert all(o == "Stalled" for o in everyone), everyone
-    # rank 0's mpi4py call is still posted on base: the others make its match
-    # (mpi4py's own, of the same kind), and rank 0 completes its request, so
-    # nothing is left pending when base is freed (MPICH crashed later otherwise)
-    if call != "Allreduce":
-        if rank:
-            if call == "Iallreduce":
-                MPI.Intracomm.Iallreduce(base, x, np.zeros(6)).Wait()
-            else:
-                request = MPI.Intracomm.Allreduce_init(base, x, np.zeros(6))
-                request.Start()
-                request.Wait()
-                request.Free()
-        else:
-            for request in ABANDONED[before:]:
-                if isinstance(request, MPI.Request):
-                    request.Wait()
-                    if isinstance(request, MPI.Prequest):
-                        request.Free()
-            del ABANDONED[before:]
+    vector.Free()
     world.Barrier()
     base.Free()
 
 
-@pytest.mark.parametrize("call", list(SPELT))
-def test_a_call_handed_to_mpi4py_on_every_rank_is_right(fresh, call):
-    """Every rank spells the buffers as mpi4py reads them: mpi4py's own
-    call, through the library's request, gives MPI's answer (the persistent
-    one in a ``with`` block too, as the library's own)."""
-    _open_mpi_only(call)
+def test_a_call_handed_to_mpi4py_is_agreed_first(fresh):
+    """Calls that go to MPI's own collective (a datatype with gaps) are
+    agreed on first: ranks whose ops or counts differ all raise
+    ArgumentMismatch and nothing is sent (before: MPI's collective gave
+    every rank the same wrong numbers), and the communicator stays usable."""
+    if fresh.Get_size() == 1:
+        pytest.skip("one rank agrees with itself")
     comm, rank, p = mar.Comm(fresh), fresh.Get_rank(), fresh.Get_size()
-    x, y = np.arange(6.0) + rank, np.zeros(6)
-    SPELT[call](comm, x, [y, "d"])
-    np.testing.assert_array_equal(y, np.arange(6.0) * p + p * (p - 1) / 2)
-    if call == "Allreduce_init":
-        y[:] = 0
-        with comm.Allreduce_init(x, [y, "d"]) as request:
-            request.Start()
-        np.testing.assert_array_equal(y, np.arange(6.0) * p + p * (p - 1) / 2)
+    vector = _vector()
+    x, y = np.arange(10.0) + rank, np.zeros(10)
+    with pytest.raises(mar.ArgumentMismatch, match="disagree"):
+        comm.Allreduce([x, 1, vector], [y, 1, vector], MPI.SUM if rank else MPI.MAX)
+    with pytest.raises(mar.ArgumentMismatch, match="disagree"):
+        comm.Iallreduce([x, 1 + (rank == 0), vector], [y, 1 + (rank == 0), vector]).Wait()
+    assert not y.any()
+    comm.Allreduce(x, y)
+    np.testing.assert_array_equal(y, np.arange(10.0) * p + p * (p - 1) / 2)
+    vector.Free()
+
+
+def _first(inbuf, inoutbuf, datatype):
+    """A non-commutative op: the lower rank's value (MPI combines in rank order)."""
+    a = np.frombuffer(inbuf, dtype=np.float64)
+    b = np.frombuffer(inoutbuf, dtype=np.float64)
+    b[:] = a
+
+
+def test_a_call_handed_to_mpi4py_on_every_rank_is_right(fresh):
+    """Every rank's call goes to mpi4py (a reduce-scatter with a
+    non-commutative op, which the library's ring does not take): mpi4py's
+    own call, agreed on first and waited through the library's request,
+    gives MPI's answer -- with the receive counts given, and without them
+    (exchanged by the library, watched)."""
+    comm, rank, p = mar.Comm(fresh), fresh.Get_rank(), fresh.Get_size()
+    first = MPI.Op.Create(_first, commute=False)
+    try:
+        x = np.arange(2.0 * p) + 100 * rank
+        expected = np.empty(2)
+        theirs = fresh.Dup()
+        MPI.Intracomm.Reduce_scatter_block(theirs, x, expected, first)
+        theirs.Free()
+        for counts in ([2] * p, None):
+            y = np.zeros(2)
+            comm.Reduce_scatter([x, "d"], y, counts, first)
+            np.testing.assert_array_equal(y, expected)
+        y = np.zeros(2)
+        comm.Reduce_scatter_block(x, y, first)
+        np.testing.assert_array_equal(y, expected)
+    finally:
+        first.Free()
+
+
+def test_reduce_scatters_exchange_of_counts_is_watched(raising_watchdog):
+    """Reduce_scatter given no receive counts exchanges them (as mpi4py
+    does), whichever way the call then goes: the library's watched
+    collective, so a peer that never comes is reported (before: mpi4py's
+    blocking MPI_Allgather, where rank 0 waited unreported under every
+    watchdog action)."""
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank never waits for a peer")
+    base = world.Dup()
+    mar.setup(base)
+    comm, rank = mar.Comm(base), base.Get_rank()
+    if rank == 0:
+        with pytest.raises(mar.Stalled, match="receive counts"):
+            comm.Reduce_scatter([np.ones(2 * world.Get_size()), "d"], [np.zeros(2), "d"])
+    world.Barrier()
+    base.Free()
 
 
 @pytest.mark.parametrize("make", ["Dup", "Split", "Split_type", "Create", "Create_group"])
@@ -1079,9 +1127,9 @@ def test_an_interrupt_before_a_calls_messages_breaks_the_communicator(interrupt_
 
 
 def _counts_by_mpi4py(comm, x, out, rank, p):
-    # (rank 0 gives no receive counts: the drop-in exchanges them as mpi4py
-    # does, an MPI_Iallgather on the caller's communicator, where its peers,
-    # which give them, make the library's reduce-scatter)
+    # (rank 0 gives no receive counts: the drop-in exchanges them, as mpi4py
+    # does, in a watched collective of the library, where its peers, which
+    # give them, make the library's reduce-scatter)
     comm.Reduce_scatter(x, out, None if rank == 0 else [2] * p)
 
 
@@ -1103,14 +1151,11 @@ def test_a_drop_in_call_one_rank_takes_another_way_never_shifts_the_next(raising
     peers', never meets the peers' stalled one (before: a stall of the
     mpi4py way's own MPI request left the library's communicator usable,
     and rank 0's next call read the peers' stale messages: a wrong sum)."""
-    from mpi_allreduce.engine import ABANDONED
-
     world = MPI.COMM_WORLD
     if world.Get_size() == 1:
         pytest.skip("one rank takes its own way alone")
     base = world.Dup()
     comm, rank, p = mar.Comm(base), base.Get_rank(), base.Get_size()
-    before = len(ABANDONED)
     outcomes = []
     for step in range(3):
         x, out = np.arange(2.0 * p) + rank + 10 * step, np.zeros(2)
@@ -1130,15 +1175,6 @@ def test_a_drop_in_call_one_rank_takes_another_way_never_shifts_the_next(raising
     everyone = world.allgather(outcomes)
     assert not any("WRONG" in o for o in everyone), everyone
     assert all(o[0] == "Stalled" for o in everyone), everyone
-    if case.startswith("Reduce_scatter"):  # (rank 0's MPI_Iallgather is still posted on base)
-        if rank:
-            MPI.Intracomm.Iallgather(base, np.array([2], np.int64),
-                                     np.empty(p, np.int64)).Wait()
-        else:
-            for request in ABANDONED[before:]:
-                if isinstance(request, MPI.Request):
-                    request.Wait()
-            del ABANDONED[before:]
     world.Barrier()
     base.Free()
 

@@ -351,9 +351,11 @@ def allreduce_cases(p: int, rank: int) -> dict:
         "spec_four": lambda: ((a.copy(), 2, 1, MPI.DOUBLE), (np.zeros(6), 2, 1, MPI.DOUBLE)),
         "spec_fortran": lambda: ([np.asfortranarray(a.reshape(2, 3)), MPI.DOUBLE],
                                  [np.zeros(6), MPI.DOUBLE]),
+        # (mpi4py's other spellings of a spec: the library takes them as the above)
         "spec_typecode": lambda: ([a.copy(), "d"], [np.zeros(6), "d"]),
         "spec_count_only": lambda: ([a.copy(), 3], [np.zeros(6), 3]),
         "spec_none_datatype": lambda: ([a.copy(), None], [np.zeros(6), None]),
+        "spec_count_typecode": lambda: ([a.copy(), (3, 1), "f8"], [np.zeros(6), 3, 1, "d"]),
         "spec_and_array": lambda: (a.copy(), [np.zeros(6), MPI.DOUBLE]),
         "contiguous_datatype": lambda: ([a.copy(), contig], [np.zeros(6), contig]),
         "pair_datatype": lambda: ([np.array([(1.5, rank)] * 2, "f8,i4"), MPI.DOUBLE_INT],
@@ -374,7 +376,8 @@ EXTENSIONS = {"contiguous_datatype"}
 LIBRARY_RUNS = {"arrays", "zero_d", "fortran_into_c", "fortran_both", "c_into_fortran",
                 "in_place_none", "in_place", "spec", "spec_count", "spec_count_displ",
                 "spec_four", "spec_fortran", "spec_and_array", "contiguous_datatype",
-                "null_specs", "null_specs_counted", "bottom", "array_array", "bytearray"}
+                "null_specs", "null_specs_counted", "bottom", "array_array", "bytearray",
+                "spec_typecode", "spec_count_only", "spec_none_datatype", "spec_count_typecode"}
 
 
 @pytest.fixture
