@@ -105,6 +105,10 @@ class Context:
         #: reproducible sum, holds it throughout); another thread that
         #: cannot take it gets ConcurrentCall instead of a wrong result
         self.guard = threading.RLock()
+        #: whether a thread was refused the guard (ConcurrentCall) while
+        #: another held it: the communicator is broken then, and the call
+        #: that held the guard raises as it ends
+        self.clashed = False
         #: the blocking call in progress, as (kind, plan), or a non-blocking
         #: one being started; None between calls: what the watchdog samples
         #: with ``count``

@@ -1180,9 +1180,9 @@ def wait_for_call(call, what: str, key=None, context=None):
     except BaseException as exc:
         with _STUCK_LOCK:
             if key is not None and thread.ident is not None and "returned" not in outcome:
-                _STUCK[key] = (f"an earlier {what} on this communicator was given up on "
-                               f"({type(exc).__name__}) and is still inside MPI on this rank; "
-                               "MPI allows one such call at a time")
+                _STUCK[key] = (f"an earlier collective on this communicator ({what}) was "
+                               f"given up on ({type(exc).__name__}) and is still inside MPI on "
+                               "this rank; MPI allows one such call at a time")
         raise
     if "error" in outcome:
         raise outcome["error"]

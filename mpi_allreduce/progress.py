@@ -545,7 +545,10 @@ def local_operation(backend, send, recv) -> Operation:
 def guarded(context, what: tuple, run, on_thread=None, steps=None):
     """``run`` as one call on ``context`` (``what``: (kind, plan), what the
     watchdog reports; what ``run`` returns is returned): the one re-entry guard of every call -- another
-    thread inside a call on this communicator: ConcurrentCall; a broken
+    thread inside a call on this communicator: ConcurrentCall, which breaks
+    the communicator (the two threads' calls may pair with each other's on
+    the peers: the call inside raises Broken as it ends, and every later
+    call on it raises at once); a broken
     communicator: Broken at once -- and any exception (an interrupt too)
     that leaves ``run`` breaks the communicator, since messages may be in
     flight (see ``Context.breaks`` in ``mpi_allreduce.context``).  A call
@@ -573,7 +576,10 @@ def guarded(context, what: tuple, run, on_thread=None, steps=None):
             # (ident is 0 until the thread starts)
             body, first, args, second = on_thread, on_thread, (), None
         if not acquire(False):
-            raise context.concurrent()
+            clash = context.concurrent()
+            context.clashed = True  # (the call that holds the guard raises as it ends)
+            context.breaks(clash, kind)
+            raise clash
         held, began = True, False
         try:
             if context.broken is not None:
@@ -584,6 +590,11 @@ def guarded(context, what: tuple, run, on_thread=None, steps=None):
             value = first(*args)
             if second is not None:
                 second(*a1)
+            if context.clashed:
+                # (another thread was refused while this call ran: the two
+                # threads' calls may have paired with each other's on some
+                # peer, so this result is not handed back as this thread's)
+                raise context.refusal()
             context.what = None
             held = False
             # (an interrupt is raised as a call returns, this one too: inside

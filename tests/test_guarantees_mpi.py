@@ -1236,13 +1236,26 @@ def test_a_rank_whose_peers_are_late_leaves_its_core_in_raise_mode(fresh, watchd
 
 @pytest.mark.skipif(not THREADS, reason="needs MPI_THREAD_MULTIPLE")
 def test_two_threads_on_one_communicator_are_refused(fresh):
+    """Rank 0's second thread calls while its first waits inside a call:
+    ConcurrentCall, which breaks the communicator there.  The first
+    thread's call still completes (its peers are in it), but raises Broken
+    rather than hand back a result that, on some peer, may have paired with
+    the other thread's call; every later call on rank 0 raises at once
+    (before: the communicator stayed usable, and two threads that kept
+    calling paired crosswise with their peers' threads, summing the wrong
+    data silently)."""
     _need(fresh)
     mar.setup(fresh)
     x = np.arange(5.0)
     result = []
+
+    def first():
+        try:
+            result.append(mar.allreduce(x, comm=fresh, algorithm="ring"))
+        except mar.Broken as exc:
+            result.append(exc)
     if fresh.Get_rank() == 0:
-        thread = threading.Thread(target=lambda: result.append(
-            mar.allreduce(x, comm=fresh, algorithm="ring")))
+        thread = threading.Thread(target=first)
         thread.start()
         time.sleep(0.3)  # the thread waits in its call: the others come later
         with pytest.raises(mar.ConcurrentCall, match="two threads"):
@@ -1252,11 +1265,60 @@ def test_two_threads_on_one_communicator_are_refused(fresh):
         fresh.send(None, dest=1)  # now the others may enter
         thread.join(timeout=60)
         assert not thread.is_alive()
+        assert isinstance(result[0], mar.Broken) and "two threads" in str(result[0])
+        with pytest.raises(mar.Broken, match="two threads"):
+            mar.allreduce(x, comm=fresh, algorithm="ring")
     else:
         if fresh.Get_rank() == 1:
             fresh.recv(source=0)
-        result.append(mar.allreduce(x, comm=fresh, algorithm="ring"))
-    np.testing.assert_array_equal(result[0], x * fresh.Get_size())
+        first()
+        np.testing.assert_array_equal(result[0], x * fresh.Get_size())
+
+
+@pytest.mark.skipif(not THREADS, reason="needs MPI_THREAD_MULTIPLE")
+def test_threads_that_clash_on_every_rank_never_return_each_others_sums(fresh):
+    """Two threads per rank call on one communicator, a different one first
+    on even and odd ranks, each with its own value: each rank's first call
+    pairs with the other thread's on its neighbours.  The second thread is
+    refused (ConcurrentCall) while the first is inside (a slow reduction
+    keeps it there), which breaks the communicator: the first raises Broken
+    as it ends instead of returning a sum of the other thread's data, and
+    no later call returns either (before: both first calls returned 101
+    where each thread expected 2 or 200, and the survivors went on pairing
+    crosswise, silently)."""
+    _need(fresh)
+    rank, p = fresh.Get_rank(), fresh.Get_size()
+    slow = threading.Event()
+
+    def slow_add(a, b):
+        if slow.is_set():
+            time.sleep(0.5)
+        return a + b
+    op = mar.user_op(slow_add, commute=True, name="slow add")
+    mar.allreduce(np.ones(4), op=op, comm=fresh, algorithm="ring")  # (planned, set up)
+    slow.set()
+    value = {"a": 1.0, "b": 100.0}
+    outcomes: dict = {}
+
+    def call(name):
+        try:
+            for _ in range(3):
+                out = mar.allreduce(np.full(4, value[name]), op=op, comm=fresh,
+                                    algorithm="ring")
+                outcomes.setdefault(name, []).append(
+                    "exact" if (out == value[name] * p).all() else f"WRONG {out[0]}")
+        except (mar.ConcurrentCall, mar.Broken) as exc:
+            outcomes.setdefault(name, []).append(type(exc).__name__)
+    first, second = ("a", "b") if rank % 2 == 0 else ("b", "a")
+    thread = threading.Thread(target=call, args=(first,))
+    thread.start()
+    time.sleep(0.25)  # (the first is inside its slow reduction)
+    call(second)
+    thread.join(60)
+    everyone = fresh.allgather(outcomes)
+    assert not any(o.startswith("WRONG") for got in everyone for seen in got.values()
+                   for o in seen), everyone
+    assert outcomes == {first: ["Broken"], second: ["ConcurrentCall"]}, everyone
 
 
 def test_free_with_a_call_in_flight_completes_it():
