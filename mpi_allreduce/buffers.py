@@ -7,11 +7,10 @@ A buffer argument is anything mpi4py's upper-case calls take:
 * a message spec ``[buf, datatype]``, ``[buf, count, datatype]``,
   ``[buf, count, displ, datatype]`` or ``[buf, (count, displ), datatype]``
   (lists or tuples): the buffer's memory taken as ``count`` elements of
-  the MPI datatype from element ``displ`` on.  As in mpi4py, the datatype
-  may be a typecode (``"d"``, ``"f8"``) or left out or ``None`` (``[buf,
-  count]``, ``[buf, (count, displ)]``: the buffer's own element type):
-  :func:`spelt` writes every such spelling as the one spec with an
-  ``MPI.Datatype``, so that one call spelt two ways is one call.
+  the MPI datatype from element ``displ`` on.  (mpi4py also lets the
+  datatype be a typecode, or be left out: :func:`spelt` writes those
+  spellings as these, for the drop-in ``Comm``, which reads buffers as
+  mpi4py does; the library's own calls read a list of numbers as numbers.)
 
 :func:`message` turns one into an array of the element's numpy dtype that
 views the caller's memory (so the result lands there whatever the type),
@@ -90,10 +89,8 @@ def message(obj, user_op: bool = False, what: str = "buffer") -> Message:
 
     ``user_op``: the call's op is a user-defined MPI.Op, so an element of a
     derived datatype stays whole (an opaque void element)."""
-    if isinstance(obj, (list, tuple)):
-        obj = spelt(obj)
-        if obj and isinstance(obj[-1], MPI.Datatype):
-            return _spec(obj, user_op, what)
+    if isinstance(obj, (list, tuple)) and obj and isinstance(obj[-1], MPI.Datatype):
+        return _spec(obj, user_op, what)
     return Message(as_array(obj), None)
 
 
@@ -102,11 +99,17 @@ def spelt(spec):
     ``[buf, count, displ, datatype]`` with an ``MPI.Datatype``, however
     mpi4py lets it be spelt: the datatype a typecode (``[buf, "d"]``,
     ``[buf, 4, "f8"]``), or ``None`` or left out, the buffer's own element
-    type then (``[buf, 4]``, ``[buf, (4, 2)]``, ``[buf, 4, None]``).
-    ``spec`` itself where it is none of these, or names a type mpi4py
-    would not find (its call then says so)."""
+    type then (``[buf, 4]``, ``[buf, (4, 2)]``, ``[buf, 4, None]``); and
+    ``[buf, (count, displ), datatype]`` as ``[buf, count, displ,
+    datatype]``.  ``spec`` itself where it is none of these (its first
+    item no buffer: a list of numbers), or names a type mpi4py would not
+    find (its call then says so).  Used by the drop-in ``Comm`` only."""
     if not isinstance(spec, (list, tuple)) or not 2 <= len(spec) <= 4 or \
-            isinstance(spec[-1], MPI.Datatype):
+            not (_null(spec[0]) or _buffer(spec[0])):
+        return spec
+    if isinstance(spec[-1], MPI.Datatype):
+        if len(spec) == 3 and isinstance(spec[1], (list, tuple)):
+            return [spec[0], *_pair(spec[1]), spec[2]]
         return spec
     buf, count, displ = spec[0], None, None
     if len(spec) == 2:
@@ -163,6 +166,8 @@ def own_datatype(buf) -> Optional[MPI.Datatype]:
             code = view.format
     except TypeError:
         dtype = getattr(buf, "dtype", None)  # (a device array: its dtype's code)
+        if dtype is None:
+            return None
         try:
             dtype = np.dtype(dtype)
         except TypeError:
@@ -184,7 +189,6 @@ def names_memory(obj) -> bool:
     datatype]``) -- not a list of numbers, a scalar or another array-like,
     which :func:`message` would copy into a new array."""
     if isinstance(obj, (list, tuple)):
-        obj = spelt(obj)
         return bool(obj) and isinstance(obj[-1], MPI.Datatype) and (_null(obj[0])
                                                                     or _buffer(obj[0]))
     return _buffer(obj)

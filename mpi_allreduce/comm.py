@@ -43,6 +43,10 @@ posted, where MPI's own would give them wrong numbers.  The receive
 counts that ``Reduce_scatter`` exchanges when given none are exchanged
 the same way, by the library, watched, whichever way the call then goes
 (mpi4py's own exchange is a blocking ``MPI_Allgather`` no watchdog sees).
+Two costs of that agreement, for calls handed to mpi4py only: the start
+of such an ``Iallreduce`` or ``Allreduce_init`` waits for the peers to
+start theirs (an MPI start returns at once), and these calls are not
+under the library's guard of one call at a time per communicator.
 
 The requests of ``Iallreduce`` and ``Allreduce_init`` are this library's
 (:class:`~mpi_allreduce.Request`): they have ``Wait``, ``Test``, ``Start``
@@ -222,7 +226,9 @@ def _described(buf) -> object:
         datatype = own_datatype(obj)
     if datatype is None:
         return type(buf).__name__  # (mpi4py refuses it)
-    return _their_count(buf), _signature(datatype)
+    count, (size, leaves) = _their_count(buf), _signature(datatype)
+    # (MPI matches count x type signature: 2 doubles and 1 of a type of 2 are one message)
+    return (None if count is None else count * size), leaves
 
 
 def _op_described(op) -> object:

@@ -577,8 +577,8 @@ def guarded(context, what: tuple, run, on_thread=None, steps=None):
             body, first, args, second = on_thread, on_thread, (), None
         if not acquire(False):
             clash = context.concurrent()
-            context.clashed = True  # (the call that holds the guard raises as it ends)
             context.breaks(clash, kind)
+            context.clashed = True  # (the call that holds the guard raises as it ends)
             raise clash
         held, began = True, False
         try:
@@ -590,17 +590,18 @@ def guarded(context, what: tuple, run, on_thread=None, steps=None):
             value = first(*args)
             if second is not None:
                 second(*a1)
-            if context.clashed:
-                # (another thread was refused while this call ran: the two
-                # threads' calls may have paired with each other's on some
-                # peer, so this result is not handed back as this thread's)
-                raise context.refusal()
             context.what = None
             held = False
             # (an interrupt is raised as a call returns, this one too: inside
             # this try, so one that lands as the call completes breaks the
             # communicator as well -- a retry would meet the peers' next call)
             release()
+            if context.clashed:
+                # (another thread was refused while this call ran -- looked at
+                # once the guard is let go, so a refusal up to then is seen: the
+                # two threads' calls may have paired with each other's on some
+                # peer, so this result is not handed back as this thread's)
+                raise context.refusal()
         except BaseException as exc:
             context.what = None
             if held:
