@@ -72,6 +72,7 @@ from .engine import blocking_collective, duplicate, wait_for_call
 from .backend import backend_for
 from .buffers import message, names_memory, own_datatype, spelt
 from .errors import OWN_ERRORS, ArgumentMismatch, RequestError
+from . import ops
 from .ops import check_dtype, resolve_op
 from .options import keywords_for, options as resolve_options
 
@@ -170,26 +171,32 @@ def _same_type(send: _Message, recv: _Message) -> bool:
         return False
 
 
-def _their_count(obj) -> Optional[int]:
+def _their_count(obj, blocks: int = 1) -> Optional[int]:
     """How many elements of its datatype mpi4py reads in ``obj`` (a receive
-    buffer or spec); None where mpi4py would not read it."""
+    buffer or spec) for each of ``blocks`` ranks (an allgather's receive
+    buffer: the communicator's size; a count a spec gives is per rank
+    then, as in mpi4py); None where mpi4py would not read it."""
+    obj = spelt(obj)
+    if isinstance(obj, (list, tuple)) and len(obj) > 2 and isinstance(obj[-1], MPI.Datatype):
+        count = obj[1]  # (given: per rank)
+        return int(count) if isinstance(count, (int, np.integer)) and count >= 0 else None
     given = _message(obj, False, False)
     if given is not None:
-        return given.count
-    obj = spelt(obj)
-    if not isinstance(obj, (list, tuple)) or len(obj) < 2 or \
-            not isinstance(obj[-1], MPI.Datatype) or obj[-1] == MPI.DATATYPE_NULL:
+        whole = given.count
+    elif isinstance(obj, (list, tuple)) and len(obj) == 2 and \
+            isinstance(obj[1], MPI.Datatype) and obj[1] != MPI.DATATYPE_NULL:
+        extent = obj[1].Get_extent()[1]  # ([buf, datatype] of a type with gaps, as mpi4py counts)
+        try:
+            with memoryview(obj[0]) as view:
+                size = view.nbytes
+        except TypeError:
+            return None
+        if extent <= 0 or size % extent:
+            return None
+        whole = size // extent
+    else:
         return None
-    if len(obj) > 2:
-        count = obj[1]
-        return int(count) if isinstance(count, (int, np.integer)) and count >= 0 else None
-    extent = obj[1].Get_extent()[1]  # ([buf, datatype] of a datatype with gaps: as mpi4py counts)
-    try:
-        with memoryview(obj[0]) as view:
-            size = view.nbytes
-    except TypeError:
-        return None
-    return size // extent if extent > 0 and size % extent == 0 else None
+    return whole // blocks if whole % blocks == 0 else None
 
 
 def _signature(datatype: MPI.Datatype) -> tuple:
@@ -206,36 +213,75 @@ def _signature(datatype: MPI.Datatype) -> tuple:
 
 
 def _leaves(dtype: np.dtype) -> tuple:
-    if dtype.fields:
-        return tuple(sorted({leaf for field in dtype.fields.values()
-                             for leaf in _leaves(field[0])}))
-    if dtype.subdtype is not None:
-        return _leaves(dtype.subdtype[0])
-    return (dtype.str,)
+    """The element types of ``dtype`` in the order of their bytes, each as
+    often as it occurs (runs counted): its type signature."""
+    flat: list = []
+
+    def walk(d: np.dtype) -> None:
+        if d.fields:
+            for field in sorted(d.fields.values(), key=lambda f: f[1]):
+                walk(field[0])
+        elif d.subdtype is not None:
+            for _ in range(int(np.prod(d.subdtype[1]))):
+                walk(d.subdtype[0])
+        else:
+            flat.append(d.str)
+    walk(dtype)
+    runs: list = []
+    for leaf in flat:
+        if runs and runs[-1][0] == leaf:
+            runs[-1][1] += 1
+        else:
+            runs.append([leaf, 1])
+    return tuple((leaf, n) for leaf, n in runs)
 
 
-def _described(buf) -> object:
-    """One buffer of a call for mpi4py, as its ranks must agree on it: in
-    place, or its count and type signature (as mpi4py reads them)."""
-    if buf is None or buf is _IN_PLACE:
-        return "in place"
+def _datatype_of(buf) -> Optional[MPI.Datatype]:
     obj = spelt(buf)
     if isinstance(obj, (list, tuple)) and obj and isinstance(obj[-1], MPI.Datatype):
-        datatype = obj[-1]
-    else:
-        datatype = own_datatype(obj)
+        return obj[-1]
+    return own_datatype(obj)
+
+
+def _described(buf, blocks: int = 1, counted: bool = True) -> object:
+    """One buffer of a call for mpi4py, as its ranks must agree on it: in
+    place, or its count (per rank of ``blocks``; left out where it may
+    differ by rank: ``counted`` false) times its type signature."""
+    if buf is None or buf is _IN_PLACE:
+        return "in place"
+    datatype = _datatype_of(buf)
     if datatype is None:
         return type(buf).__name__  # (mpi4py refuses it)
-    count, (size, leaves) = _their_count(buf), _signature(datatype)
+    size, leaves = _signature(datatype)
+    if not counted:
+        return leaves
+    count = _their_count(buf, blocks)
     # (MPI matches count x type signature: 2 doubles and 1 of a type of 2 are one message)
-    return (None if count is None else count * size), leaves
+    if count is None:
+        return None, leaves
+    if len(leaves) == 1:
+        return count * size, ((leaves[0][0], leaves[0][1] * count),)
+    return count * size, leaves, count
 
 
-def _op_described(op) -> object:
+def _op_described(op, buf=None) -> object:
+    """The op as the ranks must agree on it; a user-defined ``MPI.Op`` by
+    what it computes on the call's own elements (``buf``'s datatype and
+    count: :func:`~mpi_allreduce.ops.spec_label`'s probe, where MPI will
+    apply it), since its handle says nothing across ranks."""
     if isinstance(op, MPI.Op):
         if op.is_predefined:
             return "predefined", op.py2f()
-        return "user-defined", op.Is_commutative()
+        described = ("user-defined", op.Is_commutative())
+        datatype = None if buf is None else _datatype_of(buf)
+        count = None if buf is None else _their_count(buf)
+        if datatype is not None and datatype != MPI.DATATYPE_NULL and count:
+            try:
+                element = np.dtype((np.void, datatype.Get_extent()[1]))
+                described += (ops.behaviour(resolve_op(op), element, datatype, count),)
+            except (TypeError, ValueError, MPI.Exception):
+                described += ("unprobed",)
+        return described
     return repr(op)
 
 
@@ -254,6 +300,7 @@ class _TheirPersistent:
     def __init__(self, prequest, what: str, comm):
         self._prequest, self._what, self._comm = prequest, what, comm
         self._started: Optional[progress.Request] = None
+        self._abandoned = False
 
     def Start(self) -> None:  # noqa: N802
         if self._started is not None:
@@ -268,20 +315,34 @@ class _TheirPersistent:
 
     def Wait(self, status=None) -> bool:  # noqa: N802
         if self._started is not None:
-            self._started.wait()
+            started = self._started
+            try:
+                started.wait()
+            except BaseException:
+                # (stalled or left: MPI's request is abandoned with its call, see
+                # progress.mpi_request; the next Start raises as the communicator does)
+                self._started, self._abandoned = None, True
+                raise
             self._started = None
         return True
 
     def Test(self, status=None) -> bool:  # noqa: N802
-        if self._started is None or self._started.test():
-            self._started = None
+        if self._started is None:
             return True
-        return False
+        try:
+            done = self._started.test()
+        except BaseException:
+            self._started, self._abandoned = None, True
+            raise
+        if done:
+            self._started = None
+        return done
 
     def Free(self) -> None:  # noqa: N802
         if self._started is not None:
             raise RequestError("free() of a persistent request in flight: wait() first")
-        self._prequest.Free()
+        if not self._abandoned:  # (an abandoned one is kept, as the library keeps its own)
+            self._prequest.Free()
 
     start, test, free = Start, Test, Free
 
@@ -294,7 +355,8 @@ class _TheirPersistent:
     def __exit__(self, *exc) -> None:  # (as the library's own PersistentRequest)
         if self._started is not None and exc[0] is None:
             self.Wait()
-        if self._started is None and self._prequest != MPI.REQUEST_NULL:
+        if self._started is None and self._prequest != MPI.REQUEST_NULL and \
+                not self._abandoned:
             self.Free()
 
 
@@ -521,7 +583,13 @@ class Comm(MPI.Intracomm):
             counted = None if counts is None else [int(c) for c in counts]
         except (TypeError, ValueError):
             counted = repr(counts)  # (mpi4py refuses them, on every rank that gave them)
-        described = repr((kind, _op_described(op), _described(sendbuf), _described(recvbuf),
+        size = self.Get_size()
+        whole = recvbuf if sendbuf is None or sendbuf is _IN_PLACE else sendbuf
+        # (a reduce-scatter's receive count is each rank's own, in the counts
+        # agreed; an allgather's receive spec counts per rank, as in mpi4py)
+        described = repr((kind, _op_described(op, whole), _described(sendbuf),
+                          _described(recvbuf, size if kind == "allgather" else 1,
+                                     counted=kind != "reduce_scatter"),
                           counted))
         digest = int.from_bytes(hashlib.blake2b(described.encode(), digest_size=7).digest(),
                                 "little")
@@ -571,6 +639,12 @@ class Comm(MPI.Intracomm):
             return None  # mpi4py passes one buffer twice (MPI refuses that)
         user_op = isinstance(op, MPI.Op) and not op.is_predefined
         recv = _message(recvbuf, True, user_op)
+        if kind == "allgather" and recv is not None and recv.datatype is not None:
+            spec = spelt(recvbuf)
+            if len(spec) > 2:  # (a count given: mpi4py's is each rank's block)
+                whole = [spec[0], spec[1] * self.Get_size(), *spec[2:]]
+                recv = _message(whole, True, user_op)
+                recvbuf = whole if recv is not None else recvbuf
         send = None if in_place else _message(sendbuf, False, user_op)
         if recv is None or (send is None and not in_place):
             return None

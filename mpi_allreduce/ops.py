@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["Op", "resolve_op", "OPS", "SUPPORTED_DTYPES", "check_dtype", "user_op",
+__all__ = ["Op", "resolve_op", "OPS", "SUPPORTED_DTYPES", "check_dtype", "user_op", "behaviour",
            "spec_label", "dtype_kind", "dtype_label", "reduce_step", "value_bytes"]
 
 _INTEGER = "integer"
@@ -283,15 +283,15 @@ def resolve_op(op) -> Op:
 def spec_label(op: Op, dtype, datatype=None, count: Optional[int] = None) -> str:
     """The op's identity in a call's spec (and in check mode's agreement):
     :attr:`Op.stable`; for a user op its caller did not name also what it
-    computes on this dtype (:func:`_behaviour`).  Two user ops that share a
+    computes on this dtype (:func:`behaviour`).  Two user ops that share a
     name -- two lambdas, or ``MPI.Op.Create`` ops, whose handles say nothing
     across ranks -- but reduce differently then give their calls different
     fingerprints, so ranks that disagree about the op stall and are
     reported instead of combining two reductions.  ``count``: the call's
-    elements (see :func:`_behaviour`)."""
+    elements (see :func:`behaviour`)."""
     if not op.probed:
         return op.stable
-    return f"{op.stable}/{_behaviour(op, np.dtype(dtype), datatype, count)}"
+    return f"{op.stable}/{behaviour(op, np.dtype(dtype), datatype, count)}"
 
 
 #: lengths of the vectors a user op is tried on, the next where it raises on
@@ -299,7 +299,7 @@ def spec_label(op: Op, dtype, datatype=None, count: Optional[int] = None) -> str
 _PROBES = (4, 12, 60)
 
 
-def _behaviour(op: Op, dtype: np.dtype, datatype=None, count: Optional[int] = None) -> str:
+def behaviour(op: Op, dtype: np.dtype, datatype=None, count: Optional[int] = None) -> str:
     """A digest of ``a OP b`` for two fixed vectors of ``dtype`` (their
     bytes a fixed pattern, booleans 0 or 1; of the bytes that carry values,
     :func:`value_bytes`): the op is called on host memory each time a call

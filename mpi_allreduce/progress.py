@@ -576,6 +576,8 @@ def guarded(context, what: tuple, run, on_thread=None, steps=None):
             # (ident is 0 until the thread starts)
             body, first, args, second = on_thread, on_thread, (), None
         if not acquire(False):
+            if context.broken is not None:  # (a clash broke it: Broken, as every later call)
+                raise context.refusal()
             clash = context.concurrent()
             context.breaks(clash, kind)
             context.clashed = True  # (the call that holds the guard raises as it ends)

@@ -632,6 +632,93 @@ def test_a_call_handed_to_mpi4py_is_agreed_first(fresh):
     vector.Free()
 
 
+def _gapped_add(inbuf, inoutbuf, datatype):
+    a, b = np.frombuffer(inbuf, np.float64), np.frombuffer(inoutbuf, np.float64)
+    b[::2] += a[::2]
+
+
+def _gapped_max(inbuf, inoutbuf, datatype):
+    a, b = np.frombuffer(inbuf, np.float64), np.frombuffer(inoutbuf, np.float64)
+    np.maximum(a[::2], b[::2], out=b[::2])
+
+
+def test_user_ops_handed_to_mpi4py_are_agreed_by_what_they_compute(fresh):
+    """A user-defined MPI.Op on a datatype with gaps (mpi4py's way): ranks
+    with ops that compute different things (an add on one, a max on
+    another) all raise ArgumentMismatch -- the op is agreed by what it
+    computes on the call's own elements, its handle saying nothing across
+    ranks (before: every rank got the add's numbers, silently); the same op
+    everywhere gives MPI's answer."""
+    if fresh.Get_size() == 1:
+        pytest.skip("one rank agrees with itself")
+    comm, rank, p = mar.Comm(fresh), fresh.Get_rank(), fresh.Get_size()
+    vector = _vector()
+    add = MPI.Op.Create(_gapped_add, commute=True)
+    other = MPI.Op.Create(_gapped_max if rank == 1 else _gapped_add, commute=True)
+    try:
+        x, y = (np.arange(5.0) + 1) * (rank + 1), np.zeros(5)
+        with pytest.raises(mar.ArgumentMismatch, match="disagree"):
+            comm.Allreduce([x, 1, vector], [y, 1, vector], other)
+        comm.Allreduce([x, 1, vector], [y, 1, vector], add)
+        np.testing.assert_array_equal(y[::2], (np.arange(5.0) + 1)[::2] * p * (p + 1) / 2)
+    finally:
+        add.Free()
+        other.Free()
+        vector.Free()
+
+
+def test_type_signatures_are_agreed_in_order(fresh):
+    """A struct of (double, int) on one rank and (int, double) on another
+    are different type signatures (MPI: erroneous): ArgumentMismatch on
+    every rank (before: compared as sets, they agreed, and the allgather
+    delivered bytes of one read as the other)."""
+    if fresh.Get_size() == 1:
+        pytest.skip("one rank agrees with itself")
+    comm, rank, p = mar.Comm(fresh), fresh.Get_rank(), fresh.Get_size()
+    order = [MPI.DOUBLE, MPI.INT] if rank == 0 else [MPI.INT, MPI.DOUBLE]
+    struct = MPI.Datatype.Create_struct([1, 1], [0, 8], order)
+    padded = struct.Create_resized(0, 16).Commit()
+    try:
+        send, recv = np.zeros(2), np.zeros(2 * p)
+        with pytest.raises(mar.ArgumentMismatch, match="disagree"):
+            comm.Allgather([send, 1, padded], [recv, 1, padded])
+    finally:
+        padded.Free()
+        struct.Free()
+
+
+def test_a_reduce_scatter_of_unequal_blocks_handed_to_mpi4py_is_right(fresh):
+    """Each rank's receive count is its own block (here 1 and 3, ...): the
+    ranks agree on the counts, not on their receive buffers' sizes (before:
+    a valid call with unequal blocks was refused on every rank)."""
+    comm, rank, p = mar.Comm(fresh), fresh.Get_rank(), fresh.Get_size()
+    first = MPI.Op.Create(_first, commute=False)
+    try:
+        counts = [1 + 2 * (r % 2) for r in range(p)]
+        x = np.arange(float(sum(counts))) + 100 * rank
+        for given in (counts, None):
+            y = np.zeros(counts[rank])
+            comm.Reduce_scatter(x, y, given, first)
+            start = sum(counts[:rank])
+            np.testing.assert_array_equal(y, x[start:start + counts[rank]] - 100 * rank)
+    finally:
+        first.Free()
+
+
+@pytest.mark.parametrize("spell", [lambda r, n: [r, n, MPI.DOUBLE], lambda r, n: [r, (n, 0)],
+                                   lambda r, n: [r, n, "d"], lambda r, n: [r, n]],
+                         ids=["count, datatype", "pair", "count, typecode", "count"])
+def test_an_allgathers_receive_count_is_each_ranks_block(fresh, spell):
+    """``Allgather(s, [r, 2, MPI.DOUBLE])``: as in mpi4py, the receive spec's
+    count is each rank's block, not the whole (before: refused with a
+    ValueError on every rank)."""
+    comm, rank, p = mar.Comm(fresh), fresh.Get_rank(), fresh.Get_size()
+    send, recv = np.arange(2.0) + 10 * rank, np.zeros(2 * p)
+    comm.Allgather([send, 2, MPI.DOUBLE], spell(recv, 2))
+    np.testing.assert_array_equal(recv, np.concatenate([np.arange(2.0) + 10 * r
+                                                        for r in range(p)]))
+
+
 def _first(inbuf, inoutbuf, datatype):
     """A non-commutative op: the lower rank's value (MPI combines in rank order)."""
     a = np.frombuffer(inbuf, dtype=np.float64)
