@@ -667,6 +667,47 @@ def test_user_ops_handed_to_mpi4py_are_agreed_by_what_they_compute(fresh):
         vector.Free()
 
 
+def test_mpi4pys_persistent_request_after_a_stall_is_given_up(raising_watchdog):
+    """A persistent all-reduce handed to mpi4py (a datatype with gaps) whose
+    start rank 0's peers never match: its wait raises Stalled, and then its
+    Start raises Broken as the communicator does and Free keeps the request
+    (before: Start raised RequestError "already active" and Free failed)."""
+    from mpi_allreduce.engine import ABANDONED
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank never waits for a peer")
+    base = world.Dup()
+    mar.setup(base)
+    comm, rank = mar.Comm(base), base.Get_rank()
+    vector, add = _vector(), MPI.Op.Create(_gapped_add, commute=True)
+    x, y = np.arange(5.0) + 1, np.zeros(5)
+    before = len(ABANDONED)
+    request = comm.Allreduce_init([x, 1, vector], [y, 1, vector], add)
+    if rank == 0:
+        request.Start()
+        with pytest.raises(mar.Stalled):
+            request.Wait()
+        with pytest.raises(mar.Broken):
+            request.Start()
+        request.Free()
+    world.Barrier()
+    if rank:  # (the late match of rank 0's start: nothing left pending)
+        MPI.Prequest.Start(request._prequest)
+        MPI.Prequest.Wait(request._prequest)
+        request.Free()
+    else:
+        for pending in ABANDONED[before:]:
+            if isinstance(pending, MPI.Prequest):
+                pending.Wait()
+                pending.Free()
+        del ABANDONED[before:]
+    world.Barrier()
+    add.Free()
+    vector.Free()
+    base.Free()
+
+
 def test_type_signatures_are_agreed_in_order(fresh):
     """A struct of (double, int) on one rank and (int, double) on another
     are different type signatures (MPI: erroneous): ArgumentMismatch on
