@@ -1084,11 +1084,15 @@ def duplicate(comm, what: str, context=None, info=None):
     for as :func:`wait_for` waits (``what`` names it in a report)."""
     dup, request = MPI.Intracomm.Idup(comm, info)
     wait_for([request], what, context)
-    return dup
+    # (mpi4py makes the duplicate of a subclass's communicator -- the drop-in
+    # Comm -- of that subclass, whose methods run the library: the library's
+    # own communicator is a plain one, the same handle)
+    return dup if type(dup) is MPI.Intracomm else MPI.Intracomm(dup)
 
 
 #: the keys of calls given up on whose threads are still inside MPI (see
-#: :func:`wait_for_call`), with why; and the lock that orders a thread's
+#: :func:`wait_for_call`), with why (and the call's own outcome: only its
+#: thread's return removes its entry); and the lock that orders a thread's
 #: return against its caller's giving up
 _STUCK: dict = {}
 _STUCK_LOCK = threading.Lock()
@@ -1107,7 +1111,7 @@ def _leave_if_stuck() -> None:
         return
     sys.stdout.flush()
     sys.stderr.write(f"mpi_allreduce: rank {MPI.COMM_WORLD.Get_rank()}: leaving without "
-                     f"MPI_Finalize: {stuck[0]}\n")
+                     f"MPI_Finalize: {stuck[0][0]}\n")
     sys.stderr.flush()
     os._exit(1)
 
@@ -1150,7 +1154,7 @@ def wait_for_call(call, what: str, key=None, context=None):
     watchdog reports it under its ``warn`` and ``abort`` actions; nothing
     can give up on it, so under ``raise`` it is MPI's own wait."""
     if key is not None and key in _STUCK:
-        raise Broken(_STUCK[key])
+        raise Broken(_STUCK[key][0])
     if not mpi_threads():
         cell = WATCH.cell()
         cell.count += 1
@@ -1170,7 +1174,8 @@ def wait_for_call(call, what: str, key=None, context=None):
         finally:
             with _STUCK_LOCK:
                 outcome["returned"] = True
-                _STUCK.pop(key, None)
+                if _STUCK.get(key, (None, None))[1] is outcome:  # (this call's entry only)
+                    del _STUCK[key]
             request.Complete()
 
     thread = threading.Thread(target=run, name=f"mpi_allreduce: {what}", daemon=True)
@@ -1182,7 +1187,7 @@ def wait_for_call(call, what: str, key=None, context=None):
             if key is not None and thread.ident is not None and "returned" not in outcome:
                 _STUCK[key] = (f"an earlier collective on this communicator ({what}) was "
                                f"given up on ({type(exc).__name__}) and is still inside MPI on "
-                               "this rank; MPI allows one such call at a time")
+                               "this rank; MPI allows one such call at a time", outcome)
         raise
     if "error" in outcome:
         raise outcome["error"]

@@ -73,7 +73,8 @@ def node_comm(comm: MPI.Intracomm, what: str = "where the ranks run", context=No
     it, ``context`` is broken if it stalls): a rank that never comes is
     reported, not waited for inside MPI."""
     node = blocking_collective(
-        comm, lambda: comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank()), what, context)
+        comm, lambda: MPI.Intracomm.Split_type(comm, MPI.COMM_TYPE_SHARED, key=comm.Get_rank()),
+        what, context)
     try:
         yield node
     finally:

@@ -126,6 +126,68 @@ def test_a_collective_left_inside_mpi_ends_its_process_without_finalize(tmp_path
     assert result.returncode != 0 and "Segmentation fault" not in out, out[-3000:]
 
 
+#: rank 0: interrupted (a timer) in the first call on a drop-in Comm, before
+#: its set-up's node map; rank 1 comes late, its set-up stalls (raise mode,
+#: 2 s) with its thread inside MPI_Comm_split_type; both then set up and use
+#: a second communicator, and end
+SET_UP_STUCK = """\
+import os
+import signal
+import time
+
+os.environ["MPI_ALLREDUCE_WATCHDOG"] = "2"
+os.environ["MPI_ALLREDUCE_WATCHDOG_ACTION"] = "raise"
+
+import numpy as np
+from mpi4py import MPI
+
+import mpi_allreduce as mar
+from mpi_allreduce.context import context_for
+
+
+def interrupt(*_):
+    raise KeyboardInterrupt
+
+
+signal.signal(signal.SIGALRM, interrupt)
+world = MPI.COMM_WORLD
+rank = world.Get_rank()
+comm = mar.Comm(world.Dup())
+if rank == 0:
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+else:
+    time.sleep(1.5)
+try:
+    comm.Allreduce(np.ones(4), np.zeros(4))
+except (KeyboardInterrupt, mar.Stalled) as exc:
+    print(f"rank {rank}: {type(exc).__name__}", flush=True)
+other = mar.Comm(world.Dup())
+out = np.zeros(3)
+other.Allreduce(np.ones(3), out)
+print(f"rank {rank}: other {out.tolist()} {type(context_for(other).comm).__name__}",
+      flush=True)
+"""
+
+
+def test_a_set_up_left_inside_mpi_ends_its_process_without_finalize(tmp_path):
+    """A drop-in Comm's set-up given up on while its thread is inside
+    MPI_Comm_split_type, then a second communicator set up and used: the
+    process still leaves without MPI_Finalize, saying why (before: the
+    library's duplicate of a drop-in Comm was itself a drop-in Comm, so its
+    node map ran the drop-in's Split_type on a thread inside the set-up's
+    thread, whose return cleared the record of the inner one -- then
+    MPI_Finalize under it, a segmentation fault)."""
+    script = tmp_path / "set_up_stuck.py"
+    script.write_text(SET_UP_STUCK)
+    result = run_mpi(2, [sys.executable, str(script)], timeout=90, cwd=str(ROOT))
+    out = result.stdout
+    assert "rank 0: KeyboardInterrupt" in out and "rank 1: Stalled" in out, out[-3000:]
+    assert "rank 0: other [2.0, 2.0, 2.0] Intracomm" in out, out[-3000:]
+    assert "rank 1: other [2.0, 2.0, 2.0] Intracomm" in out, out[-3000:]
+    assert "rank 1: leaving without MPI_Finalize" in out, out[-3000:]
+    assert "Segmentation fault" not in out and result.returncode == 1, out[-3000:]
+
+
 #: rank 1: an interrupt as the library starts its progress thread (the first
 #: call of the process handed to it: a persistent or non-blocking call of
 #: many rounds on ``first``), then the start again; then both ranks make the

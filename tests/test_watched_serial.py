@@ -43,7 +43,7 @@ ALLOWED = {
     ("engine.py", "MPI.COMM_SELF.Dup"): "the progress thread's own COMM_SELF: no peer",
     ("backend.py", "MPI.Request.Waitall"):
         "a stage's messages, waited for inside a call the watchdog samples",
-    ("topology.py", "comm.Split_type"): "behind a watched MPI_Ibarrier (node_comm)",
+    ("topology.py", "MPI.Intracomm.Split_type"): "behind a watched MPI_Ibarrier (node_comm)",
     ("comm.py", "MPI.Intracomm.Split"): "behind a watched MPI_Ibarrier",
     ("comm.py", "MPI.Intracomm.Split_type"): "behind a watched MPI_Ibarrier",
     ("comm.py", "MPI.Intracomm.Create"): "behind a watched MPI_Ibarrier",
