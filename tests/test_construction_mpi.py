@@ -174,6 +174,16 @@ def interrupt_watchdog(monkeypatch):
     yield from raise_mode(monkeypatch, 30 if MPI.COMM_WORLD.Get_rank() == 0 else 1)
 
 
+@pytest.fixture
+def peers_world():
+    """A fresh duplicate of the world, for a test in which a rank waits for
+    its peers or takes a way of its own (skipped on one rank)."""
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank has no peer to wait for or differ from")
+    return world.Dup()
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_an_interrupt_breaks_the_communicator_never_a_wrong_result(interrupt_watchdog, kind):
     """Rank 0 is interrupted inside a call and calls again: there it raises
@@ -584,16 +594,14 @@ def _vector():
 
 
 @pytest.mark.parametrize("call", list(SPELT))
-def test_ranks_whose_calls_go_different_ways_stall_never_mix(raising_watchdog, call):
+def test_ranks_whose_calls_go_different_ways_stall_never_mix(raising_watchdog, call,
+                                                             peers_world):
     """Rank 0's call has a datatype with gaps (mpi4py's way, which begins
     with the ranks' agreement on the call), the others' plain arrays (the
     library's way): different calls, which travel on different messages of
     the library's communicator, so every rank stalls and raises, and none
     gets a result mixed from the two."""
-    world = MPI.COMM_WORLD
-    if world.Get_size() == 1:
-        pytest.skip("one rank takes its own way alone")
-    base = world.Dup()  # (not set up: the first call on it sets it up)
+    world, base = MPI.COMM_WORLD, peers_world  # (not set up: the first call on it sets it up)
     comm, rank = mar.Comm(base), base.Get_rank()
     x, y = np.arange(5.0) + rank, np.zeros(5)
     vector = _vector()
@@ -667,17 +675,14 @@ def test_user_ops_handed_to_mpi4py_are_agreed_by_what_they_compute(fresh):
         vector.Free()
 
 
-def test_mpi4pys_persistent_request_after_a_stall_is_given_up(raising_watchdog):
+def test_mpi4pys_persistent_request_after_a_stall_is_given_up(raising_watchdog, peers_world):
     """A persistent all-reduce handed to mpi4py (a datatype with gaps) whose
     start rank 0's peers never match: its wait raises Stalled, and then its
     Start raises Broken as the communicator does and Free keeps the request
     (before: Start raised RequestError "already active" and Free failed)."""
     from mpi_allreduce.engine import ABANDONED
 
-    world = MPI.COMM_WORLD
-    if world.Get_size() == 1:
-        pytest.skip("one rank never waits for a peer")
-    base = world.Dup()
+    world, base = MPI.COMM_WORLD, peers_world
     mar.setup(base)
     comm, rank = mar.Comm(base), base.Get_rank()
     vector, add = _vector(), MPI.Op.Create(_gapped_add, commute=True)
@@ -792,16 +797,13 @@ def test_a_call_handed_to_mpi4py_on_every_rank_is_right(fresh):
         first.Free()
 
 
-def test_reduce_scatters_exchange_of_counts_is_watched(raising_watchdog):
+def test_reduce_scatters_exchange_of_counts_is_watched(raising_watchdog, peers_world):
     """Reduce_scatter given no receive counts exchanges them (as mpi4py
     does), whichever way the call then goes: the library's watched
     collective, so a peer that never comes is reported (before: mpi4py's
     blocking MPI_Allgather, where rank 0 waited unreported under every
     watchdog action)."""
-    world = MPI.COMM_WORLD
-    if world.Get_size() == 1:
-        pytest.skip("one rank never waits for a peer")
-    base = world.Dup()
+    world, base = MPI.COMM_WORLD, peers_world
     mar.setup(base)
     comm, rank = mar.Comm(base), base.Get_rank()
     if rank == 0:
@@ -813,7 +815,7 @@ def test_reduce_scatters_exchange_of_counts_is_watched(raising_watchdog):
 
 @pytest.mark.parametrize("make", ["Dup", "Split", "Split_type", "Create", "Create_group"])
 def test_a_peer_that_never_comes_to_a_wrappers_new_communicator_is_reported(raising_watchdog,
-                                                                            make):
+                                                                            make, peers_world):
     """The drop-in Comm's Dup (MPI_Comm_idup), Split, Split_type, Create and
     Create_group (no non-blocking form: each runs on a thread of its own,
     waited for under the watchdog) are watched as the library's own calls
@@ -823,13 +825,10 @@ def test_a_peer_that_never_comes_to_a_wrappers_new_communicator_is_reported(rais
     MPI_Ibarrier, where the waiting ranks stall.)"""
     from mpi_allreduce.engine import ABANDONED, mpi_threads
 
-    world = MPI.COMM_WORLD
-    if world.Get_size() == 1:
-        pytest.skip("one rank never waits for a peer")
     threads = mpi_threads()
     if make == "Create_group" and not threads:
         pytest.skip("MPI runs no threads here: Create_group is MPI's own wait")
-    base = world.Dup()
+    world, base = MPI.COMM_WORLD, peers_world
     comm, late = mar.Comm(base), base.Get_rank() == 0
     before = len(ABANDONED)  # (earlier tests' abandoned requests are not this test's)
     if not late:
@@ -1273,17 +1272,14 @@ DIFFERENT_WAYS = {
 
 @pytest.mark.parametrize("case", list(DIFFERENT_WAYS))
 def test_a_drop_in_call_one_rank_takes_another_way_never_shifts_the_next(raising_watchdog,
-                                                                         case):
+                                                                         case, peers_world):
     """Rank 0's drop-in call goes mpi4py's way (or mpi4py refuses it: a
     BufferError, no TypeError) where its peers' goes the library's: the
     calls stall on every rank, and rank 0's next call, the same as its
     peers', never meets the peers' stalled one (before: a stall of the
     mpi4py way's own MPI request left the library's communicator usable,
     and rank 0's next call read the peers' stale messages: a wrong sum)."""
-    world = MPI.COMM_WORLD
-    if world.Get_size() == 1:
-        pytest.skip("one rank takes its own way alone")
-    base = world.Dup()
+    world, base = MPI.COMM_WORLD, peers_world
     comm, rank, p = mar.Comm(base), base.Get_rank(), base.Get_size()
     outcomes = []
     for step in range(3):
