@@ -233,7 +233,9 @@ class Slot:
     __slots__ = ("name",)
 
     def __init__(self, staged: bool = True):
-        self.name = SLOTS.take() if staged else ""
+        self.name = ""  # (what __del__ finds where an interrupt lands in the take)
+        if staged:
+            self.name = SLOTS.take()
 
     def burn(self) -> None:
         """The call was given up with messages in flight: its name (and

@@ -68,13 +68,14 @@ from mpi4py import MPI
 
 from . import api, collectives, progress
 from .context import broken_by, cached_context, setup
-from .engine import blocking_collective, duplicate, wait_for_call
+from .engine import abandon, blocking_collective, duplicate, wait_for_call
 from .backend import backend_for
 from .buffers import message, names_memory, own_datatype, spelt
 from .errors import OWN_ERRORS, ArgumentMismatch, RequestError
 from . import ops
 from .ops import check_dtype, resolve_op
 from .options import keywords_for, options as resolve_options
+from .threads import sheltered
 
 _DEFERRED = api._DEFERRED
 
@@ -264,6 +265,12 @@ def _described(buf, blocks: int = 1, counted: bool = True) -> object:
     return count * size, leaves, count
 
 
+def _runs_python(op) -> bool:
+    """Whether MPI's own collective with ``op`` runs a Python function (a
+    user-defined ``MPI.Op``'s) inside MPI's calls."""
+    return isinstance(op, MPI.Op) and op != MPI.OP_NULL and not op.is_predefined
+
+
 def _op_described(op, buf=None) -> object:
     """The op as the ranks must agree on it; a user-defined ``MPI.Op`` by
     what it computes on the call's own elements (``buf``'s datatype and
@@ -297,8 +304,9 @@ class _TheirPersistent:
     watched as the library's calls are: ``Start``/``Wait``/``Test``/``Free``
     (and the lower-case forms of :class:`~mpi_allreduce.PersistentRequest`)."""
 
-    def __init__(self, prequest, what: str, comm):
+    def __init__(self, prequest, what: str, comm, shelter: bool = False):
         self._prequest, self._what, self._comm = prequest, what, comm
+        self._shelter = shelter  # (it runs a user-defined MPI.Op: see Comm._theirs)
         self._started: Optional[progress.Request] = None
         self._abandoned = False
 
@@ -307,9 +315,14 @@ class _TheirPersistent:
             raise RequestError("start() of a persistent request already active: wait() first")
         setup(self._comm)  # (on a communicator the library broke, it raises as every call does)
         try:
-            self._prequest.Start()
-            self._started = progress.mpi_request([self._prequest], self._what, self._comm)
+            if self._shelter:
+                sheltered(self._prequest.Start)
+            else:
+                self._prequest.Start()
+            self._started = progress.mpi_request([self._prequest], self._what, self._comm,
+                                                 shelter=self._shelter)
         except BaseException as exc:  # (started on this rank, or not: its peers cannot tell)
+            self._abandoned = True  # (kept: it may be in flight, never freed so)
             broken_by(self._comm, exc, self._what)
             raise
 
@@ -435,7 +448,7 @@ class Comm(MPI.Intracomm):
                    lambda send, recv, _: api.allreduce(
                        send, recv, op, comm=self, algorithm=self.algorithm, **self.options),
                    lambda: self._theirs("Allreduce", lambda: MPI.Intracomm.Iallreduce(
-                       self, sendbuf, recvbuf, op)))
+                       self, sendbuf, recvbuf, op), op))
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):  # noqa: N802
         return self._call("allreduce", sendbuf, recvbuf, op, None, None,
@@ -443,7 +456,7 @@ class Comm(MPI.Intracomm):
                               send, recv, op, comm=self, algorithm=self.algorithm,
                               **self._request_options()),
                           lambda: self._their_request("Iallreduce", lambda: (
-                              MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op))))
+                              MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op)), op))
 
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=None):  # noqa: N802
         return self._call("allreduce", sendbuf, recvbuf, op, None, None,
@@ -453,7 +466,8 @@ class Comm(MPI.Intracomm):
                           lambda: self._their_request("Allreduce_init", lambda: (
                               MPI.Intracomm.Allreduce_init(
                                   self, sendbuf, recvbuf, op,
-                                  MPI.INFO_NULL if info is None else info)), persistent=True))
+                                  MPI.INFO_NULL if info is None else info)), op,
+                              persistent=True))
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM) -> None:  # noqa: N802
         try:  # (whatever leaves the call on this rank: _left)
@@ -468,7 +482,7 @@ class Comm(MPI.Intracomm):
                            send, recv, op, comm=self, **self._halves_options()),
                        lambda: self._theirs("Reduce_scatter_block",
                                             lambda: MPI.Intracomm.Ireduce_scatter_block(
-                                                self, sendbuf, recvbuf, op)))
+                                                self, sendbuf, recvbuf, op), op))
         except BaseException as exc:
             _left(self, exc)
 
@@ -489,7 +503,7 @@ class Comm(MPI.Intracomm):
                            send, recv, op, counts, comm=self, **self._halves_options()),
                        lambda: self._theirs("Reduce_scatter",
                                             lambda: MPI.Intracomm.Ireduce_scatter(
-                                                self, sendbuf, recvbuf, recvcounts, op)))
+                                                self, sendbuf, recvbuf, recvcounts, op), op))
         except BaseException as exc:
             _left(self, exc)
 
@@ -509,11 +523,15 @@ class Comm(MPI.Intracomm):
         except BaseException as exc:
             _left(self, exc)
 
-    def _theirs(self, name: str, start) -> None:
+    def _theirs(self, name: str, start, op=None) -> None:
         """mpi4py's own call, in its non-blocking form (``start`` posts it:
         mpi4py reads the buffers and raises as the blocking form would),
         waited in the library's engine: watched by the watchdog like every
         call of the library, never a wait in MPI that nothing reports.
+        Where ``op`` is a user-defined ``MPI.Op``, whose Python function MPI
+        runs inside its calls (and where mpi4py cannot raise: it ends the
+        job), its post and its waits run where no signal handler can raise
+        inside that function (:func:`~mpi_allreduce.threads.sheltered`).
 
         The communicator's set-up comes first (collective, as the library's
         calls' is): where the ranks spell one call's buffers differently,
@@ -522,20 +540,30 @@ class Comm(MPI.Intracomm):
         result); set up, the two ways travel on two communicators, never
         meet, and stall (reported)."""
         setup(self)
-        progress.mpi_request([self._started(start)], f"MPI_{name} (buffers as mpi4py reads "
-                             "them)", self).wait()
+        shelter = _runs_python(op)
+        progress.mpi_request([self._started(start, shelter)], f"MPI_{name} (buffers as "
+                             "mpi4py reads them)", self, shelter=shelter).wait()
 
-    def _started(self, start):
-        """``start()``, mpi4py's call posted; where mpi4py refuses the
-        buffers (its exception, before any message), a refusal of the
-        library's (:func:`~mpi_allreduce.api.refused`): no short cut on one
-        rank either."""
+    def _started(self, start, shelter: bool):
+        """``start()``, mpi4py's call posted (``shelter``: see
+        :meth:`_theirs`); where mpi4py refuses the buffers (its exception,
+        before any message), a refusal of the library's
+        (:func:`~mpi_allreduce.api.refused`): no short cut on one rank
+        either.  A request posted as an interrupt lands is kept (MPI must
+        not free a collective in flight), and the communicator broken."""
+        posted: list = []
         try:
-            return start()
+            if shelter:
+                sheltered(lambda: posted.append(start()))
+            else:
+                posted.append(start())
+            return posted[0]
         except BaseException as exc:  # (a refusal of any type; an interrupt)
+            for request in posted:
+                abandon(request)
             _left(self, exc)
 
-    def _their_request(self, name: str, start, persistent: bool = False):
+    def _their_request(self, name: str, start, op=None, persistent: bool = False):
         """mpi4py's own non-blocking (or, ``persistent``, persistent) call,
         after the communicator's set-up, as :meth:`_theirs` makes it (so
         ranks that spell one call's buffers differently travel on two
@@ -544,9 +572,11 @@ class Comm(MPI.Intracomm):
         library's way is reported, never left in ``MPI_Wait``."""
         setup(self)
         what = f"MPI_{name} (buffers as mpi4py reads them)"
+        shelter = _runs_python(op)
         if persistent:
-            return _TheirPersistent(self._started(start), what, self)
-        return progress.mpi_request([self._started(start)], what, self)
+            return _TheirPersistent(self._started(start, shelter), what, self, shelter)
+        return progress.mpi_request([self._started(start, shelter)], what, self,
+                                    shelter=shelter)
 
     def _counts(self, count: Optional[int]) -> Optional[list]:
         """Every rank's receive count (what mpi4py's ``Reduce_scatter``

@@ -38,7 +38,7 @@ from mpi4py import MPI
 from .backend import Slot, message_calls, started
 from .config import environment
 from .errors import Broken, Stalled
-from .threads import start_daemon
+from .threads import sheltered, start_daemon
 from .watchdog import WATCH, describe, report, settings
 
 __all__ = ["Operation", "MPIOperation", "ENGINE", "wait_for", "wait_for_call",
@@ -379,11 +379,13 @@ class Operation:
         else:
             self.quit = True
 
-    def reads_status(self) -> bool:
-        """Whether its caller reads the status of a request in flight (a
-        receive from any source): a wait over several calls' requests
-        would drop it, so it completes in its own test."""
-        return any(p.statuses is not None for p in self.pending if isinstance(p, _Started))
+    def waits_alone(self) -> bool:
+        """Whether its requests complete in its own test, never in a wait
+        over several calls' requests: where its caller reads the status of
+        one (a receive from any source), which such a wait would drop, or
+        where they run a user-defined ``MPI.Op`` (see ``_Started``)."""
+        return any(p.statuses is not None or p.sheltered for p in self.pending
+                   if isinstance(p, _Started))
 
     def requests(self) -> list:
         """The MPI requests of the current stage (or round)."""
@@ -394,12 +396,21 @@ class Operation:
 
 def _run_all(callbacks) -> None:
     """Run each callback; an exception in one is reported on standard error,
-    as a thread's would be, and the others still run."""
+    as a thread's would be, and the others still run.  An interrupt (not an
+    ``Exception``: a ``KeyboardInterrupt`` from a signal handler, say) on a
+    thread other than the progress thread is the thread's own: raised once
+    the others have run (the first, where several land)."""
+    interrupt = None
     for callback in callbacks or ():
         try:
             callback()
-        except BaseException:  # noqa: BLE001 - a callback's error is its own
-            sys.excepthook(*sys.exc_info())
+        except BaseException as exc:  # noqa: BLE001 - a callback's error is its own
+            if isinstance(exc, Exception) or threading.get_ident() == _ENGINE.ident:
+                sys.excepthook(type(exc), exc, exc.__traceback__)
+            elif interrupt is None:
+                interrupt = exc
+    if interrupt is not None:
+        raise interrupt
 
 
 _startall = MPI.Prequest.Startall
@@ -414,17 +425,26 @@ _CALLBACKS = threading.Lock()
 class _Started:
     """Requests in flight that are not the library's messages (a stage's
     persistent requests, started; an MPI call the caller posted), with
-    their statuses where asked for: what ``Pending`` is to posted ones."""
+    their statuses where asked for: what ``Pending`` is to posted ones.
+    ``sheltered``: MPI runs the Python function of a user-defined
+    ``MPI.Op`` as they complete (MPI's own collective), so they are waited
+    and tested where no signal handler can raise inside it
+    (:func:`~mpi_allreduce.threads.sheltered`)."""
 
-    __slots__ = ("requests", "statuses")
+    __slots__ = ("requests", "statuses", "sheltered")
 
-    def __init__(self, requests, statuses=None):
-        self.requests, self.statuses = requests, statuses
+    def __init__(self, requests, statuses=None, sheltered=False):
+        self.requests, self.statuses, self.sheltered = requests, statuses, sheltered
 
     def wait(self) -> None:
-        MPI.Request.Waitall(self.requests, self.statuses)
+        if self.sheltered:
+            sheltered(MPI.Request.Waitall, self.requests, self.statuses)
+        else:
+            MPI.Request.Waitall(self.requests, self.statuses)
 
     def test(self) -> bool:
+        if self.sheltered:
+            return sheltered(MPI.Request.Testall, self.requests, self.statuses)
         return MPI.Request.Testall(self.requests, self.statuses)
 
 
@@ -506,16 +526,17 @@ class MPIOperation(Operation):
     deadline of the watchdog's raise mode) and watched like the library's
     calls.  Stalled, its receives are cancelled when ``cancel``; its
     requests are kept in ``ABANDONED``, ``context`` (if any) is broken and
-    ``on_stall(report)`` runs."""
+    ``on_stall(report)`` runs.  ``shelter``: they run a user-defined
+    ``MPI.Op`` (see ``_Started``)."""
 
     __slots__ = ("cancel", "on_stall")
 
     def __init__(self, requests, what: str, comm, statuses=None, cancel=False,
-                 on_stall=None, context=None):
+                 on_stall=None, context=None, shelter=False):
         super().__init__([], None, 0, Slot(False), False, what, context)
         self.comm, self.cancel, self.on_stall = comm, cancel, on_stall
-        self.pending, self.index, self.done, self.starts = [_Started(requests, statuses)], -1, \
-            False, 1
+        self.pending, self.index, self.done, self.starts = \
+            [_Started(requests, statuses, shelter)], -1, False, 1
         if self.limit:
             self.deadline = time.monotonic() + self.limit
         if settings()[0] > 0:
@@ -695,7 +716,7 @@ class _Engine:
             held.remove(other)
         try:
             owners, requests = gathered(held)
-            if requests and not any(other.reads_status() for other in held):
+            if requests and not any(other.waits_alone() for other in held):
                 wait_any(owners, requests)
             else:
                 # another thread is advancing them right now; or a receive
@@ -938,7 +959,7 @@ class _Engine:
             # polled: nobody may be waiting to notice its stall; so
             # is one whose caller reads a receive's status (a
             # receive from any source): MPI_Waitany would drop it
-            poll = any(op.limit and op.callbacks or op.reads_status() for op in still)
+            poll = any(op.limit and op.callbacks or op.waits_alone() for op in still)
             owners, requests = gathered(still, self.posted)
             # (``still`` is the list calls started from now on join:
             # what is in flight is decided here, under the lock)

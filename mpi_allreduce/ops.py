@@ -31,6 +31,8 @@ from typing import Callable, Optional
 import numpy as np
 from mpi4py import MPI
 
+from .threads import sheltered
+
 __all__ = ["Op", "resolve_op", "OPS", "SUPPORTED_DTYPES", "check_dtype", "user_op", "behaviour",
            "spec_label", "dtype_kind", "dtype_label", "reduce_step", "value_bytes"]
 
@@ -333,7 +335,7 @@ def behaviour(op: Op, dtype: np.dtype, datatype=None, count: Optional[int] = Non
                 if op.function is not None:
                     op.function(a, b, o)
                 else:  # (MPI_Reduce_local(in, inout): inout = in OP inout)
-                    op.mpi_op.Reduce_local([a, datatype], [o, datatype])
+                    sheltered(op.mpi_op.Reduce_local, [a, datatype], [o, datatype])
         except Exception:  # noqa: BLE001 - the same on every rank with this op
             continue
         return f"{zlib.crc32(value_bytes(o)):08x}"
@@ -388,7 +390,9 @@ def reduce_step(op: Op, backend, first, second, out, datatype=None, temp=None):
         return combine, (first, second, out)
     if op.function is not None:
         return op.function, (first, second, out)
-    reduce_local = op.mpi_op.Reduce_local
+    # (the Python function behind it, which mpi4py cannot raise from, runs
+    # where no signal handler interrupts it: threads.sheltered)
+    reduce_local = functools.partial(sheltered, op.mpi_op.Reduce_local)
     if backend.shares_memory(out, second):
         return reduce_local, ([first, datatype], [out, datatype])
     if backend.shares_memory(out, first):

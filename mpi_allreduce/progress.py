@@ -68,15 +68,17 @@ __all__ = ["Request", "PersistentRequest", "RequestError", "waitall", "guarded",
 
 
 def mpi_request(requests, what: str, comm, statuses=None, cancel=False,
-                on_stall=None) -> "Request":
+                on_stall=None, shelter=False) -> "Request":
     """A :class:`Request` over MPI requests the caller posted on ``comm``
     (see :class:`~mpi_allreduce.engine.MPIOperation`): its ``wait()`` and ``test()`` are the
     engine's, as for the library's own calls.  Left by a stall, an interrupt or
     an error, it breaks the library's context of ``comm`` as the library's own
     calls do: ranks whose calls took different ways (MPI's here, the library's
-    there) may have left messages on the library's communicator too."""
+    there) may have left messages on the library's communicator too.
+    ``shelter``: MPI runs a user-defined ``MPI.Op`` as they complete (see
+    :class:`~mpi_allreduce.engine.MPIOperation`)."""
     request = Request(MPIOperation(requests, what, comm, statuses, cancel, on_stall,
-                                   cached_context(comm)), None)
+                                   cached_context(comm), shelter), None)
     request._state = "active"
     _ENGINE.start_caller(request._op)
     return request
@@ -217,7 +219,8 @@ class Request:
         op = self._op
         if op is None or op.done and not _ENGINE.callbacks_pending(op.context, op.order):
             # (else after the earlier calls' ones: Operation.when_done); an
-            # exception it raises is printed, as one on the thread is
+            # exception it raises is printed, as one on the thread is (an
+            # interrupt is raised: engine._run_all)
             _run_all((lambda: callback(self),))
             return
         if self._round is not None and mpi_threads():

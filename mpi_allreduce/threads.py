@@ -10,14 +10,26 @@ Here a thread runs its work only once its starter has kept it: an
 interrupt before the launch keeps nothing (the next caller starts one), one
 after it keeps the thread that runs (lest a second one start), and a thread
 kept that never gets to its work ends, which its keeper sees
-(``is_alive()``); the interrupt is raised either way."""
+(``is_alive()``); the interrupt is raised either way.
+
+One of them, the shelter (:func:`sheltered`), runs what must not be
+interrupted by a signal handler: the Python function behind a user-defined
+``MPI.Op``, which MPI calls back from ``MPI_Reduce_local``.  An exception
+there, a ``KeyboardInterrupt`` from a handler included, is one mpi4py cannot
+hand back (it ends the job with ``MPI_Abort``).  Python runs signal handlers
+on the main thread only, so the main thread hands such a function to the
+shelter and waits; an interrupt lands in that wait, and is raised once the
+function has returned."""
 
 from __future__ import annotations
 
+import queue
 import threading
 from typing import Callable
 
-__all__ = ["start_daemon"]
+from mpi4py import MPI
+
+__all__ = ["start_daemon", "sheltered"]
 
 #: how long an interrupted start waits to learn whether its thread was launched
 LAUNCH_SECONDS = 1.0
@@ -59,3 +71,65 @@ def start_daemon(target: Callable[[], None], name: str,
                 kept.append(thread)
         finally:
             verdict.set()
+
+
+#: the shelter's work: [function, args, a lock it releases, [(its error,
+#: its result)] once run, whether it ran]
+_SHELTER_WORK: queue.SimpleQueue = queue.SimpleQueue()
+#: the shelter thread, the last one kept
+_SHELTER: list = []
+
+
+def _shelter() -> None:
+    while True:
+        job = _SHELTER_WORK.get()
+        function, args, done, outcome, _ = job
+        if function is None:  # (handed over twice: see sheltered)
+            continue
+        job[0] = None
+        try:
+            outcome.append((None, function(*args)))
+        except BaseException as exc:  # noqa: BLE001 - the waiter's to raise
+            outcome.append((exc, None))
+        finally:
+            job[4] = True  # (before the release: see sheltered)
+            done.release()
+
+
+def _kept_shelter(thread: threading.Thread) -> None:
+    _SHELTER[:] = [thread]
+
+
+def sheltered(function: Callable, *args):
+    """``function(*args)``, run where no signal handler can raise inside
+    it (see the module's docstring): on the main thread, by the shelter
+    while the main thread waits; an interrupt that lands meanwhile is
+    raised once the function has returned (the first, where several land).
+    Elsewhere, and where MPI may be called by one thread only (below
+    ``MPI_THREAD_SERIALIZED``), on the calling thread."""
+    if threading.current_thread() is not threading.main_thread() or \
+            MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+        return function(*args)
+    if not (_SHELTER and _SHELTER[-1].is_alive()):
+        start_daemon(_shelter, "mpi_allreduce-shelter", _kept_shelter)
+    done = threading.Lock()
+    done.acquire()
+    job = [function, args, done, [], False]
+    handed, interrupt = False, None
+    while True:
+        try:  # (an interrupt anywhere in here waits for the function too)
+            if job[4]:  # (ran: set before the lock's release, so never waited twice)
+                break
+            if not handed:  # (handed over twice where an interrupt lands in
+                _SHELTER_WORK.put(job)  # between: the shelter runs it once)
+                handed = True
+            done.acquire()
+        except BaseException as exc:  # noqa: BLE001 - raised once it has returned
+            if interrupt is None:
+                interrupt = exc
+    error, result = job[3][0]
+    if error is not None:
+        raise error
+    if interrupt is not None:
+        raise interrupt
+    return result

@@ -150,6 +150,8 @@ class _Watch:
     @staticmethod
     def _act(action: str, snap: tuple, waited: float, item) -> None:
         count, (kind, plan), thread = snap
+        if thread == "any":  # (an operation's: whichever thread advances it)
+            thread = _thread_of(item)
         thread = thread or _thread_in(item)
         sys.stderr.write(report(describe(kind, plan), waited, count, thread) + "\n")
         sys.stderr.flush()
@@ -159,6 +161,15 @@ class _Watch:
             sys.stderr.flush()
             trace.flush()  # (the trace files then show everything until here)
             MPI.COMM_WORLD.Abort(2)
+
+
+def _thread_of(op) -> str:
+    """The thread that advances ``op`` (a non-blocking or persistent call),
+    named when a report is written."""
+    if getattr(op, "threaded", False) or not getattr(op, "owner", 0):
+        return "the progress thread"
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return names.get(op.owner, f"{op.owner} (ended)")
 
 
 def _thread_in(item) -> str:

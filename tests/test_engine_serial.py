@@ -117,6 +117,30 @@ def test_a_callback_run_at_once_has_its_exception_printed_not_raised(monkeypatch
     assert request.wait().tolist() == [1.0, 1.0, 1.0]
 
 
+def test_an_interrupt_in_a_callback_on_the_callers_thread_is_the_callers(monkeypatch):
+    """An interrupt (not an ``Exception``: a signal handler's
+    ``KeyboardInterrupt``) that lands while a callback runs on the caller's
+    thread is raised there, not printed and dropped: a Ctrl-C during a
+    callback would otherwise be lost.  The call is complete all the same."""
+    import sys
+
+    import numpy as np
+    from mpi4py import MPI
+
+    import mpi_allreduce as mar
+
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", lambda *info: seen.append(info[0]))
+    request = mar.iallreduce(np.ones(3), comm=MPI.COMM_SELF)
+
+    def callback(done):
+        raise KeyboardInterrupt("Ctrl-C")
+    with pytest.raises(KeyboardInterrupt, match="Ctrl-C"):
+        request.add_done_callback(callback)
+    assert seen == []
+    assert request.wait().tolist() == [1.0, 1.0, 1.0]
+
+
 def test_a_watchdog_monitor_that_never_ran_is_started_by_the_next_watch(monkeypatch):
     """The watchdog's monitor, like the progress thread: one recorded but
     not alive (kept by a starter an interrupt stopped before its verdict)
@@ -165,3 +189,61 @@ def test_a_trace_writer_that_never_ran_is_started_by_the_next_tracer(monkeypatch
     trace._keep(tracer)
     assert trace._WRITER[-1] is not dead and trace._WRITER[-1].name == "mpi_allreduce-trace"
     assert ran.wait(5) and trace._TRACERS[-1] is tracer
+
+
+def test_a_sheltered_function_finishes_before_an_interrupt_is_raised():
+    """``threads.sheltered`` runs a function off the main thread, where no
+    signal handler runs: a handler's KeyboardInterrupt that lands while it
+    runs is raised once it has returned (its work done, its result
+    dropped); its own error is raised as it is; off the main thread it runs
+    in place."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from mpi_allreduce.threads import sheltered
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt("signal")
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    where, steps = [], []
+
+    def work():
+        where.append(threading.current_thread())
+        os.kill(os.getpid(), signal.SIGUSR1)
+        for step in range(10):
+            time.sleep(0.01)
+            steps.append(step)
+        return "done"
+    try:
+        with pytest.raises(KeyboardInterrupt, match="signal"):
+            sheltered(work)
+        assert steps == list(range(10)) and where[0] is not threading.main_thread()
+        assert sheltered(lambda a, b: a + b, 2, 3) == 5
+
+        def fails():
+            raise ValueError("its own")
+        with pytest.raises(ValueError, match="its own"):
+            sheltered(fails)
+        inside = []
+        thread = threading.Thread(target=lambda: inside.append(
+            sheltered(threading.current_thread)))
+        thread.start()
+        thread.join()
+        assert inside == [thread]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_report_of_a_non_blocking_call_names_the_thread_that_advances_it():
+    """The watchdog's report of a non-blocking or persistent call names the
+    thread that advances it (before: "thread 'any'")."""
+    import threading
+    from types import SimpleNamespace
+
+    from mpi_allreduce.watchdog import _thread_of
+
+    mine = SimpleNamespace(threaded=False, owner=threading.get_ident())
+    assert _thread_of(mine) == threading.current_thread().name
+    assert _thread_of(SimpleNamespace(threaded=True, owner=0)) == "the progress thread"

@@ -268,3 +268,103 @@ def test_an_interrupt_as_the_progress_thread_starts_breaks_one_communicator(tmp_
     out = result.stdout
     assert "rank 1: ['interrupted', 'Broken', 'exact', 'exact']" in out, out[-3000:]
     assert "rank 0: ['Stalled', 'exact', 'exact']" in out, out[-3000:]
+
+
+#: rank 0's user-defined MPI.Op sends its process a signal, whose handler
+#: raises KeyboardInterrupt, at its n-th application, then goes on in Python
+#: for 0.2 s (where a handler would run, were the function on the main
+#: thread); each case on a communicator of its own, two calls each; then a
+#: last communicator's all-reduce
+USER_OP = """\
+import os
+import signal
+import time
+
+os.environ["MPI_ALLREDUCE_WATCHDOG"] = "2"
+os.environ["MPI_ALLREDUCE_WATCHDOG_ACTION"] = "raise"
+
+import numpy as np
+from mpi4py import MPI
+
+import mpi_allreduce as mar
+
+world = MPI.COMM_WORLD
+rank = world.Get_rank()
+signal.signal(signal.SIGUSR1, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt("signal")))
+vector = MPI.DOUBLE.Create_vector(3, 1, 2).Commit()
+applied = [0, 0]  # (applications so far, the one that signals)
+
+
+def add(inbuf, inoutbuf, datatype):
+    applied[0] += 1
+    if rank == 0 and applied[0] == applied[1]:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        for _ in range(20):
+            time.sleep(0.01)
+    a, b = np.frombuffer(inbuf, np.float64), np.frombuffer(inoutbuf, np.float64)
+    b[::2] += a[::2]
+
+
+op = MPI.Op.Create(add, commute=True)
+
+
+def library(comm, x, y):
+    y[...] = mar.allreduce(x, op=op, comm=comm, algorithm="ring")
+
+
+def persistent(comm, x, y):
+    request = comm.Allreduce_init([x, 1, vector], [y, 1, vector], op)
+    request.Start()
+    request.Wait()
+    request.Free()
+
+
+CASES = {  # (name: the call, the application that signals)
+    "the planning probe": (library, 1),
+    "the library's reduction": (library, 2),
+    "MPI's Allreduce": (lambda comm, x, y: comm.Allreduce([x, 1, vector], [y, 1, vector], op), 2),
+    "MPI's Iallreduce": (lambda comm, x, y: comm.Iallreduce([x, 1, vector], [y, 1, vector],
+                                                           op).Wait(), 2),
+    "MPI's Allreduce_init": (persistent, 2),
+}
+for name, (call, signals) in CASES.items():
+    comm = mar.Comm(world.Dup())
+    mar.setup(comm)
+    applied[:] = [0, signals]
+    outcomes = []
+    for attempt in range(2):
+        x, y = np.arange(5.0) + 1 + rank, np.zeros(5)
+        try:
+            call(comm, x, y)
+            outcomes.append("exact" if y[::2].tolist() == [3.0, 7.0, 11.0] else "WRONG")
+        except BaseException as exc:
+            outcomes.append(type(exc).__name__)
+    print(f"rank {rank}: {name}: {outcomes}", flush=True)
+    world.Barrier()
+print(f"rank {rank}: then {mar.allreduce(np.ones(3), comm=world.Dup()).tolist()}", flush=True)
+"""
+
+
+def test_an_interrupt_while_a_user_mpi_op_runs_breaks_the_communicator(tmp_path):
+    """A signal handler's KeyboardInterrupt that lands while the Python
+    function of a user-defined MPI.Op runs -- in the library's planning
+    probe, in its reduction, in MPI's own collective of the drop-in Comm
+    (blocking, non-blocking, persistent) -- is raised by the call once the
+    function has returned: the communicator is broken, the peer's next call
+    stalls (reported), another communicator is exact.  Before, the handler
+    raised inside the function, where mpi4py cannot raise: "Fatal Python
+    error: exception in user-defined reduction operation" and MPI_Abort."""
+    script = tmp_path / "user_op.py"
+    script.write_text(USER_OP)
+    result = run_mpi(2, [sys.executable, str(script)], timeout=120, cwd=str(ROOT))
+    out = result.stdout
+    assert "Fatal Python error" not in out and result.returncode == 0, out[-3000:]
+    for case in ("the planning probe", "the library's reduction", "MPI's Allreduce",
+                 "MPI's Iallreduce", "MPI's Allreduce_init"):
+        assert f"rank 0: {case}: ['KeyboardInterrupt', 'Broken']" in out, out[-3000:]
+        # (rank 1: the call's sum, where rank 0's application of the op completed
+        # it, or a stall; its second call stalls)
+        assert any(f"rank 1: {case}: ['{first}', 'Stalled']" in out
+                   for first in ("exact", "Stalled")), out[-3000:]
+    assert "rank 0: then [2.0, 2.0, 2.0]" in out and "rank 1: then [2.0, 2.0, 2.0]" in out, \
+        out[-3000:]
