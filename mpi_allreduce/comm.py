@@ -326,7 +326,14 @@ class _TheirPersistent:
             broken_by(self._comm, exc, self._what)
             raise
 
+    def _given_up(self) -> None:
+        """A wait or test of a start given up on (stalled, interrupted):
+        the communicator's error, never a completion MPI has not made."""
+        if self._abandoned and self._started is None:
+            raise cached_context(self._comm).refusal()
+
     def Wait(self, status=None) -> bool:  # noqa: N802
+        self._given_up()
         if self._started is not None:
             started = self._started
             try:
@@ -340,6 +347,7 @@ class _TheirPersistent:
         return True
 
     def Test(self, status=None) -> bool:  # noqa: N802
+        self._given_up()
         if self._started is None:
             return True
         try:
@@ -549,8 +557,8 @@ class Comm(MPI.Intracomm):
         :meth:`_theirs`); where mpi4py refuses the buffers (its exception,
         before any message), a refusal of the library's
         (:func:`~mpi_allreduce.api.refused`): no short cut on one rank
-        either.  A request posted as an interrupt lands is kept (MPI must
-        not free a collective in flight), and the communicator broken."""
+        either.  A request handed back as an interrupt lands is kept (MPI
+        must not free a collective in flight), and the communicator broken."""
         posted: list = []
         try:
             if shelter:

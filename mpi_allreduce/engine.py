@@ -379,11 +379,18 @@ class Operation:
         else:
             self.quit = True
 
+    def reads_status(self) -> bool:
+        """Whether its caller reads the status of a request in flight (a
+        receive from any source): a wait over several calls' requests
+        would drop it, so it completes in its own test."""
+        return any(p.statuses is not None for p in self.pending if isinstance(p, _Started))
+
     def waits_alone(self) -> bool:
-        """Whether its requests complete in its own test, never in a wait
-        over several calls' requests: where its caller reads the status of
-        one (a receive from any source), which such a wait would drop, or
-        where they run a user-defined ``MPI.Op`` (see ``_Started``)."""
+        """Whether a caller's thread completes its requests in its own
+        test, never in a wait over several calls' requests: where it
+        :meth:`reads_status`, or where they run a user-defined ``MPI.Op``
+        (see ``_Started``: on the progress thread, where no signal handler
+        runs, they need not)."""
         return any(p.statuses is not None or p.sheltered for p in self.pending
                    if isinstance(p, _Started))
 
@@ -554,6 +561,14 @@ class MPIOperation(Operation):
                 request.Cancel()
             abandon(request)
         self.pending, self.done = [], True
+
+    def end(self, exc: BaseException) -> None:
+        # (its requests, MPI's, kept: MPI may still be inside them, and they
+        # hold the buffers; dropped, a late message would land in freed memory)
+        for request in self.requests():
+            if request:
+                abandon(request)
+        super().end(exc)
 
 
 class _Engine:
@@ -959,7 +974,7 @@ class _Engine:
             # polled: nobody may be waiting to notice its stall; so
             # is one whose caller reads a receive's status (a
             # receive from any source): MPI_Waitany would drop it
-            poll = any(op.limit and op.callbacks or op.waits_alone() for op in still)
+            poll = any(op.limit and op.callbacks or op.reads_status() for op in still)
             owners, requests = gathered(still, self.posted)
             # (``still`` is the list calls started from now on join:
             # what is in flight is decided here, under the lock)

@@ -88,7 +88,7 @@ class Request:
     """A non-blocking call: ``test()``, ``wait()``; persistent ones also
     ``start()`` and ``free()`` (MPI-4's persistent collectives)."""
 
-    __slots__ = ("_op", "_result", "_state", "_keep", "_start", "_round", "_error",
+    __slots__ = ("_op", "_result", "_state", "_keep", "_start", "_round", "_error", "_late",
                  "__weakref__")
 
     # states: "active" (started, not yet waited), "complete" (waited; a
@@ -104,6 +104,8 @@ class Request:
         #: later wait() or test() of it raises it too (a callback's wait took it first:
         #: see _fired)
         self._error = None
+        #: (an interrupt a callback raised after the call completed, its start)
+        self._late = None
 
     def _begin(self) -> None:
         op = self._op
@@ -239,6 +241,15 @@ class Request:
         if op is None:
             self._state = "complete"
             return
+        late, self._late = self._late, None
+        if late is not None and late[0] is exc and op.done and op.error is None:
+            # an interrupt a callback on this thread raised (see _fired): the
+            # call had completed -- its result stands and its communicator is
+            # sound -- so the request completes as it would have
+            if self._state == "active" and op.starts == late[1]:
+                self._state = "complete"
+                op.unwaited = False
+            return
         if op.context is not None:
             op.context.breaks(exc, op.kind)
         if self._error is None:
@@ -265,9 +276,15 @@ class Request:
         progress thread), the request still theirs to wait; whether one of
         them took it: waited for it (then what it raised, this wait raises
         too -- a call's error is never dropped), and may have started it
-        again (a persistent request: the new start is not this wait's)."""
+        again (a persistent request: the new start is not this wait's).  An
+        interrupt raised in one is raised by this wait, the call complete
+        and its communicator sound (see :meth:`_given_up`)."""
         starts = op.starts
-        op.fire()
+        try:
+            op.fire()
+        except BaseException as exc:  # (an interrupt: engine._run_all; see _given_up)
+            self._late = (exc, starts)
+            raise
         if self._state == "active" and op.starts == starts:
             return False
         if self._error is not None:

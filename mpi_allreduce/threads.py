@@ -19,10 +19,13 @@ there, a ``KeyboardInterrupt`` from a handler included, is one mpi4py cannot
 hand back (it ends the job with ``MPI_Abort``).  Python runs signal handlers
 on the main thread only, so the main thread hands such a function to the
 shelter and waits; an interrupt lands in that wait, and is raised once the
-function has returned."""
+function has returned.  The function so runs on another thread than its
+caller's (with a copy of the caller's context variables): a lock the caller
+holds is not the function's to take again."""
 
 from __future__ import annotations
 
+import contextvars
 import queue
 import threading
 from typing import Callable
@@ -74,26 +77,33 @@ def start_daemon(target: Callable[[], None], name: str,
 
 
 #: the shelter's work: [function, args, a lock it releases, [(its error,
-#: its result)] once run, whether it ran]
+#: its result)] once run, whether it ran, the caller's context]
 _SHELTER_WORK: queue.SimpleQueue = queue.SimpleQueue()
 #: the shelter thread, the last one kept
 _SHELTER: list = []
+#: how often a waiting caller looks whether its work was taken (a shelter
+#: recorded as an interrupt landed may end without running: see start_daemon)
+_LOOK_SECONDS = 0.1
+#: whether MPI runs threads (``MPI_THREAD_MULTIPLE``), once known
+_MULTIPLE: list = []
 
 
 def _shelter() -> None:
     while True:
         job = _SHELTER_WORK.get()
-        function, args, done, outcome, _ = job
+        function, args, done, outcome, _, context = job
         if function is None:  # (handed over twice: see sheltered)
             continue
         job[0] = None
         try:
-            outcome.append((None, function(*args)))
+            outcome.append((None, context.run(function, *args)))
         except BaseException as exc:  # noqa: BLE001 - the waiter's to raise
             outcome.append((exc, None))
         finally:
             job[4] = True  # (before the release: see sheltered)
             done.release()
+            # (nothing of the caller's kept alive until the next job)
+            job = function = args = outcome = context = None
 
 
 def _kept_shelter(thread: threading.Thread) -> None:
@@ -103,33 +113,39 @@ def _kept_shelter(thread: threading.Thread) -> None:
 def sheltered(function: Callable, *args):
     """``function(*args)``, run where no signal handler can raise inside
     it (see the module's docstring): on the main thread, by the shelter
-    while the main thread waits; an interrupt that lands meanwhile is
-    raised once the function has returned (the first, where several land).
-    Elsewhere, and where MPI may be called by one thread only (below
-    ``MPI_THREAD_SERIALIZED``), on the calling thread."""
-    if threading.current_thread() is not threading.main_thread() or \
-            MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+    (in a copy of the caller's context: numpy's error state, say) while
+    the main thread waits; an interrupt that lands meanwhile is raised once
+    the function has returned (the first, where several land; a second
+    that lands within the few instructions that take the first in may
+    leave before).  Elsewhere, and where MPI runs no threads (below
+    ``MPI_THREAD_MULTIPLE``: a signal handler could then call MPI while the
+    shelter is inside it), on the calling thread."""
+    if not _MULTIPLE:
+        _MULTIPLE.append(MPI.Query_thread() == MPI.THREAD_MULTIPLE)
+    if not _MULTIPLE[0] or threading.current_thread() is not threading.main_thread():
         return function(*args)
-    if not (_SHELTER and _SHELTER[-1].is_alive()):
-        start_daemon(_shelter, "mpi_allreduce-shelter", _kept_shelter)
     done = threading.Lock()
     done.acquire()
-    job = [function, args, done, [], False]
+    job = [function, args, done, [], False, contextvars.copy_context()]
     handed, interrupt = False, None
     while True:
-        try:  # (an interrupt anywhere in here waits for the function too)
+        try:  # (an interrupt in here waits for the function too)
             if job[4]:  # (ran: set before the lock's release, so never waited twice)
                 break
+            if job[0] is not None and not (_SHELTER and _SHELTER[-1].is_alive()):
+                start_daemon(_shelter, "mpi_allreduce-shelter", _kept_shelter)
             if not handed:  # (handed over twice where an interrupt lands in
                 _SHELTER_WORK.put(job)  # between: the shelter runs it once)
                 handed = True
-            done.acquire()
+            done.acquire(timeout=_LOOK_SECONDS)
         except BaseException as exc:  # noqa: BLE001 - raised once it has returned
             if interrupt is None:
                 interrupt = exc
     error, result = job[3][0]
+    if interrupt is not None:
+        if error is not None:
+            interrupt.__context__ = error
+        raise interrupt
     if error is not None:
         raise error
-    if interrupt is not None:
-        raise interrupt
     return result

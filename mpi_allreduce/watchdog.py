@@ -166,6 +166,8 @@ class _Watch:
 def _thread_of(op) -> str:
     """The thread that advances ``op`` (a non-blocking or persistent call),
     named when a report is written."""
+    if op is None:  # (gone as the report is written)
+        return "?"
     if getattr(op, "threaded", False) or not getattr(op, "owner", 0):
         return "the progress thread"
     names = {t.ident: t.name for t in threading.enumerate()}

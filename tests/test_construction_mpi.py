@@ -797,6 +797,48 @@ def test_a_call_handed_to_mpi4py_on_every_rank_is_right(fresh):
         first.Free()
 
 
+def test_an_interrupt_as_a_test_of_mpis_own_collective_returns_keeps_its_request(
+        interrupt_watchdog, monkeypatch, peers_world):
+    """An interrupt that lands as a test of MPI's own collective (the
+    drop-in's way for a datatype with gaps) returns unfinished -- where a
+    signal handler's interrupt is raised once a sheltered test returns: a
+    user-defined op here -- keeps MPI's request, which still holds its buffers, for good (before:
+    the call's end dropped it, and a late message could land in freed
+    memory); the communicator is broken."""
+    from mpi_allreduce import engine
+    from mpi_allreduce.engine import ABANDONED
+
+    world, base = MPI.COMM_WORLD, peers_world
+    mar.setup(base)
+    comm, rank = mar.Comm(base), base.Get_rank()
+    vector, x, y = _vector(), np.arange(5.0) + 1, np.zeros(5)
+    add = MPI.Op.Create(_gapped_add, commute=True)
+    if rank == 0:
+        armed, real = [False], engine._Started.test
+
+        def test(self):
+            done = real(self)
+            if armed[0] and not done:
+                armed[0] = False
+                raise KeyboardInterrupt("lands as a test returns")
+            return done
+        monkeypatch.setattr(engine._Started, "test", test)
+        before = len(ABANDONED)
+        request = comm.Iallreduce([x, 1, vector], [y, 1, vector], add)
+        theirs = request._op.pending[0].requests[0]
+        armed[0] = True
+        with pytest.raises(KeyboardInterrupt, match="as a test returns"):
+            while not request.Test():
+                time.sleep(0.001)
+        assert any(item is theirs for item in ABANDONED[before:])
+        with pytest.raises(mar.Broken):
+            comm.Allreduce(np.ones(2), np.zeros(2))
+    else:  # (the agreement on the call, then never the call itself)
+        comm._agreed("allreduce", [x, 1, vector], [y, 1, vector], add, None)
+    world.Barrier()
+    vector.Free()  # (the op is kept: rank 0's collective may still apply it)
+
+
 def test_reduce_scatters_exchange_of_counts_is_watched(raising_watchdog, peers_world):
     """Reduce_scatter given no receive counts exchanges them (as mpi4py
     does), whichever way the call then goes: the library's watched

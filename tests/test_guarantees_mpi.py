@@ -701,6 +701,37 @@ def test_without_threads_a_wait_that_raises_runs_the_callbacks_with_its_error(
 
 
 @pytest.mark.parametrize("how", ["wait", "test"])
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_an_interrupt_in_a_callback_of_a_completed_call_leaves_the_communicator_sound(
+        fresh, monkeypatch, how, algorithm):
+    """Where MPI runs no threads, the wait() or test() that completes a call
+    runs its callbacks; an interrupt one raises (a signal handler's
+    KeyboardInterrupt, say) is raised there -- the call complete, its result
+    in place, the communicator sound, the next call exact -- never printed
+    and dropped, and never a broken communicator from a call that
+    completed (whether a callback runs at once or later is timing)."""
+    from mpi_allreduce import engine, progress
+    _need(fresh)
+    for module in (engine, progress):
+        monkeypatch.setattr(module, "mpi_threads", lambda: False)
+    p = fresh.Get_size()
+    x = np.arange(6.0) + fresh.Get_rank()
+    request = mar.iallreduce(x, comm=fresh, algorithm=algorithm)
+    ran = []
+
+    def interrupted(r):
+        raise KeyboardInterrupt("Ctrl-C in a callback")
+    request.add_done_callback(interrupted)
+    request.add_done_callback(lambda r: ran.append(r.wait().copy()))  # (its waiter, then)
+    with pytest.raises(KeyboardInterrupt, match="in a callback"):
+        _wait_or_test(request, how)
+    assert len(ran) == 1
+    np.testing.assert_array_equal(ran[0], np.arange(6.0) * p + p * (p - 1) / 2)
+    y = mar.allreduce(np.ones(3), comm=fresh, algorithm=algorithm)
+    np.testing.assert_array_equal(y, np.full(3, float(p)))
+
+
+@pytest.mark.parametrize("how", ["wait", "test"])
 def test_a_callback_that_waits_takes_the_error_and_the_caller_still_gets_it(fresh, watchdog,
                                                                             monkeypatch, how):
     """A call that ends with an error (an operation that raises inside the
