@@ -391,14 +391,22 @@ class Operation:
         :meth:`reads_status`, or where they run a user-defined ``MPI.Op``
         (see ``_Started``: on the progress thread, where no signal handler
         runs, they need not)."""
-        return any(p.statuses is not None or p.sheltered for p in self.pending
-                   if isinstance(p, _Started))
+        return self.reads_status() or self.runs_user_op()
+
+    def runs_user_op(self) -> bool:
+        """Whether its requests run a user-defined ``MPI.Op`` (see ``_Started``)."""
+        return any(isinstance(p, _Started) and p.sheltered for p in self.pending)
 
     def requests(self) -> list:
         """The MPI requests of the current stage (or round)."""
         if self.round is not None:
             return [] if self.done else list(self.live)
         return [r for p in self.pending for r in p.requests]
+
+
+def _advanced(ops: list) -> list:
+    """``ops`` advanced without blocking; those still in flight."""
+    return [op for op in ops if not op.advance(False)]
 
 
 def _run_all(callbacks) -> None:
@@ -544,6 +552,8 @@ class MPIOperation(Operation):
         self.comm, self.cancel, self.on_stall = comm, cancel, on_stall
         self.pending, self.index, self.done, self.starts = \
             [_Started(requests, statuses, shelter)], -1, False, 1
+        if shelter:  # (any MPI call of its caller's wait may apply the op)
+            _ENGINE.sheltering = True
         if self.limit:
             self.deadline = time.monotonic() + self.limit
         if settings()[0] > 0:
@@ -588,6 +598,9 @@ class _Engine:
         #: lists of callbacks to run on the thread, one at a time, in order
         #: (only its main loop runs them: see _wait_on_thread)
         self.due: collections.deque = collections.deque()
+        #: whether a caller's calls may include one of MPI's own with a
+        #: user-defined MPI.Op (see progress_caller)
+        self.sheltering = False
         self.running = False  # the thread runs callbacks (see _run)
         self.served = 0  # turns taken inside waits on the thread (see _run)
         self._starting = threading.Lock()
@@ -620,6 +633,12 @@ class _Engine:
         caller.append(op)
 
     def progress_caller(self) -> None:
+        if self.sheltering and threading.current_thread() is threading.main_thread():
+            # (among them a call of MPI's own with a user-defined MPI.Op: any
+            # MPI call here may apply it, so all of them are sheltered)
+            self.caller = sheltered(_advanced, self.caller)
+            self.sheltering = any(op.runs_user_op() for op in self.caller)
+            return
         self.caller = [op for op in self.caller if not op.advance(False)]
 
     def _advance(self, op: Operation) -> None:
@@ -864,16 +883,18 @@ class _Engine:
 
     def _start_thread(self) -> None:
         """Start the thread (under ``_starting``): ``self.thread`` once it
-        runs (:func:`~mpi_allreduce.threads.start_daemon`: an interrupt as it
-        starts leaves none that never ran to take every later call; the
-        next hand-over starts one)."""
+        runs (:func:`~mpi_allreduce.threads.start_daemon`: it records itself,
+        where no interrupt lands, so none is recorded that never runs; one
+        an interrupt stopped before its launch is started by the next
+        hand-over)."""
         if self.wake_comm is None:
             self.wake_comm = MPI.COMM_SELF.Dup()
         if not self._exit_registered:
             atexit.register(self.stop)
             self._exit_registered = True
         start_daemon(self._run, "mpi_allreduce-progress",
-                     functools.partial(setattr, self, "thread"))
+                     functools.partial(setattr, self, "thread"),
+                     functools.partial(getattr, self, "thread"))
 
     def _turn(self) -> list:
         """Under ``cond``: advance the thread's calls without blocking, let

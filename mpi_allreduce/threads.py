@@ -1,16 +1,17 @@
 """The library's own threads (the progress thread, the watchdog's monitor,
-the trace writer) are started here, one way: a thread is kept -- recorded
-as running -- only once it runs.
+the trace writer, the shelter below) are started here, one way: a thread
+records itself as running, on its own thread, before its work.
 
 An interrupt (a ``KeyboardInterrupt`` from a signal handler, say) can land
-inside ``Thread.start``.  Kept before it started, a thread that never ran
-would be taken for a running one for the rest of the process: every call
-handed to the progress thread, on any communicator, would wait for it.
-Here a thread runs its work only once its starter has kept it: an
-interrupt before the launch keeps nothing (the next caller starts one), one
-after it keeps the thread that runs (lest a second one start), and a thread
-kept that never gets to its work ends, which its keeper sees
-(``is_alive()``); the interrupt is raised either way.
+anywhere in the thread that starts one -- inside ``Thread.start``, or
+between a record and the next statement -- but never in the new thread:
+Python runs signal handlers on the main thread only.  So the new thread
+keeps itself (``keep``), and runs its work, unless a live thread of its kind
+is recorded already (``recorded()``: two starters, or one an interrupt
+stopped and the next caller, start one worker between them); the record
+and the work cannot be parted by an interrupt.  Interrupted before the
+launch, nothing is started (the next caller starts one); after it, the
+thread runs; the interrupt is raised either way.
 
 One of them, the shelter (:func:`sheltered`), runs what must not be
 interrupted by a signal handler: the Python function behind a user-defined
@@ -28,52 +29,38 @@ from __future__ import annotations
 import contextvars
 import queue
 import threading
-from typing import Callable
+from typing import Callable, Optional
 
 from mpi4py import MPI
 
 __all__ = ["start_daemon", "sheltered"]
 
-#: how long an interrupted start waits to learn whether its thread was launched
-LAUNCH_SECONDS = 1.0
-#: how long a new thread waits for its starter's verdict (given at once,
-#: unless an interrupt kept the starter from giving it: then it does nothing)
-VERDICT_SECONDS = 60.0
+#: orders the new threads' look at what is recorded and their record
+_KEEPING = threading.Lock()
 
 
 def start_daemon(target: Callable[[], None], name: str,
-                 keep: Callable[[threading.Thread], None]) -> None:
-    """Start a daemon thread ``name`` that runs ``target`` if, and only if,
-    it was handed to ``keep`` (see the module's docstring).
-
-    The new thread waits for its starter's verdict before ``target``: kept
-    once it runs (where ``is_alive()`` is true until it ends), or not (an
-    interrupt before its launch, or one that kept the starter from seeing
-    it run).  However an interrupt falls, a thread that runs ``target`` has
-    been kept, and one kept that does not run ends at once: its keeper
-    sees it dead (``is_alive()``) and starts another."""
-    ran, verdict = threading.Event(), threading.Event()
-    kept: list = []
+                 keep: Callable[[threading.Thread], None],
+                 recorded: Callable[[], Optional[threading.Thread]]) -> None:
+    """Start a daemon thread ``name`` that, unless ``recorded()`` is
+    another live thread, records itself (``keep(thread)``) and runs
+    ``target``; return once it has decided (see the module's docstring)."""
+    decided = threading.Event()
 
     def run() -> None:
-        ran.set()
-        verdict.wait(VERDICT_SECONDS)
-        if kept:
-            target()
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    launched = False
-    try:
-        thread.start()
-        launched = True
-    finally:
+        me = threading.current_thread()
         try:
-            # (started, it runs however long a loaded machine takes to get
-            # to it; interrupted, it may never have been launched)
-            if ran.wait(None if launched else LAUNCH_SECONDS):
-                keep(thread)
-                kept.append(thread)
+            with _KEEPING:
+                other = recorded()
+                if other is not None and other is not me and other.is_alive():
+                    return  # (one runs already)
+                keep(me)
         finally:
-            verdict.set()
+            decided.set()
+        target()
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    decided.wait()
 
 
 #: the shelter's work: [function, args, a lock it releases, [(its error,
@@ -81,8 +68,8 @@ def start_daemon(target: Callable[[], None], name: str,
 _SHELTER_WORK: queue.SimpleQueue = queue.SimpleQueue()
 #: the shelter thread, the last one kept
 _SHELTER: list = []
-#: how often a waiting caller looks whether its work was taken (a shelter
-#: recorded as an interrupt landed may end without running: see start_daemon)
+#: how often a waiting caller looks whether its work was taken (by a
+#: shelter still alive: one may have ended)
 _LOOK_SECONDS = 0.1
 #: whether MPI runs threads (``MPI_THREAD_MULTIPLE``), once known
 _MULTIPLE: list = []
@@ -110,6 +97,10 @@ def _kept_shelter(thread: threading.Thread) -> None:
     _SHELTER[:] = [thread]
 
 
+def _recorded_shelter() -> Optional[threading.Thread]:
+    return _SHELTER[-1] if _SHELTER else None
+
+
 def sheltered(function: Callable, *args):
     """``function(*args)``, run where no signal handler can raise inside
     it (see the module's docstring): on the main thread, by the shelter
@@ -133,7 +124,8 @@ def sheltered(function: Callable, *args):
             if job[4]:  # (ran: set before the lock's release, so never waited twice)
                 break
             if job[0] is not None and not (_SHELTER and _SHELTER[-1].is_alive()):
-                start_daemon(_shelter, "mpi_allreduce-shelter", _kept_shelter)
+                start_daemon(_shelter, "mpi_allreduce-shelter", _kept_shelter,
+                             _recorded_shelter)
             if not handed:  # (handed over twice where an interrupt lands in
                 _SHELTER_WORK.put(job)  # between: the shelter runs it once)
                 handed = True

@@ -273,7 +273,8 @@ def _keep(t: Tracer) -> None:
         if not _TRACERS:
             atexit.register(_close_all)
         if not (_WRITER and _WRITER[-1].is_alive()):
-            start_daemon(_write_now_and_then, "mpi_allreduce-trace", _kept_writer)
+            start_daemon(_write_now_and_then, "mpi_allreduce-trace", _kept_writer,
+                         lambda: _WRITER[-1] if _WRITER else None)
         _TRACERS.append(t)
 
 

@@ -117,7 +117,8 @@ class _Watch:
             self.items.add(item)
             if self._thread is None or not self._thread.is_alive():  # (threads.start_daemon)
                 start_daemon(self._monitor, "mpi_allreduce-watchdog",
-                             functools.partial(setattr, self, "_thread"))
+                             functools.partial(setattr, self, "_thread"),
+                             functools.partial(getattr, self, "_thread"))
 
     def _monitor(self) -> None:
         seen: dict = {}  # id(item) -> (snapshot, since, reported)

@@ -38,10 +38,10 @@ def test_two_threads_handing_over_at_once_start_one_progress_thread(monkeypatch)
 @pytest.mark.parametrize("lands", ["before its launch", "after its launch"])
 def test_an_interrupt_as_a_thread_starts_keeps_it_only_if_it_runs(monkeypatch, lands):
     """An interrupt inside ``Thread.start``: before the thread was launched
-    nothing is kept (the next caller starts one); after, the running thread
-    is kept (a second must not start); the interrupt is raised either way.
-    The engine's progress thread, the watchdog's monitor and the trace
-    writer all start this way."""
+    nothing is kept (the next caller starts one); after, the thread records
+    itself and runs (a second must not start); the interrupt is raised
+    either way.  The engine's progress thread, the watchdog's monitor, the
+    trace writer and the shelter all start this way."""
     from mpi_allreduce.threads import start_daemon
 
     real = threading.Thread.start
@@ -51,40 +51,52 @@ def test_an_interrupt_as_a_thread_starts_keeps_it_only_if_it_runs(monkeypatch, l
             real(thread)
         raise KeyboardInterrupt(lands)
     monkeypatch.setattr(threading.Thread, "start", interrupted)
-    stop, kept = threading.Event(), []
+    stop, kept, worked = threading.Event(), [], threading.Event()
+
+    def work():
+        worked.set()
+        stop.wait()
     with pytest.raises(KeyboardInterrupt, match=lands):
-        start_daemon(stop.wait, "interrupted", kept.append)
+        start_daemon(work, "interrupted", kept.append, lambda: kept[-1] if kept else None)
     monkeypatch.undo()
-    stop.set()
     if lands == "before its launch":
-        assert kept == []
+        assert kept == [] and not worked.is_set()
     else:
-        assert len(kept) == 1 and kept[0].name == "interrupted" and kept[0].ident is not None
-        kept[0].join(5)
+        assert worked.wait(5)
+        assert len(kept) == 1 and kept[0].name == "interrupted" and kept[0].is_alive()
+    stop.set()
+    for thread in kept:
+        thread.join(5)
 
 
-def test_a_thread_its_starter_did_not_keep_never_runs_its_work():
-    """An interrupt as the starter keeps the thread (inside ``keep``): the
-    thread, launched, does not run its work, and ends."""
+def test_of_two_threads_started_at_once_one_runs_its_work():
+    """Two starters (two callers, or one an interrupt stopped and the next
+    caller) start one worker between them: a new thread runs only where no
+    other live one is recorded, and the record is made on the new thread,
+    where no interrupt lands (before: an interrupt between the starter's
+    record and its word to the thread left a recorded thread that never
+    ran, and the next caller handed it work it never did)."""
     from mpi_allreduce.threads import start_daemon
 
-    worked = threading.Event()
+    stop, kept, ran = threading.Event(), [], []
 
-    def keep(thread):
-        raise KeyboardInterrupt("lands as it is kept")
-    with pytest.raises(KeyboardInterrupt):
-        start_daemon(worked.set, "not kept", keep)
-    for thread in threading.enumerate():
-        if thread.name == "not kept":
-            thread.join(5)
-    assert not worked.is_set()
-    assert not any(t.name == "not kept" for t in threading.enumerate())
+    def work():
+        ran.append(threading.current_thread())
+        stop.wait()
+    for _ in range(3):
+        start_daemon(work, "worker", kept.append, lambda: kept[-1] if kept else None)
+    assert len(kept) == 1 and ran == kept
+    stop.set()
+    kept[0].join(5)
+    start_daemon(work, "worker", kept.append, lambda: kept[-1] if kept else None)
+    assert len(kept) == 2 and ran == kept  # (the recorded one ended: a new one runs)
+    kept[1].join(5)
 
 
 def test_a_progress_thread_that_never_ran_is_started_by_the_next_hand_over(monkeypatch):
     """The engine hands calls over only to a thread that runs: one recorded
-    but not alive (one kept whose starter an interrupt stopped before its
-    verdict: it ends at once) is started again by the next hand-over."""
+    but not alive (one that ended) is started again by the next
+    hand-over."""
     fresh = engine._Engine()
     fresh.thread = threading.Thread(target=lambda: None)  # (never started)
     started = []
@@ -143,9 +155,9 @@ def test_an_interrupt_in_a_callback_on_the_callers_thread_is_the_callers(monkeyp
 
 def test_a_watchdog_monitor_that_never_ran_is_started_by_the_next_watch(monkeypatch):
     """The watchdog's monitor, like the progress thread: one recorded but
-    not alive (kept by a starter an interrupt stopped before its verdict)
-    is replaced by the next thing watched, and the new one runs; before,
-    no later stall of the process would have been reported."""
+    not alive (one that ended) is replaced by the next thing watched, and
+    the new one runs; before, no later stall of the process would have
+    been reported."""
     from mpi_allreduce import watchdog
 
     fresh = watchdog._Watch()

@@ -282,6 +282,7 @@ import time
 
 os.environ["MPI_ALLREDUCE_WATCHDOG"] = "2"
 os.environ["MPI_ALLREDUCE_WATCHDOG_ACTION"] = "raise"
+os.environ["MPI_ALLREDUCE_PROGRESS"] = "caller"  # (waits advance every call of the caller's)
 
 import numpy as np
 from mpi4py import MPI
@@ -341,6 +342,34 @@ for name, (call, signals) in CASES.items():
             outcomes.append(type(exc).__name__)
     print(f"rank {rank}: {name}: {outcomes}", flush=True)
     world.Barrier()
+
+# MPI's Allreduce while a call of the library's own is in flight on another
+# communicator: the wait advances that call too, where MPI may apply the op
+other, comm = world.Dup(), mar.Comm(world.Dup())
+mar.setup(other)
+mar.setup(comm)
+applied[:] = [0, 2]
+big, outcomes = np.full(1 << 16, rank + 1.0), []
+x, y = np.arange(5.0) + 1 + rank, np.zeros(5)
+if rank == 0:
+    pending = mar.iallreduce(big, comm=other, algorithm="ring")
+    try:
+        comm.Allreduce([x, 1, vector], [y, 1, vector], op)
+        outcomes.append("exact" if y[::2].tolist() == [3.0, 7.0, 11.0] else "WRONG")
+    except BaseException as exc:
+        outcomes.append(type(exc).__name__)
+else:
+    request = comm.Iallreduce([x, 1, vector], [y, 1, vector], op)
+    time.sleep(0.5)
+    pending = mar.iallreduce(big, comm=other, algorithm="ring")
+    try:
+        request.Wait()
+        outcomes.append("exact" if y[::2].tolist() == [3.0, 7.0, 11.0] else "WRONG")
+    except BaseException as exc:
+        outcomes.append(type(exc).__name__)
+outcomes.append("the other exact" if (pending.wait() == 3.0).all() else "the other WRONG")
+print(f"rank {rank}: beside another call: {outcomes}", flush=True)
+world.Barrier()
 print(f"rank {rank}: then {mar.allreduce(np.ones(3), comm=world.Dup()).tolist()}", flush=True)
 """
 
@@ -349,9 +378,11 @@ def test_an_interrupt_while_a_user_mpi_op_runs_breaks_the_communicator(tmp_path)
     """A signal handler's KeyboardInterrupt that lands while the Python
     function of a user-defined MPI.Op runs -- in the library's planning
     probe, in its reduction, in MPI's own collective of the drop-in Comm
-    (blocking, non-blocking, persistent) -- is raised by the call once the
-    function has returned: the communicator is broken, the peer's next call
-    stalls (reported), another communicator is exact.  Before, the handler
+    (blocking, non-blocking, persistent; and blocking while a call of the
+    library's own is in flight, whose progress in the same wait may apply
+    the op) -- is raised by the call once the function has returned: the
+    communicator is broken, the peer's next call stalls (reported), another
+    communicator is exact.  Before, the handler
     raised inside the function, where mpi4py cannot raise: "Fatal Python
     error: exception in user-defined reduction operation" and MPI_Abort."""
     script = tmp_path / "user_op.py"
@@ -366,5 +397,9 @@ def test_an_interrupt_while_a_user_mpi_op_runs_breaks_the_communicator(tmp_path)
         # it, or a stall; its second call stalls)
         assert any(f"rank 1: {case}: ['{first}', 'Stalled']" in out
                    for first in ("exact", "Stalled")), out[-3000:]
+    assert "rank 0: beside another call: ['KeyboardInterrupt', 'the other exact']" in out, \
+        out[-3000:]
+    assert any(f"rank 1: beside another call: ['{first}', 'the other exact']" in out
+               for first in ("exact", "Stalled")), out[-3000:]
     assert "rank 0: then [2.0, 2.0, 2.0]" in out and "rank 1: then [2.0, 2.0, 2.0]" in out, \
         out[-3000:]
