@@ -827,6 +827,9 @@ def cmd_report(args) -> int:
 def cmd_model(args) -> int:
     from .tools.model import report
 
+    if MPI.COMM_WORLD.Get_size() < 2:  # (the same on every rank: before any message)
+        raise ArgumentRefused("model", "fitting alpha and beta needs at least 2 ranks: run "
+                                       "it under mpiexec -n 2 (or more)")
     return report(MPI.COMM_WORLD, _size_range(args), args.iters, args.json, args.two_level,
                   args.repeats)
 

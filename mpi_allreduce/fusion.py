@@ -11,7 +11,9 @@ same order.
 
 Bucket boundaries depend only on that sequence, so the same inputs give the
 same bytes every run.  A bucket of one array (one larger than a bucket, or
-the last of its dtype) is reduced where it is, without packing.
+the last of its dtype) is reduced where it is, without packing (one made by
+:meth:`Fusion.empty_like` through its home's call, below, which carries
+which bucket it is).
 
 A bucket's persistent call (:func:`~mpi_allreduce.allreduce_init`) carries
 the bucket's *identity* in its spec, hence in the fingerprint its
@@ -335,9 +337,9 @@ class Fusion:
             for start, stop in bucket_bounds(sizes, self.bucket_bytes):
                 members = where[start:stop]
                 dtype = arrays[members[0]].dtype
-                if len(members) == 1:  # a bucket of one is reduced where it is anyway
-                    made[members[0]] = backend.empty_shaped(arrays[members[0]].shape, dtype)
-                    continue
+                # (a bucket of one array too: its home's request carries which
+                # bucket it is, so ranks that add such buckets in another order
+                # stall, never sum one rank's array with another's)
                 counts = tuple(int(arrays[i].size) for i in members)
                 buffer = backend.empty(sum(counts), dtype)
                 views = [buffer[a:b].reshape(arrays[i].shape)
@@ -552,7 +554,8 @@ class Fusion:
         self._launched += 1  # (counted before the bucket leaves the queue: see add)
         bucket = self._open.pop(key)
         (first, *more), backend = bucket.arrays, key[1]
-        if not more:
+        home, rebound = self._home_for(key, bucket.arrays)
+        if not more and home is None:
             # one array alone (one larger than a bucket, say): reduced in a
             # call of its own, whatever its layout on this rank (how an array
             # lies in memory is each rank's own affair, never what decides
@@ -566,7 +569,6 @@ class Fusion:
                                         **self._keywords)
             self._started.append(bucket)
             return
-        home, rebound = self._home_for(key, bucket.arrays) if more else (None, ())
         sizes = home.sizes if home is not None else tuple(int(a.size) for a in bucket.arrays)
         # the how-manieth bucket of these sizes in this step, alike on every rank
         shape = (key, sizes)

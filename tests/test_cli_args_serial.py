@@ -164,6 +164,8 @@ BAD = [
     ("plot -o under a file", ["plot", "{bench}", "-o", "{file}/b.png"], "-o/--output"),
     # model
     ("model -n 0", ["model", "-n", "0"], "-n/--iters"),
+    # (these tests run on one rank: the fit needs two, which the command says at once)
+    ("model on one rank", ["model"], "model", "at least 2 ranks"),
     ("model -r negative", ["model", "-r", "-3"], "-r/--repeats"),
     ("model -b 1T", ["model", "-b", "1T"], "-b/--minbytes"),
     ("model -f 1", ["model", "-f", "1"], "-f/--stepfactor"),
@@ -366,7 +368,7 @@ def test_a_bad_argument_is_a_usage_error(label, places, capsys):
 #: bad command lines run as their own processes (one per command, and every
 #: kind of refusal): the same error, exit status 2, and no traceback or
 #: abort of the job
-AS_PROCESSES = ["simulate -p 0", "bench -b 1T", "verify --counts -3",
+AS_PROCESSES = ["simulate -p 0", "bench -b 1T", "model on one rank", "verify --counts -3",
                 "tune -o under a file", "draw -p 0", "bench -n above the most",
                 "verify --counts at the old most", "simulate more than memory holds",
                 "plot not JSON", "plot JSON of no bench", "trace of junk files",

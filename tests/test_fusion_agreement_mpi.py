@@ -165,18 +165,23 @@ def test_a_step_of_no_arrays_on_one_rank_stalls_never_shifts_the_next(fresh, wat
 
 # --- the order in which buckets are touched -----------------------------------------------
 
-def test_homes_touched_in_other_orders_give_their_own_sums(fresh, patient):
-    """Six arrays from empty_like in three buckets, two of them of the same
-    sizes ([4, 4], [4, 4], [2, 6]); odd ranks add the buckets last first.
-    Each bucket's call was made in empty_like, alike on every rank, so
-    every array gets its own sum from the first step on (before: the calls
-    were made as the buckets first started, and the odd ranks' first
-    bucket met the even ranks' first)."""
-    sizes = [4, 4, 4, 4, 2, 6]
+@pytest.mark.parametrize("sizes, buckets", [
+    ([4, 4, 4, 4, 2, 6], [[0, 1], [2, 3], [4, 5]]),
+    ([8, 8, 8], [[0], [1], [2]]),
+], ids=["pairs", "alone"])
+def test_homes_touched_in_other_orders_give_their_own_sums(fresh, patient, sizes, buckets):
+    """Arrays from empty_like in three buckets, two of them of the same
+    sizes ([4, 4], [4, 4], [2, 6]; or three buckets of one array of 8
+    each); odd ranks add the buckets last first.  Each bucket's call was
+    made in empty_like, alike on every rank, so every array gets its own
+    sum from the first step on (before: the calls were made as the buckets
+    first started, and the odd ranks' first bucket met the even ranks'
+    first; and a bucket of one array was reduced by a call that did not
+    say which bucket it was: each rank got its own array plus another's)."""
     fusion = Fusion(fresh, op="sum", bucket_bytes=64)
     views = fusion.empty_like([np.empty(n) for n in sizes])
     assert fusion.held["homes"] == 3
-    buckets = [[0, 1], [2, 3], [4, 5]]
+    buckets = [list(bucket) for bucket in buckets]
     if fresh.Get_rank() % 2:
         buckets.reverse()
     order = [i for bucket in buckets for i in bucket]
@@ -316,7 +321,7 @@ def test_empty_like_every_step_holds_what_the_caller_holds(fresh):
         if step % 50 == 0:
             _sum_and_check(fresh, fusion, grads, step)
             holders.append(len(context_for(fresh).holders) if fresh.Get_size() > 1 else 0)
-    assert per_call == 2
+    assert per_call == 3  # ([40, 24], [100] alone, [7, 7])
     del grads
     fusion.wait()
     assert fusion.held == {"homes": 0, "kept": 0, "bytes": 0}
