@@ -212,6 +212,8 @@ class Fusion:
         self.bucket_bytes = bucket_bytes
         self._open: dict = {}  # (dtype, backend) -> the bucket being filled
         self._started: list = []  # buckets in flight, in the order started
+        #: the arrays added since the last wait, by id (each at most once a step)
+        self._queued: dict = {}
         #: packed buckets by identity, (dtype, backend, sizes, occurrence) ->
         #: (buffer, persistent request), least recently used first
         self._kept: "OrderedDict[tuple, tuple]" = OrderedDict()
@@ -236,7 +238,7 @@ class Fusion:
     def add(self, array) -> None:
         """Queue ``array`` (reduced in place; do not touch it until
         :meth:`wait`).  Starts the bucket it fills."""
-        launched, key, bucket = self._launched, None, None
+        launched, key, bucket, given, queued = self._launched, None, None, array, self._queued
         try:  # (one handler for the whole add: no gap between its parts)
             if not names_memory(array):
                 raise TypeError(f"fused arrays are reduced in place: give an array or a buffer, "
@@ -249,15 +251,23 @@ class Fusion:
             check_dtype(array.dtype, op)
             if backend_for(array).device and not op.device:
                 raise TypeError(f"op {op.name!r} runs on host memory only")
+            if queued.get(id(given)) is not None:
+                self._refuse_if_broken()  # (a retry after an interrupt: Broken first)
+                raise ValueError("this array is added already in this step (its bucket may "
+                                 "be in flight): add each array once between two wait()s")
             key = (dtype_label(array.dtype), backend_for(array))
             bucket = self._open.get(key)
-            if bucket is not None and bucket.nbytes + array.nbytes > self.bucket_bytes:
+            # (closed as bucket_bounds closes a group: never a bucket of
+            # empty arrays alone, so the buckets are empty_like's homes)
+            if bucket is not None and bucket.nbytes and \
+                    bucket.nbytes + array.nbytes > self.bucket_bytes:
                 self._start(key)
                 bucket = None
             if bucket is None:
                 bucket = self._open[key] = _Bucket()
             bucket.arrays.append(array)
             bucket.nbytes += array.nbytes
+            queued[id(given)] = given  # (held: its id names it until the step's wait)
             if bucket.nbytes >= self.bucket_bytes:
                 self._start(key)
         except BaseException as exc:
@@ -277,6 +287,7 @@ class Fusion:
                     and self._open.get(key) is bucket:
                 if bucket.arrays and bucket.arrays[-1] is array:
                     bucket.arrays.pop()
+                    queued.pop(id(given), None)
                 bucket.nbytes = sum(a.nbytes for a in bucket.arrays)
             self._breaks(exc, "Fusion.add")
             raise
@@ -290,15 +301,6 @@ class Fusion:
         empty calls met, the communicator is as it was)."""
         if not refused_everywhere(exc):
             broken_by(self.comm, exc, what)  # (one with no context yet gets one, broken)
-
-    def _counted(self) -> tuple:
-        """What this rank has counted on the communicator (calls started,
-        requests made) and homes made: changed by a part of a step that
-        the peers' parts must meet."""
-        context = cached_context(self.comm)
-        calls = (0, 0, 0) if context is None else (
-            context.count, context.counted(False), context.counted(True))
-        return calls + (self._made, self._launched)
 
     def empty_like(self, arrays) -> list:
         """New arrays of the shapes, dtypes and devices of ``arrays`` that
@@ -315,14 +317,17 @@ class Fusion:
         every step)."""
         self._sweep()
         arrays = [as_array(a) for a in arrays]
-        before = self._counted()
+        op = resolve_op(self.op)  # (refused here, alike on every rank: nothing made yet)
+        for array in arrays:
+            check_dtype(array.dtype, op)
         try:
             return self._empty_like(arrays)
         except BaseException as exc:
-            # (homes made on this rank and not on its peers: their numbers,
-            # and their requests' tags, would be the peers' shifted)
-            if self._counted() != before:
-                self._breaks(exc, "Fusion.empty_like")
+            # homes made on this rank and not on its peers, or none made where
+            # the peers made theirs (an interrupt before the first): the next
+            # homes' numbers, and their requests' tags, would be the peers'
+            # shifted -- a rank that goes on would meet its peers' earlier step
+            self._breaks(exc, "Fusion.empty_like")
             raise
 
     def _empty_like(self, arrays: list) -> list:
@@ -453,6 +458,7 @@ class Fusion:
         """Finish every bucket and write the results into the arrays (on a
         communicator a call broke, raise as every call on it does, even
         with nothing left to finish: the last wait's results were lost)."""
+        self._queued.clear()
         try:
             self._refuse_if_broken()
             self.flush()

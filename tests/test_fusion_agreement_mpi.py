@@ -168,7 +168,8 @@ def test_a_step_of_no_arrays_on_one_rank_stalls_never_shifts_the_next(fresh, wat
 @pytest.mark.parametrize("sizes, buckets", [
     ([4, 4, 4, 4, 2, 6], [[0, 1], [2, 3], [4, 5]]),
     ([8, 8, 8], [[0], [1], [2]]),
-], ids=["pairs", "alone"])
+    ([0, 16, 0, 16, 0, 16], [[0, 1], [2, 3], [4, 5]]),
+], ids=["pairs", "alone", "empty_first"])
 def test_homes_touched_in_other_orders_give_their_own_sums(fresh, patient, sizes, buckets):
     """Arrays from empty_like in three buckets, two of them of the same
     sizes ([4, 4], [4, 4], [2, 6]; or three buckets of one array of 8
@@ -176,8 +177,10 @@ def test_homes_touched_in_other_orders_give_their_own_sums(fresh, patient, sizes
     made in empty_like, alike on every rank, so every array gets its own
     sum from the first step on (before: the calls were made as the buckets
     first started, and the odd ranks' first bucket met the even ranks'
-    first; and a bucket of one array was reduced by a call that did not
-    say which bucket it was: each rank got its own array plus another's)."""
+    first; a bucket of one array was reduced by a call that did not say
+    which bucket it was: each rank got its own array plus another's; and
+    add closed a bucket of an empty array alone, where empty_like's home
+    held it with the next: no home was used)."""
     fusion = Fusion(fresh, op="sum", bucket_bytes=64)
     views = fusion.empty_like([np.empty(n) for n in sizes])
     assert fusion.held["homes"] == 3
@@ -422,6 +425,8 @@ INTERRUPTS = {
     "once its bucket started": ("PersistentRequest.start", "after"),
     "as a bucket is unpacked": ("fusion._finish", "before"),
     "as a home is made": ("fusion._persistent", "after"),
+    # (before its first home: this rank made none where its peers made theirs)
+    "before a home is made": ("fusion._persistent", "before"),
 }
 
 
@@ -434,7 +439,9 @@ def test_an_interrupt_inside_a_step_breaks_the_communicator(
     what they had -- never a wrong sum (before: the retry lost or repeated a
     bucket, or a home's number was one ahead of the peers'; and a rank that
     went on without an array interrupted before its bucket started met its
-    peers' buckets shifted by one)."""
+    peers' buckets shifted by one; and one interrupted in empty_like before
+    its first home went on as if it had made none, its next homes meeting
+    the peers' earlier ones)."""
     from mpi_allreduce import fusion as fusion_module
     from mpi_allreduce import progress
 
@@ -471,13 +478,14 @@ def test_an_interrupt_inside_a_step_breaks_the_communicator(
         raise AssertionError("interrupted twice")
     outcomes: list = []
     try:
-        armed[0] = where == "as a home is made"
-        arrays = retried(fusion.empty_like, [np.empty(4)] * 4) if where == "as a home is made" \
+        homes = name == "fusion._persistent"
+        armed[0] = homes
+        arrays = retried(fusion.empty_like, [np.empty(4)] * 4) if homes \
             else [np.empty(4) for _ in range(4)]
         for step in range(2):
             for k, a in enumerate(arrays):
                 a[...] = _values(fresh, 10 * step + k, 4)
-            armed[0] = step == 0 and where != "as a home is made"
+            armed[0] = step == 0 and not homes
             for a in arrays:
                 retried(fusion.add, a)
             retried(fusion.wait)
