@@ -320,6 +320,8 @@ class Fusion:
         op = resolve_op(self.op)  # (refused here, alike on every rank: nothing made yet)
         for array in arrays:
             check_dtype(array.dtype, op)
+            if backend_for(array).device and not op.device:
+                raise TypeError(f"op {op.name!r} runs on host memory only")
         try:
             return self._empty_like(arrays)
         except BaseException as exc:
