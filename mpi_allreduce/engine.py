@@ -639,7 +639,7 @@ class _Engine:
             self.caller = sheltered(_advanced, self.caller)
             self.sheltering = any(op.runs_user_op() for op in self.caller)
             return
-        self.caller = [op for op in self.caller if not op.advance(False)]
+        self.caller = _advanced(self.caller)
 
     def _advance(self, op: Operation) -> None:
         """One step of progress for ``op`` without blocking: by its owner,
